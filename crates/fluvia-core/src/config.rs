@@ -1,0 +1,266 @@
+//! Flink-style configuration: string keys with typed options, defaults and
+//! descriptions kept together, values given as `key: value` text (files) or
+//! `-D key=value` (command line).
+
+use crate::error::{FluviaError, Result};
+use crate::kinds::RuntimeMode;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// A typed option: key, default and a line of documentation.
+#[derive(Debug, Clone, Copy)]
+pub struct ConfigOption<T: 'static> {
+    pub key: &'static str,
+    /// Older spellings that are still accepted.
+    pub fallback_keys: &'static [&'static str],
+    pub default: T,
+    pub description: &'static str,
+}
+
+/// Every option the engine reads, for documentation and validation.
+pub mod options {
+    use super::*;
+
+    pub const PARALLELISM: ConfigOption<usize> = ConfigOption {
+        key: "parallelism.default",
+        fallback_keys: &[],
+        default: 1,
+        description: "Parallelism of operators that do not set their own.",
+    };
+    /// 0 means "derive from parallelism" as Flink does (1.5 × p, within [128, 32768]).
+    pub const MAX_PARALLELISM: ConfigOption<usize> = ConfigOption {
+        key: "pipeline.max-parallelism",
+        fallback_keys: &[],
+        default: 0,
+        description: "Number of key groups; 0 derives it from the parallelism.",
+    };
+    pub const CHAINING_ENABLED: ConfigOption<bool> = ConfigOption {
+        key: "pipeline.operator-chaining.enabled",
+        fallback_keys: &[],
+        default: true,
+        description: "Chain operators into one task where Flink's rules allow.",
+    };
+    pub const OBJECT_REUSE: ConfigOption<bool> = ConfigOption {
+        key: "pipeline.object-reuse",
+        fallback_keys: &[],
+        default: false,
+        description: "Hand records to chained operators without a defensive copy.",
+    };
+    pub const RUNTIME_MODE: ConfigOption<RuntimeMode> = ConfigOption {
+        key: "execution.runtime-mode",
+        fallback_keys: &[],
+        default: RuntimeMode::Automatic,
+        description: "STREAMING, BATCH or AUTOMATIC (batch when all sources are bounded).",
+    };
+    pub const BUFFER_TIMEOUT: ConfigOption<Duration> = ConfigOption {
+        key: "execution.buffer-timeout",
+        fallback_keys: &["execution.buffer-timeout.interval"],
+        default: Duration::from_millis(100),
+        description: "Longest time a partly filled network buffer waits before it is sent.",
+    };
+    pub const SEGMENT_SIZE: ConfigOption<u64> = ConfigOption {
+        key: "taskmanager.memory.segment-size",
+        fallback_keys: &[],
+        default: 32 * 1024,
+        description: "Size of one network buffer.",
+    };
+    pub const NETWORK_MEMORY: ConfigOption<u64> = ConfigOption {
+        key: "taskmanager.memory.network.size",
+        fallback_keys: &["taskmanager.memory.network.max"],
+        default: 64 * 1024 * 1024,
+        description: "Total memory of the network buffer pool of a TaskManager.",
+    };
+    pub const BUFFERS_PER_CHANNEL: ConfigOption<usize> = ConfigOption {
+        key: "taskmanager.network.memory.buffers-per-channel",
+        fallback_keys: &[],
+        default: 2,
+        description: "Buffers each subpartition / input channel may hold (exclusive buffers).",
+    };
+    pub const FLOATING_BUFFERS: ConfigOption<usize> = ConfigOption {
+        key: "taskmanager.network.memory.floating-buffers-per-gate",
+        fallback_keys: &[],
+        default: 8,
+        description: "Extra buffers shared by all channels of a partition or gate.",
+    };
+    pub const TMP_DIRS: ConfigOption<&'static str> = ConfigOption {
+        key: "io.tmp.dirs",
+        fallback_keys: &[],
+        default: "",
+        description: "Directory for spilled blocking partitions (empty: the system temp dir).",
+    };
+
+    /// (key, default as text, description) of every option, for docs and `--help`.
+    pub fn all() -> Vec<(&'static str, String, &'static str)> {
+        vec![
+            (PARALLELISM.key, PARALLELISM.default.to_string(), PARALLELISM.description),
+            (MAX_PARALLELISM.key, MAX_PARALLELISM.default.to_string(), MAX_PARALLELISM.description),
+            (CHAINING_ENABLED.key, CHAINING_ENABLED.default.to_string(), CHAINING_ENABLED.description),
+            (OBJECT_REUSE.key, OBJECT_REUSE.default.to_string(), OBJECT_REUSE.description),
+            (RUNTIME_MODE.key, RUNTIME_MODE.default.to_string(), RUNTIME_MODE.description),
+            (BUFFER_TIMEOUT.key, "100 ms".to_string(), BUFFER_TIMEOUT.description),
+            (SEGMENT_SIZE.key, "32 kb".to_string(), SEGMENT_SIZE.description),
+            (NETWORK_MEMORY.key, "64 mb".to_string(), NETWORK_MEMORY.description),
+            (BUFFERS_PER_CHANNEL.key, BUFFERS_PER_CHANNEL.default.to_string(), BUFFERS_PER_CHANNEL.description),
+            (FLOATING_BUFFERS.key, FLOATING_BUFFERS.default.to_string(), FLOATING_BUFFERS.description),
+            (TMP_DIRS.key, "(system temp dir)".to_string(), TMP_DIRS.description),
+        ]
+    }
+}
+
+/// Values that can be read from configuration text.
+pub trait ConfigValue: Sized + Clone {
+    fn parse_value(s: &str) -> std::result::Result<Self, String>;
+}
+
+impl ConfigValue for usize {
+    fn parse_value(s: &str) -> std::result::Result<Self, String> {
+        s.trim().parse().map_err(|_| "expected a non-negative integer".to_string())
+    }
+}
+
+impl ConfigValue for bool {
+    fn parse_value(s: &str) -> std::result::Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "true" => Ok(true),
+            "false" => Ok(false),
+            _ => Err("expected true or false".to_string()),
+        }
+    }
+}
+
+impl ConfigValue for RuntimeMode {
+    fn parse_value(s: &str) -> std::result::Result<Self, String> {
+        RuntimeMode::parse(s.trim()).ok_or_else(|| "expected STREAMING, BATCH or AUTOMATIC".to_string())
+    }
+}
+
+impl ConfigValue for &'static str {
+    fn parse_value(s: &str) -> std::result::Result<Self, String> {
+        // Leaked once per read: only used for rarely-read path options.
+        Ok(Box::leak(s.trim().to_string().into_boxed_str()))
+    }
+}
+
+/// Durations as Flink writes them: `100 ms`, `2s`, `1 min`, `500` (millis).
+impl ConfigValue for Duration {
+    fn parse_value(s: &str) -> std::result::Result<Self, String> {
+        let s = s.trim();
+        let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+        let (num, unit) = s.split_at(split);
+        let n: u64 = num.parse().map_err(|_| "expected a duration like '100 ms'".to_string())?;
+        match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "ms" | "milli" | "millis" | "millisecond" | "milliseconds" => Ok(Duration::from_millis(n)),
+            "s" | "sec" | "secs" | "second" | "seconds" => Ok(Duration::from_secs(n)),
+            "min" | "m" | "minute" | "minutes" => Ok(Duration::from_secs(n * 60)),
+            "h" | "hour" | "hours" => Ok(Duration::from_secs(n * 3600)),
+            "us" | "micros" => Ok(Duration::from_micros(n)),
+            other => Err(format!("unknown duration unit '{other}'")),
+        }
+    }
+}
+
+/// Memory sizes as Flink writes them: `32kb`, `64 mb`, `1g`, `4096` (bytes).
+impl ConfigValue for u64 {
+    fn parse_value(s: &str) -> std::result::Result<Self, String> {
+        let s = s.trim();
+        let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+        let (num, unit) = s.split_at(split);
+        let n: u64 = num.parse().map_err(|_| "expected a size like '32 kb'".to_string())?;
+        let mult = match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" | "bytes" => 1,
+            "k" | "kb" | "kib" => 1 << 10,
+            "m" | "mb" | "mib" => 1 << 20,
+            "g" | "gb" | "gib" => 1 << 30,
+            "t" | "tb" | "tib" => 1 << 40,
+            other => return Err(format!("unknown size unit '{other}'")),
+        };
+        n.checked_mul(mult).ok_or_else(|| "size overflows".to_string())
+    }
+}
+
+/// Key-value configuration.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Configuration {
+    values: BTreeMap<String, String>,
+}
+
+impl Configuration {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn set(&mut self, key: impl Into<String>, value: impl Into<String>) -> &mut Self {
+        self.values.insert(key.into(), value.into());
+        self
+    }
+
+    pub fn set_option<T: ToString>(&mut self, option: &ConfigOption<T>, value: T) -> &mut Self {
+        self.set(option.key, value.to_string())
+    }
+
+    pub fn get_raw(&self, key: &str) -> Option<&str> {
+        self.values.get(key).map(String::as_str)
+    }
+
+    /// Applies `key=value` strings as given with `-D`.
+    pub fn apply_dynamic(&mut self, pairs: &[String]) -> Result<()> {
+        for p in pairs {
+            let (k, v) = p.split_once('=').ok_or_else(|| {
+                FluviaError::Config(format!("'-D {p}' must have the form key=value"))
+            })?;
+            self.set(k.trim(), v.trim());
+        }
+        Ok(())
+    }
+
+    /// Reads an option, falling back to its default; a malformed value is an
+    /// error naming the key, never silently the default.
+    pub fn get<T: ConfigValue>(&self, option: &ConfigOption<T>) -> Result<T> {
+        let raw = std::iter::once(option.key)
+            .chain(option.fallback_keys.iter().copied())
+            .find_map(|k| self.values.get(k).map(|v| (k, v)));
+        match raw {
+            None => Ok(option.default.clone()),
+            Some((k, v)) => T::parse_value(v)
+                .map_err(|e| FluviaError::Config(format!("invalid value '{v}' for '{k}': {e}"))),
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.values.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn typed_options_parse_and_default() {
+        let mut c = Configuration::new();
+        assert_eq!(c.get(&options::BUFFER_TIMEOUT).unwrap(), Duration::from_millis(100));
+        c.set("execution.buffer-timeout", "5 s");
+        assert_eq!(c.get(&options::BUFFER_TIMEOUT).unwrap(), Duration::from_secs(5));
+        c.set("taskmanager.memory.segment-size", "64kb");
+        assert_eq!(c.get(&options::SEGMENT_SIZE).unwrap(), 65536);
+        c.set("execution.runtime-mode", "batch");
+        assert_eq!(c.get(&options::RUNTIME_MODE).unwrap(), RuntimeMode::Batch);
+    }
+
+    #[test]
+    fn malformed_value_names_the_key() {
+        let mut c = Configuration::new();
+        c.set("pipeline.object-reuse", "yes please");
+        let err = c.get(&options::OBJECT_REUSE).unwrap_err().to_string();
+        assert!(err.contains("pipeline.object-reuse"), "{err}");
+    }
+
+    #[test]
+    fn dynamic_properties_need_an_equals_sign() {
+        let mut c = Configuration::new();
+        assert!(c.apply_dynamic(&["a=b".into()]).is_ok());
+        assert_eq!(c.get_raw("a"), Some("b"));
+        assert!(c.apply_dynamic(&["nonsense".into()]).is_err());
+    }
+}

@@ -1,0 +1,138 @@
+//! The JobGraph: one [`JobVertex`] per operator chain, connected through
+//! [`IntermediateDataSet`]s (what a vertex produces on a non-chained output) and
+//! [`JobEdge`]s (what a vertex consumes). Closure-free and serialisable: each
+//! chained operator is referenced by its StreamGraph node id and a stable
+//! operator id, and the runtime looks the user code up by those.
+
+use fluvia_core::{
+    Configuration, DistributionPattern, IntermediateDataSetId, JobId, JobVertexId,
+    PartitionerKind, Result, ResultPartitionType, internal_err,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::StreamNodeId;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JobType {
+    Streaming,
+    Batch,
+}
+
+impl JobType {
+    pub fn name(self) -> &'static str {
+        match self {
+            JobType::Streaming => "STREAMING",
+            JobType::Batch => "BATCH",
+        }
+    }
+}
+
+/// An operator inside a chain.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChainedOperator {
+    pub node_id: StreamNodeId,
+    /// Stable hash of the operator (its uid, or its position in the graph).
+    pub operator_id: String,
+    pub name: String,
+    /// Operators of the same vertex this one calls directly (indices into
+    /// [`JobVertex::operators`]).
+    pub chained_outputs: Vec<usize>,
+    /// Non-chained outputs, in the order of the stream edges.
+    pub network_outputs: Vec<NetworkOutput>,
+}
+
+/// A non-chained output of a chained operator: which produced data set it
+/// writes and which StreamGraph edge it stands for (the edge carries the key
+/// selector of a keyed exchange).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetworkOutput {
+    /// Index into [`JobVertex::produced_data_sets`].
+    pub data_set: usize,
+    pub stream_edge: usize,
+}
+
+/// The data one vertex produces for one consumer edge.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IntermediateDataSet {
+    pub id: IntermediateDataSetId,
+    pub producer: JobVertexId,
+    pub consumer: JobVertexId,
+    pub partitioner: PartitionerKind,
+    pub result_partition_type: ResultPartitionType,
+    pub stream_edge: usize,
+}
+
+/// One input of a vertex.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobEdge {
+    pub source_data_set: IntermediateDataSetId,
+    pub source_vertex: JobVertexId,
+    pub partitioner: PartitionerKind,
+    pub distribution_pattern: DistributionPattern,
+    pub result_partition_type: ResultPartitionType,
+    /// 0 for a one-input head, 1 or 2 for the inputs of a two-input head.
+    pub type_number: u8,
+    pub stream_edge: usize,
+}
+
+impl JobEdge {
+    /// Flink's ship strategy name (FORWARD, HASH, REBALANCE...).
+    pub fn ship_strategy_name(&self) -> &'static str {
+        self.partitioner.ship_strategy_name()
+    }
+}
+
+/// One operator chain: the unit that is scheduled and runs as one task per
+/// subtask.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobVertex {
+    pub id: JobVertexId,
+    /// The chained name, e.g. `Source: lines -> Flat Map -> Map`.
+    pub name: String,
+    pub parallelism: usize,
+    pub max_parallelism: usize,
+    pub slot_sharing_group: String,
+    /// The chain; `operators[0]` is the head.
+    pub operators: Vec<ChainedOperator>,
+    pub inputs: Vec<JobEdge>,
+    pub produced_data_sets: Vec<IntermediateDataSet>,
+    pub is_source: bool,
+}
+
+impl JobVertex {
+    pub fn head(&self) -> &ChainedOperator {
+        &self.operators[0]
+    }
+}
+
+/// The JobGraph of one job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobGraph {
+    pub job_id: JobId,
+    pub name: String,
+    pub job_type: JobType,
+    /// Vertices in topological order (producers before consumers).
+    pub vertices: Vec<JobVertex>,
+    pub object_reuse: bool,
+    /// Hex fingerprint of the StreamGraph it was built from.
+    pub fingerprint: String,
+    pub config: Configuration,
+}
+
+impl JobGraph {
+    pub fn vertex(&self, id: JobVertexId) -> Result<&JobVertex> {
+        match self.vertices.iter().find(|v| v.id == id) {
+            Some(v) => Ok(v),
+            None => internal_err!("no vertex {id} in job graph '{}'", self.name),
+        }
+    }
+
+    pub fn vertex_index(&self, id: JobVertexId) -> Option<usize> {
+        self.vertices.iter().position(|v| v.id == id)
+    }
+
+    /// Number of operators over all chains.
+    pub fn num_operators(&self) -> usize {
+        self.vertices.iter().map(|v| v.operators.len()).sum()
+    }
+}
