@@ -1,0 +1,343 @@
+//! Network buffers and the pools that bound them.
+//!
+//! A [`NetworkBufferPool`] is the budget of one TaskManager: `total` segments of
+//! `segment_size` bytes. A [`LocalBufferPool`] reserves a fixed number of those
+//! segments for one result partition; it allocates them lazily and recycles
+//! them when the consumer drops a [`Buffer`], so a partition never holds more
+//! than its reservation. [`LocalBufferPool::request`] blocks while every
+//! segment is in flight: the producer waits for its consumer.
+
+use crate::cancel::{CANCEL_POLL, CancelToken};
+use fluvia_core::{FluviaError, Result};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+pub(crate) fn lock_state<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A poisoned lock means another thread panicked while holding it; the
+    // state is plain counters and queues, still consistent, and the panic is
+    // reported through the task that caused it.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The TaskManager-wide budget of network memory.
+#[derive(Debug)]
+pub struct NetworkBufferPool {
+    segment_size: usize,
+    total: usize,
+    reserved: Mutex<usize>,
+}
+
+impl NetworkBufferPool {
+    pub fn new(total_bytes: u64, segment_size: usize) -> Result<Arc<Self>> {
+        if segment_size < 64 {
+            return Err(FluviaError::Config(format!(
+                "taskmanager.memory.segment-size must be at least 64 bytes, got {segment_size}"
+            )));
+        }
+        Ok(Arc::new(NetworkBufferPool {
+            segment_size,
+            total: (total_bytes / segment_size as u64) as usize,
+            reserved: Mutex::new(0),
+        }))
+    }
+
+    pub fn segment_size(&self) -> usize {
+        self.segment_size
+    }
+
+    pub fn total_segments(&self) -> usize {
+        self.total
+    }
+
+    pub fn reserved_segments(&self) -> usize {
+        *lock_state(&self.reserved)
+    }
+
+    /// Reserves `size` segments for a new local pool, or fails with Flink's
+    /// advice on which key to raise.
+    pub fn create_local_pool(self: &Arc<Self>, size: usize) -> Result<Arc<LocalBufferPool>> {
+        let mut reserved = lock_state(&self.reserved);
+        if *reserved + size > self.total {
+            return Err(FluviaError::Config(format!(
+                "insufficient number of network buffers: required {}, but only {} available. \
+                 The total number of network buffers is currently set to {} of {} bytes each. \
+                 You can increase this number by setting taskmanager.memory.network.size.",
+                size,
+                self.total - *reserved,
+                self.total,
+                self.segment_size
+            )));
+        }
+        *reserved += size;
+        drop(reserved);
+        Ok(Arc::new(LocalBufferPool {
+            global: Arc::clone(self),
+            segment_size: self.segment_size,
+            max: size,
+            state: Mutex::new(PoolState::default()),
+            available: Condvar::new(),
+        }))
+    }
+
+    fn release(&self, size: usize) {
+        let mut reserved = lock_state(&self.reserved);
+        *reserved = reserved.saturating_sub(size);
+    }
+}
+
+#[derive(Debug, Default)]
+struct PoolState {
+    free: Vec<Vec<u8>>,
+    /// Segments allocated so far (free or in use), at most `max`.
+    allocated: usize,
+    in_use: usize,
+    max_in_use: usize,
+    /// Number of requests that had to wait for a segment.
+    waits: u64,
+}
+
+/// A bounded pool of segments for one result partition.
+#[derive(Debug)]
+pub struct LocalBufferPool {
+    global: Arc<NetworkBufferPool>,
+    segment_size: usize,
+    max: usize,
+    state: Mutex<PoolState>,
+    available: Condvar,
+}
+
+impl LocalBufferPool {
+    /// Takes a segment, waiting while all are in use; fails only on cancellation.
+    pub fn request(self: &Arc<Self>, cancel: &CancelToken) -> Result<BufferBuilder> {
+        let mut st = lock_state(&self.state);
+        let mut waited = false;
+        loop {
+            if let Some(seg) = st.free.pop() {
+                return Ok(self.hand_out(&mut st, seg));
+            }
+            if st.allocated < self.max {
+                st.allocated += 1;
+                let seg = Vec::with_capacity(self.segment_size);
+                return Ok(self.hand_out(&mut st, seg));
+            }
+            if cancel.is_cancelled() {
+                return Err(FluviaError::Cancelled);
+            }
+            if !waited {
+                st.waits += 1;
+                waited = true;
+            }
+            st = self
+                .available
+                .wait_timeout(st, CANCEL_POLL)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+    }
+
+    /// Takes a segment if one is free right now.
+    pub fn try_request(self: &Arc<Self>) -> Option<BufferBuilder> {
+        let mut st = lock_state(&self.state);
+        if let Some(seg) = st.free.pop() {
+            return Some(self.hand_out(&mut st, seg));
+        }
+        if st.allocated < self.max {
+            st.allocated += 1;
+            return Some(self.hand_out(&mut st, Vec::with_capacity(self.segment_size)));
+        }
+        None
+    }
+
+    fn hand_out(self: &Arc<Self>, st: &mut PoolState, mut seg: Vec<u8>) -> BufferBuilder {
+        st.in_use += 1;
+        st.max_in_use = st.max_in_use.max(st.in_use);
+        seg.clear();
+        BufferBuilder {
+            data: seg,
+            capacity: self.segment_size,
+            pool: Some(Arc::clone(self)),
+        }
+    }
+
+    fn recycle(&self, seg: Vec<u8>) {
+        let mut st = lock_state(&self.state);
+        st.in_use -= 1;
+        st.free.push(seg);
+        drop(st);
+        self.available.notify_one();
+    }
+
+    pub fn max_buffers(&self) -> usize {
+        self.max
+    }
+
+    pub fn segment_size(&self) -> usize {
+        self.segment_size
+    }
+
+    /// Segments handed out and not yet recycled.
+    pub fn in_use(&self) -> usize {
+        lock_state(&self.state).in_use
+    }
+
+    /// The most segments that were ever in use at once.
+    pub fn max_in_use(&self) -> usize {
+        lock_state(&self.state).max_in_use
+    }
+
+    /// Segments ever allocated (never more than [`max_buffers`](Self::max_buffers)).
+    pub fn allocated(&self) -> usize {
+        lock_state(&self.state).allocated
+    }
+
+    /// How many requests found the pool empty and waited (back-pressure).
+    pub fn waits(&self) -> u64 {
+        lock_state(&self.state).waits
+    }
+}
+
+impl Drop for LocalBufferPool {
+    fn drop(&mut self) {
+        self.global.release(self.max);
+    }
+}
+
+/// A segment being filled by a producer.
+#[derive(Debug)]
+pub struct BufferBuilder {
+    data: Vec<u8>,
+    capacity: usize,
+    pool: Option<Arc<LocalBufferPool>>,
+}
+
+impl BufferBuilder {
+    /// A builder outside any pool (for buffers read back from spill files).
+    pub fn unpooled(capacity: usize) -> Self {
+        BufferBuilder {
+            data: Vec::with_capacity(capacity),
+            capacity,
+            pool: None,
+        }
+    }
+
+    pub fn remaining(&self) -> usize {
+        self.capacity - self.data.len()
+    }
+
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    /// Appends as much of `bytes` as fits; returns how many were written.
+    pub fn append(&mut self, bytes: &[u8]) -> usize {
+        let n = bytes.len().min(self.remaining());
+        self.data.extend_from_slice(&bytes[..n]);
+        n
+    }
+
+    /// Gives access to the unused tail for readers that fill it directly.
+    pub fn spare_mut(&mut self) -> &mut Vec<u8> {
+        &mut self.data
+    }
+
+    /// Seals the builder into a readable buffer.
+    pub fn finish(mut self) -> Buffer {
+        Buffer {
+            data: std::mem::take(&mut self.data),
+            pool: self.pool.take(),
+        }
+    }
+}
+
+impl Drop for BufferBuilder {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            pool.recycle(std::mem::take(&mut self.data));
+        }
+    }
+}
+
+/// A filled, read-only buffer. Dropping it returns its segment to the pool it
+/// came from, which is what lets the producer continue.
+#[derive(Debug)]
+pub struct Buffer {
+    data: Vec<u8>,
+    pool: Option<Arc<LocalBufferPool>>,
+}
+
+impl Buffer {
+    pub fn as_slice(&self) -> &[u8] {
+        &self.data
+    }
+
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    /// A buffer not owned by any pool.
+    pub fn from_vec(data: Vec<u8>) -> Self {
+        Buffer { data, pool: None }
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            pool.recycle(std::mem::take(&mut self.data));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_pools_are_bounded_by_the_global_budget() {
+        let global = NetworkBufferPool::new(10 * 1024, 1024).unwrap();
+        let a = global.create_local_pool(6).unwrap();
+        let err = global.create_local_pool(5).unwrap_err().to_string();
+        assert!(err.contains("taskmanager.memory.network.size"), "{err}");
+        drop(a);
+        assert!(global.create_local_pool(10).is_ok());
+    }
+
+    #[test]
+    fn a_full_pool_blocks_until_a_buffer_is_recycled() {
+        let global = NetworkBufferPool::new(2 * 1024, 1024).unwrap();
+        let pool = global.create_local_pool(2).unwrap();
+        let cancel = CancelToken::new();
+        let a = pool.request(&cancel).unwrap().finish();
+        let _b = pool.request(&cancel).unwrap();
+        assert!(pool.try_request().is_none());
+        let p2 = Arc::clone(&pool);
+        let c2 = cancel.clone();
+        let waiter = std::thread::spawn(move || p2.request(&c2).map(|b| b.remaining()));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!waiter.is_finished());
+        drop(a);
+        assert_eq!(waiter.join().unwrap().unwrap(), 1024);
+        assert_eq!(pool.max_in_use(), 2);
+        assert_eq!(pool.allocated(), 2);
+        assert!(pool.waits() >= 1);
+    }
+
+    #[test]
+    fn cancellation_releases_a_blocked_request() {
+        let global = NetworkBufferPool::new(1024, 1024).unwrap();
+        let pool = global.create_local_pool(1).unwrap();
+        let cancel = CancelToken::new();
+        let _held = pool.request(&cancel).unwrap();
+        let (p2, c2) = (Arc::clone(&pool), cancel.clone());
+        let waiter = std::thread::spawn(move || p2.request(&c2).is_err());
+        cancel.cancel();
+        assert!(waiter.join().unwrap());
+    }
+}

@@ -1,0 +1,244 @@
+//! A consumer task's view of its inputs: one [`InputGate`] over all consumed
+//! subpartitions (a union of Flink's per-edge gates, each channel tagged with
+//! the input it feeds).
+//!
+//! Channels with data are queued in arrival order, like Flink's
+//! `inputChannelsWithData`: a subpartition that goes from empty to non-empty
+//! enqueues its channel, and the gate re-enqueues a channel after taking one
+//! buffer if more is waiting, so busy channels are served round robin.
+//! Local channels take the producer's buffers without copying them.
+
+use crate::buffer::{Buffer, lock_state};
+use crate::cancel::{CANCEL_POLL, CancelToken};
+use crate::partition::{AvailabilityListener, BufferOrEvent, Event, Subpartition};
+use fluvia_core::{FluviaError, Result};
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex};
+
+/// One channel to create: the subpartition it reads and the input it feeds.
+#[derive(Debug, Clone)]
+pub struct InputChannelSpec {
+    pub subpartition: Arc<Subpartition>,
+    /// Which logical input of the consuming operator (0, or 1/2 for two inputs).
+    pub input_index: usize,
+}
+
+#[derive(Default)]
+struct NotifierState {
+    queue: VecDeque<usize>,
+    queued: Vec<bool>,
+}
+
+#[derive(Default)]
+struct GateNotifier {
+    state: Mutex<NotifierState>,
+    available: Condvar,
+}
+
+impl AvailabilityListener for GateNotifier {
+    fn notify_available(&self, channel: usize) {
+        let mut st = lock_state(&self.state);
+        if !st.queued[channel] {
+            st.queued[channel] = true;
+            st.queue.push_back(channel);
+            drop(st);
+            self.available.notify_one();
+        }
+    }
+}
+
+/// What the gate hands to the task.
+#[derive(Debug)]
+pub enum GateEvent {
+    /// A buffer from `channel`.
+    Buffer { channel: usize, buffer: Buffer },
+    /// `channel` ended; when it was the last of its input, that input ended.
+    ChannelFinished { channel: usize },
+}
+
+/// All input channels of one consumer subtask.
+pub struct InputGate {
+    channels: Vec<InputChannelSpec>,
+    finished: Vec<bool>,
+    num_finished: usize,
+    notifier: Arc<GateNotifier>,
+    buffers_received: u64,
+    bytes_received: u64,
+}
+
+impl std::fmt::Debug for InputGate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InputGate")
+            .field("channels", &self.channels.len())
+            .field("finished", &self.num_finished)
+            .finish()
+    }
+}
+
+impl InputGate {
+    pub fn new(channels: Vec<InputChannelSpec>) -> Self {
+        let notifier = Arc::new(GateNotifier::default());
+        lock_state(&notifier.state).queued = vec![false; channels.len()];
+        for (i, c) in channels.iter().enumerate() {
+            let listener: Arc<dyn AvailabilityListener> = notifier.clone();
+            c.subpartition.set_listener(listener, i);
+        }
+        InputGate {
+            finished: vec![false; channels.len()],
+            num_finished: 0,
+            channels,
+            notifier,
+            buffers_received: 0,
+            bytes_received: 0,
+        }
+    }
+
+    pub fn num_channels(&self) -> usize {
+        self.channels.len()
+    }
+
+    pub fn input_index(&self, channel: usize) -> usize {
+        self.channels[channel].input_index
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.num_finished == self.channels.len()
+    }
+
+    /// Whether every channel of `input_index` has ended.
+    pub fn is_input_finished(&self, input_index: usize) -> bool {
+        self.channels
+            .iter()
+            .zip(&self.finished)
+            .all(|(c, &f)| c.input_index != input_index || f)
+    }
+
+    pub fn buffers_received(&self) -> u64 {
+        self.buffers_received
+    }
+
+    pub fn bytes_received(&self) -> u64 {
+        self.bytes_received
+    }
+
+    /// The next buffer or channel end if one is ready now.
+    pub fn poll_next(&mut self) -> Result<Option<GateEvent>> {
+        loop {
+            let channel = {
+                let mut st = lock_state(&self.notifier.state);
+                let Some(ch) = st.queue.pop_front() else {
+                    return Ok(None);
+                };
+                st.queued[ch] = false;
+                ch
+            };
+            if self.finished[channel] {
+                continue;
+            }
+            let Some((next, more)) = self.channels[channel].subpartition.poll()? else {
+                continue; // a stale notification; the data was taken already
+            };
+            if more {
+                self.notifier.notify_available(channel);
+            }
+            return Ok(Some(match next {
+                BufferOrEvent::Buffer(buffer) => {
+                    self.buffers_received += 1;
+                    self.bytes_received += buffer.len() as u64;
+                    GateEvent::Buffer { channel, buffer }
+                }
+                BufferOrEvent::Event(Event::EndOfPartition) => {
+                    self.finished[channel] = true;
+                    self.num_finished += 1;
+                    GateEvent::ChannelFinished { channel }
+                }
+            }));
+        }
+    }
+
+    /// Waits for the next buffer or channel end; `None` once all channels ended.
+    pub fn get_next(&mut self, cancel: &CancelToken) -> Result<Option<GateEvent>> {
+        loop {
+            if self.is_finished() {
+                return Ok(None);
+            }
+            if let Some(ev) = self.poll_next()? {
+                return Ok(Some(ev));
+            }
+            if cancel.is_cancelled() {
+                return Err(FluviaError::Cancelled);
+            }
+            let st = lock_state(&self.notifier.state);
+            if st.queue.is_empty() {
+                let _unused = self
+                    .notifier
+                    .available
+                    .wait_timeout(st, CANCEL_POLL)
+                    .unwrap_or_else(|e| e.into_inner());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::partition::ResultPartition;
+
+    #[test]
+    fn gate_reads_all_channels_and_reports_ends() {
+        let p1 = ResultPartition::pipelined("a", 1, 64);
+        let p2 = ResultPartition::pipelined("b", 1, 64);
+        let mut gate = InputGate::new(vec![
+            InputChannelSpec {
+                subpartition: p1.subpartition(0).clone(),
+                input_index: 1,
+            },
+            InputChannelSpec {
+                subpartition: p2.subpartition(0).clone(),
+                input_index: 2,
+            },
+        ]);
+        let cancel = CancelToken::new();
+        let writer = std::thread::spawn(move || {
+            for i in 0..100u8 {
+                p1.subpartition(0).add_buffer(Buffer::from_vec(vec![i])).unwrap();
+                p2.subpartition(0).add_buffer(Buffer::from_vec(vec![i])).unwrap();
+            }
+            p1.finish().unwrap();
+            p2.finish().unwrap();
+        });
+        let mut seen = [Vec::new(), Vec::new()];
+        let mut ends = 0;
+        while let Some(ev) = gate.get_next(&cancel).unwrap() {
+            match ev {
+                GateEvent::Buffer { channel, buffer } => seen[channel].push(buffer.as_slice()[0]),
+                GateEvent::ChannelFinished { .. } => ends += 1,
+            }
+        }
+        writer.join().unwrap();
+        let expected: Vec<u8> = (0..100).collect();
+        assert_eq!(seen[0], expected);
+        assert_eq!(seen[1], expected);
+        assert_eq!(ends, 2);
+        assert!(gate.is_input_finished(1) && gate.is_input_finished(2));
+        assert_eq!(gate.buffers_received(), 200);
+    }
+
+    #[test]
+    fn cancel_unblocks_a_waiting_gate() {
+        let p = ResultPartition::pipelined("a", 1, 64);
+        let mut gate = InputGate::new(vec![InputChannelSpec {
+            subpartition: p.subpartition(0).clone(),
+            input_index: 0,
+        }]);
+        let cancel = CancelToken::new();
+        let c2 = cancel.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            c2.cancel();
+        });
+        assert!(matches!(gate.get_next(&cancel), Err(FluviaError::Cancelled)));
+        t.join().unwrap();
+    }
+}

@@ -1,0 +1,33 @@
+//! Fluvia's data plane: it moves bytes, never records.
+//!
+//! - [`buffer`]: fixed-size network buffers, the global [`NetworkBufferPool`]
+//!   that bounds a TaskManager's network memory, and bounded
+//!   [`LocalBufferPool`]s per result partition. A producer that finds its pool
+//!   empty waits: that wait *is* back-pressure.
+//! - [`partition`]: a [`ResultPartition`] per producing subtask and data set,
+//!   with one subpartition per consumer. Pipelined subpartitions hand buffers to
+//!   the consumer in memory; blocking ones spill to a file and are readable
+//!   once the producer finished.
+//! - [`gate`]: a consumer's [`InputGate`], one input channel per consumed
+//!   subpartition; a local channel takes the producer's buffers as they are
+//!   (no copy) and returns them to the producer's pool when dropped.
+//! - [`serialization`]: length-prefixed record framing into buffers, with
+//!   records spanning buffer boundaries, and the matching deserializer.
+//! - [`partitioner`]: channel selection for each partitioner kind.
+//!
+//! This crate does not know record types, operators or the job graph; the
+//! runtime encodes records to bytes and picks the target subpartition.
+
+pub mod buffer;
+pub mod cancel;
+pub mod gate;
+pub mod partition;
+pub mod partitioner;
+pub mod serialization;
+
+pub use buffer::{Buffer, BufferBuilder, LocalBufferPool, NetworkBufferPool};
+pub use cancel::CancelToken;
+pub use gate::{GateEvent, InputChannelSpec, InputGate};
+pub use partition::{BufferOrEvent, Event, ResultPartition};
+pub use partitioner::{ChannelSelector, Target};
+pub use serialization::{PartitionWriter, RecordDeserializer};

@@ -1,0 +1,424 @@
+//! Result partitions: what one producing subtask writes for one data set, with
+//! one subpartition per consuming channel.
+//!
+//! - *Pipelined* subpartitions queue buffers in memory; the consumer reads as
+//!   the producer writes. The queue is bounded only by the partition's
+//!   [`LocalBufferPool`](crate::LocalBufferPool): buffers return to it when the
+//!   consumer drops them.
+//! - *Blocking* subpartitions append every buffer to a spill file and recycle
+//!   it at once; the consumer sees data only after the producer finished, and
+//!   then reads the file back buffer by buffer.
+//!
+//! A subpartition tells its consumer about new data through an
+//! [`AvailabilityListener`], registered by the input gate.
+
+use crate::buffer::{Buffer, lock_state};
+use fluvia_core::{FluviaError, Result};
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// Control events that travel with the data (they need no buffer budget).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// The producer finished this subpartition; nothing follows.
+    EndOfPartition,
+}
+
+#[derive(Debug)]
+pub enum BufferOrEvent {
+    Buffer(Buffer),
+    Event(Event),
+}
+
+/// Told when a subpartition goes from "nothing to read" to "something to read".
+pub trait AvailabilityListener: Send + Sync {
+    fn notify_available(&self, channel: usize);
+}
+
+struct Listener {
+    target: Arc<dyn AvailabilityListener>,
+    channel: usize,
+}
+
+enum Storage {
+    Pipelined {
+        queue: VecDeque<BufferOrEvent>,
+    },
+    Blocking {
+        path: PathBuf,
+        writer: Option<BufWriter<File>>,
+        reader: Option<BufReader<File>>,
+        /// Set once the producer finished: only then may the consumer read.
+        finished: bool,
+        end_delivered: bool,
+        bytes_written: u64,
+    },
+}
+
+struct SubpartitionState {
+    storage: Storage,
+    listener: Option<Listener>,
+    /// Data (not counting a trailing event) written and not yet read.
+    buffers_backlog: usize,
+}
+
+/// One subpartition, shared between the producer and its consumer.
+pub struct Subpartition {
+    index: usize,
+    segment_size: usize,
+    state: Mutex<SubpartitionState>,
+}
+
+impl std::fmt::Debug for Subpartition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subpartition")
+            .field("index", &self.index)
+            .finish()
+    }
+}
+
+impl Subpartition {
+    fn pipelined(index: usize, segment_size: usize) -> Self {
+        Subpartition {
+            index,
+            segment_size,
+            state: Mutex::new(SubpartitionState {
+                storage: Storage::Pipelined {
+                    queue: VecDeque::new(),
+                },
+                listener: None,
+                buffers_backlog: 0,
+            }),
+        }
+    }
+
+    fn blocking(index: usize, segment_size: usize, path: PathBuf) -> Result<Self> {
+        let file = File::create(&path)
+            .map_err(|e| FluviaError::io(format!("creating spill file {}", path.display()), e))?;
+        Ok(Subpartition {
+            index,
+            segment_size,
+            state: Mutex::new(SubpartitionState {
+                storage: Storage::Blocking {
+                    path,
+                    writer: Some(BufWriter::with_capacity(64 * 1024, file)),
+                    reader: None,
+                    finished: false,
+                    end_delivered: false,
+                    bytes_written: 0,
+                },
+                listener: None,
+                buffers_backlog: 0,
+            }),
+        })
+    }
+
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// Registers the consumer. If data is already readable it is told at once.
+    pub fn set_listener(&self, target: Arc<dyn AvailabilityListener>, channel: usize) {
+        let mut st = lock_state(&self.state);
+        let readable = match &st.storage {
+            Storage::Pipelined { queue } => !queue.is_empty(),
+            Storage::Blocking { finished, .. } => *finished,
+        };
+        st.listener = Some(Listener {
+            target: Arc::clone(&target),
+            channel,
+        });
+        drop(st);
+        if readable {
+            target.notify_available(channel);
+        }
+    }
+
+    /// Adds a filled buffer (producer side).
+    pub fn add_buffer(&self, buffer: Buffer) -> Result<()> {
+        let mut st = lock_state(&self.state);
+        let notify = match &mut st.storage {
+            Storage::Pipelined { queue } => {
+                queue.push_back(BufferOrEvent::Buffer(buffer));
+                queue.len() == 1
+            }
+            Storage::Blocking {
+                path,
+                writer,
+                bytes_written,
+                ..
+            } => {
+                let Some(w) = writer.as_mut() else {
+                    return Err(FluviaError::Internal(format!(
+                        "write to finished blocking subpartition {}",
+                        path.display()
+                    )));
+                };
+                let len = buffer.len() as u32;
+                w.write_all(&len.to_le_bytes())
+                    .and_then(|_| w.write_all(buffer.as_slice()))
+                    .map_err(|e| FluviaError::io(format!("writing spill file {}", path.display()), e))?;
+                *bytes_written += 4 + len as u64;
+                // The buffer is recycled here, when it goes out of scope.
+                false
+            }
+        };
+        st.buffers_backlog += 1;
+        Self::maybe_notify(st, notify);
+        Ok(())
+    }
+
+    /// Marks the end of data (producer side).
+    pub fn finish(&self) -> Result<()> {
+        let mut st = lock_state(&self.state);
+        let notify = match &mut st.storage {
+            Storage::Pipelined { queue } => {
+                queue.push_back(BufferOrEvent::Event(Event::EndOfPartition));
+                queue.len() == 1
+            }
+            Storage::Blocking {
+                path,
+                writer,
+                finished,
+                ..
+            } => {
+                if let Some(mut w) = writer.take() {
+                    w.flush().map_err(|e| {
+                        FluviaError::io(format!("flushing spill file {}", path.display()), e)
+                    })?;
+                }
+                *finished = true;
+                true
+            }
+        };
+        Self::maybe_notify(st, notify);
+        Ok(())
+    }
+
+    fn maybe_notify(st: std::sync::MutexGuard<'_, SubpartitionState>, notify: bool) {
+        if notify && let Some(l) = &st.listener {
+            let (target, channel) = (Arc::clone(&l.target), l.channel);
+            drop(st);
+            target.notify_available(channel);
+        }
+    }
+
+    /// Takes the next buffer or event (consumer side). The flag says whether
+    /// more is readable right now.
+    pub fn poll(&self) -> Result<Option<(BufferOrEvent, bool)>> {
+        let mut st = lock_state(&self.state);
+        let segment_size = self.segment_size;
+        let st = &mut *st;
+        match &mut st.storage {
+            Storage::Pipelined { queue } => {
+                let next = queue.pop_front();
+                if matches!(next, Some(BufferOrEvent::Buffer(_))) {
+                    st.buffers_backlog -= 1;
+                }
+                let more = !queue.is_empty();
+                Ok(next.map(|n| (n, more)))
+            }
+            Storage::Blocking {
+                path,
+                reader,
+                finished,
+                end_delivered,
+                ..
+            } => {
+                if !*finished || *end_delivered {
+                    return Ok(None);
+                }
+                if reader.is_none() {
+                    let f = File::open(&*path).map_err(|e| {
+                        FluviaError::io(format!("opening spill file {}", path.display()), e)
+                    })?;
+                    *reader = Some(BufReader::with_capacity(segment_size.max(64 * 1024), f));
+                }
+                let Some(r) = reader.as_mut() else {
+                    return Ok(None);
+                };
+                match read_spilled_buffer(r, path)? {
+                    Some(buf) => {
+                        st.buffers_backlog = st.buffers_backlog.saturating_sub(1);
+                        Ok(Some((BufferOrEvent::Buffer(buf), true)))
+                    }
+                    None => {
+                        *end_delivered = true;
+                        *reader = None;
+                        Ok(Some((BufferOrEvent::Event(Event::EndOfPartition), false)))
+                    }
+                }
+            }
+        }
+    }
+
+    /// Buffers written and not yet consumed (Flink's backlog).
+    pub fn backlog(&self) -> usize {
+        lock_state(&self.state).buffers_backlog
+    }
+}
+
+fn read_spilled_buffer(r: &mut BufReader<File>, path: &Path) -> Result<Option<Buffer>> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(FluviaError::io(format!("reading spill file {}", path.display()), e)),
+    }
+    let len = u32::from_le_bytes(len) as usize;
+    let mut data = vec![0u8; len];
+    r.read_exact(&mut data).map_err(|e| {
+        FluviaError::io(
+            format!("reading spill file {} (truncated buffer)", path.display()),
+            e,
+        )
+    })?;
+    Ok(Some(Buffer::from_vec(data)))
+}
+
+/// What one producing subtask writes for one data set.
+pub struct ResultPartition {
+    name: String,
+    blocking: bool,
+    subpartitions: Vec<Arc<Subpartition>>,
+    spill_files: Vec<PathBuf>,
+}
+
+impl std::fmt::Debug for ResultPartition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResultPartition")
+            .field("name", &self.name)
+            .field("blocking", &self.blocking)
+            .field("subpartitions", &self.subpartitions.len())
+            .finish()
+    }
+}
+
+impl ResultPartition {
+    pub fn pipelined(name: impl Into<String>, num_subpartitions: usize, segment_size: usize) -> Self {
+        ResultPartition {
+            name: name.into(),
+            blocking: false,
+            subpartitions: (0..num_subpartitions)
+                .map(|i| Arc::new(Subpartition::pipelined(i, segment_size)))
+                .collect(),
+            spill_files: Vec::new(),
+        }
+    }
+
+    /// A blocking partition spilling to `dir/<file_prefix>-<subpartition>.spill`.
+    pub fn blocking(
+        name: impl Into<String>,
+        num_subpartitions: usize,
+        segment_size: usize,
+        dir: &Path,
+        file_prefix: &str,
+    ) -> Result<Self> {
+        let mut subpartitions = Vec::with_capacity(num_subpartitions);
+        let mut spill_files = Vec::with_capacity(num_subpartitions);
+        for i in 0..num_subpartitions {
+            let path = dir.join(format!("{file_prefix}-{i}.spill"));
+            subpartitions.push(Arc::new(Subpartition::blocking(i, segment_size, path.clone())?));
+            spill_files.push(path);
+        }
+        Ok(ResultPartition {
+            name: name.into(),
+            blocking: true,
+            subpartitions,
+            spill_files,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn is_blocking(&self) -> bool {
+        self.blocking
+    }
+
+    pub fn num_subpartitions(&self) -> usize {
+        self.subpartitions.len()
+    }
+
+    pub fn subpartition(&self, i: usize) -> &Arc<Subpartition> {
+        &self.subpartitions[i]
+    }
+
+    /// Ends every subpartition.
+    pub fn finish(&self) -> Result<()> {
+        for s in &self.subpartitions {
+            s.finish()?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ResultPartition {
+    fn drop(&mut self) {
+        for f in &self.spill_files {
+            let _ = std::fs::remove_file(f);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Count(std::sync::atomic::AtomicUsize);
+    impl AvailabilityListener for Count {
+        fn notify_available(&self, _channel: usize) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    fn bytes(b: &BufferOrEvent) -> Vec<u8> {
+        match b {
+            BufferOrEvent::Buffer(b) => b.as_slice().to_vec(),
+            BufferOrEvent::Event(_) => vec![],
+        }
+    }
+
+    #[test]
+    fn pipelined_notifies_on_first_buffer_and_keeps_order() {
+        let p = ResultPartition::pipelined("p", 1, 1024);
+        let l = Arc::new(Count(Default::default()));
+        p.subpartition(0).set_listener(l.clone(), 0);
+        p.subpartition(0).add_buffer(Buffer::from_vec(vec![1])).unwrap();
+        p.subpartition(0).add_buffer(Buffer::from_vec(vec![2])).unwrap();
+        assert_eq!(l.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(p.subpartition(0).backlog(), 2);
+        p.finish().unwrap();
+        let (a, more) = p.subpartition(0).poll().unwrap().unwrap();
+        assert!(more);
+        assert_eq!(bytes(&a), vec![1]);
+        let (b, _) = p.subpartition(0).poll().unwrap().unwrap();
+        assert_eq!(bytes(&b), vec![2]);
+        let (e, more) = p.subpartition(0).poll().unwrap().unwrap();
+        assert!(matches!(e, BufferOrEvent::Event(Event::EndOfPartition)) && !more);
+    }
+
+    #[test]
+    fn blocking_is_unreadable_until_finished_and_spills_to_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = ResultPartition::blocking("p", 2, 1024, dir.path(), "ds").unwrap();
+        let l = Arc::new(Count(Default::default()));
+        p.subpartition(1).set_listener(l.clone(), 7);
+        p.subpartition(1).add_buffer(Buffer::from_vec(vec![9, 9])).unwrap();
+        assert!(p.subpartition(1).poll().unwrap().is_none());
+        assert_eq!(l.0.load(std::sync::atomic::Ordering::SeqCst), 0);
+        p.finish().unwrap();
+        assert_eq!(l.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert!(std::fs::metadata(dir.path().join("ds-1.spill")).unwrap().len() >= 6);
+        let (a, _) = p.subpartition(1).poll().unwrap().unwrap();
+        assert_eq!(bytes(&a), vec![9, 9]);
+        let (e, _) = p.subpartition(1).poll().unwrap().unwrap();
+        assert!(matches!(e, BufferOrEvent::Event(Event::EndOfPartition)));
+        drop(p);
+        assert!(!dir.path().join("ds-1.spill").exists());
+    }
+}

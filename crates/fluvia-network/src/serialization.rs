@@ -1,0 +1,308 @@
+//! Record framing: each record is written as a 4-byte little-endian length and
+//! its bytes, packed into fixed-size buffers. A record that does not fit in
+//! what is left of a buffer continues in the next one (Flink's spanning
+//! records), so any record size works with any buffer size.
+//!
+//! The [`PartitionWriter`] keeps one open buffer per subpartition and hands it
+//! over when it is full, when a flush is due (`execution.buffer-timeout`,
+//! signalled through a shared flush epoch) and at the end. The
+//! [`RecordDeserializer`] of a channel hands out complete records, directly
+//! from the buffer when a record lies inside one, else from a reassembly area.
+
+use crate::buffer::{BufferBuilder, LocalBufferPool};
+use crate::cancel::CancelToken;
+use crate::partition::ResultPartition;
+use crate::partitioner::Target;
+use fluvia_core::{FluviaError, Result};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+const HEADER: usize = 4;
+/// Records above this size are treated as corruption, not allocated.
+pub const MAX_RECORD_SIZE: usize = 1 << 30;
+
+/// Writes records into one result partition.
+pub struct PartitionWriter {
+    partition: Arc<ResultPartition>,
+    pool: Arc<LocalBufferPool>,
+    builders: Vec<Option<BufferBuilder>>,
+    cancel: CancelToken,
+    flush_epoch: Option<Arc<AtomicU64>>,
+    seen_epoch: u64,
+    records_out: u64,
+    bytes_out: u64,
+    buffers_out: u64,
+}
+
+impl std::fmt::Debug for PartitionWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PartitionWriter")
+            .field("partition", &self.partition.name())
+            .finish()
+    }
+}
+
+impl PartitionWriter {
+    /// `flush_epoch`, when given, is bumped by a timer; the writer flushes
+    /// every open buffer when it sees a new value.
+    pub fn new(
+        partition: Arc<ResultPartition>,
+        pool: Arc<LocalBufferPool>,
+        cancel: CancelToken,
+        flush_epoch: Option<Arc<AtomicU64>>,
+    ) -> Self {
+        let n = partition.num_subpartitions();
+        PartitionWriter {
+            partition,
+            pool,
+            builders: (0..n).map(|_| None).collect(),
+            cancel,
+            flush_epoch,
+            seen_epoch: 0,
+            records_out: 0,
+            bytes_out: 0,
+            buffers_out: 0,
+        }
+    }
+
+    pub fn num_subpartitions(&self) -> usize {
+        self.builders.len()
+    }
+
+    pub fn pool(&self) -> &Arc<LocalBufferPool> {
+        &self.pool
+    }
+
+    pub fn records_out(&self) -> u64 {
+        self.records_out
+    }
+
+    pub fn bytes_out(&self) -> u64 {
+        self.bytes_out
+    }
+
+    pub fn buffers_out(&self) -> u64 {
+        self.buffers_out
+    }
+
+    /// Writes one encoded record to `target`.
+    #[inline]
+    pub fn emit(&mut self, target: Target, record: &[u8]) -> Result<()> {
+        if record.len() > MAX_RECORD_SIZE {
+            return Err(FluviaError::Serialization(format!(
+                "record of {} bytes exceeds the maximum record size {}",
+                record.len(),
+                MAX_RECORD_SIZE
+            )));
+        }
+        match target {
+            Target::One(sp) => self.write_record(sp, record)?,
+            // Copied into every subpartition's buffer; encoded once by the caller.
+            Target::All => {
+                for sp in 0..self.builders.len() {
+                    self.write_record(sp, record)?;
+                }
+            }
+        }
+        self.records_out += 1;
+        if let Some(epoch) = &self.flush_epoch {
+            let now = epoch.load(Ordering::Relaxed);
+            if now != self.seen_epoch {
+                self.seen_epoch = now;
+                self.flush_all()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn write_record(&mut self, sp: usize, record: &[u8]) -> Result<()> {
+        let header = (record.len() as u32).to_le_bytes();
+        if let Some(b) = &mut self.builders[sp]
+            && b.remaining() >= HEADER + record.len()
+        {
+            b.append(&header);
+            b.append(record);
+        } else {
+            self.write_spanning(sp, &header)?;
+            self.write_spanning(sp, record)?;
+        }
+        if self.builders[sp].as_ref().is_some_and(|b| b.remaining() == 0) {
+            self.hand_over(sp)?;
+        }
+        Ok(())
+    }
+
+    fn write_spanning(&mut self, sp: usize, mut bytes: &[u8]) -> Result<()> {
+        while !bytes.is_empty() {
+            let builder = match &mut self.builders[sp] {
+                Some(b) => b,
+                slot @ None => slot.insert(self.pool.request(&self.cancel)?),
+            };
+            let n = builder.append(bytes);
+            bytes = &bytes[n..];
+            if builder.remaining() == 0 {
+                self.hand_over(sp)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn hand_over(&mut self, sp: usize) -> Result<()> {
+        if let Some(b) = self.builders[sp].take() {
+            if b.is_empty() {
+                return Ok(());
+            }
+            self.bytes_out += b.len() as u64;
+            self.buffers_out += 1;
+            self.partition.subpartition(sp).add_buffer(b.finish())?;
+        }
+        Ok(())
+    }
+
+    /// Hands over every partly filled buffer.
+    pub fn flush_all(&mut self) -> Result<()> {
+        for sp in 0..self.builders.len() {
+            self.hand_over(sp)?;
+        }
+        Ok(())
+    }
+
+    /// Flushes and ends every subpartition.
+    pub fn finish(&mut self) -> Result<()> {
+        self.flush_all()?;
+        self.partition.finish()
+    }
+}
+
+/// Reassembles records of one input channel.
+#[derive(Debug, Default)]
+pub struct RecordDeserializer {
+    partial: Vec<u8>,
+}
+
+impl RecordDeserializer {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Whether a record is cut off (an error at the end of the channel).
+    pub fn has_partial_record(&self) -> bool {
+        !self.partial.is_empty()
+    }
+
+    /// Calls `on_record` for every record completed by `buf`.
+    pub fn feed(&mut self, buf: &[u8], mut on_record: impl FnMut(&[u8]) -> Result<()>) -> Result<()> {
+        let mut pos = 0;
+        while pos < buf.len() || self.partial_complete() {
+            if !self.partial.is_empty() {
+                let want = self.partial_target()?;
+                let take = (want - self.partial.len()).min(buf.len() - pos);
+                self.partial.extend_from_slice(&buf[pos..pos + take]);
+                pos += take;
+                if self.partial_complete() {
+                    on_record(&self.partial[HEADER..])?;
+                    self.partial.clear();
+                }
+                continue;
+            }
+            let rest = &buf[pos..];
+            if rest.len() >= HEADER {
+                let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+                if len > MAX_RECORD_SIZE {
+                    return Err(corrupt(len));
+                }
+                if rest.len() >= HEADER + len {
+                    on_record(&rest[HEADER..HEADER + len])?;
+                    pos += HEADER + len;
+                    continue;
+                }
+            }
+            // The record continues in the next buffer.
+            self.partial.extend_from_slice(rest);
+            pos = buf.len();
+            let _ = self.partial_target()?;
+        }
+        Ok(())
+    }
+
+    /// Bytes the reassembly area must reach: the header, then header + record.
+    fn partial_target(&self) -> Result<usize> {
+        if self.partial.len() < HEADER {
+            return Ok(HEADER);
+        }
+        let len = u32::from_le_bytes([self.partial[0], self.partial[1], self.partial[2], self.partial[3]])
+            as usize;
+        if len > MAX_RECORD_SIZE {
+            return Err(corrupt(len));
+        }
+        Ok(HEADER + len)
+    }
+
+    fn partial_complete(&self) -> bool {
+        self.partial.len() >= HEADER && self.partial_target().is_ok_and(|t| self.partial.len() == t)
+    }
+}
+
+fn corrupt(len: usize) -> FluviaError {
+    FluviaError::Serialization(format!(
+        "corrupt record stream: record length {len} exceeds the maximum {MAX_RECORD_SIZE}"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::buffer::NetworkBufferPool;
+    use crate::partition::BufferOrEvent;
+
+    fn round_trip(segment: usize, records: &[Vec<u8>]) -> Vec<Vec<u8>> {
+        let global = NetworkBufferPool::new(1 << 30, segment).unwrap();
+        let pool = global.create_local_pool(1 << 14).unwrap();
+        let part = Arc::new(ResultPartition::pipelined("p", 1, segment));
+        let mut w = PartitionWriter::new(part.clone(), pool, CancelToken::new(), None);
+        for r in records {
+            w.emit(Target::One(0), r).unwrap();
+        }
+        w.finish().unwrap();
+        let mut d = RecordDeserializer::new();
+        let mut out = Vec::new();
+        while let Some((b, _)) = part.subpartition(0).poll().unwrap() {
+            match b {
+                BufferOrEvent::Buffer(b) => {
+                    assert!(b.len() <= segment);
+                    d.feed(b.as_slice(), |r| {
+                        out.push(r.to_vec());
+                        Ok(())
+                    })
+                    .unwrap()
+                }
+                BufferOrEvent::Event(_) => break,
+            }
+        }
+        assert!(!d.has_partial_record());
+        out
+    }
+
+    #[test]
+    fn records_of_any_size_span_buffers() {
+        let records: Vec<Vec<u8>> = (0..300usize)
+            .map(|i| (0..(i * 7) % 200).map(|b| (b + i) as u8).collect())
+            .collect();
+        for segment in [64, 65, 67, 100, 4096] {
+            assert_eq!(round_trip(segment, &records), records, "segment {segment}");
+        }
+    }
+
+    #[test]
+    fn empty_records_survive() {
+        let records = vec![vec![], vec![1], vec![], vec![]];
+        assert_eq!(round_trip(64, &records), records);
+    }
+
+    #[test]
+    fn a_corrupt_length_is_an_error_not_an_allocation() {
+        let mut d = RecordDeserializer::new();
+        let err = d.feed(&[0xff, 0xff, 0xff, 0x7f, 1, 2], |_| Ok(())).unwrap_err();
+        assert!(err.to_string().contains("corrupt record stream"));
+    }
+}
