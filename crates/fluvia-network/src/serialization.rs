@@ -32,6 +32,7 @@ pub struct PartitionWriter {
     records_out: u64,
     bytes_out: u64,
     buffers_out: u64,
+    finished: bool,
 }
 
 impl std::fmt::Debug for PartitionWriter {
@@ -62,7 +63,12 @@ impl PartitionWriter {
             records_out: 0,
             bytes_out: 0,
             buffers_out: 0,
+            finished: false,
         }
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.finished
     }
 
     pub fn num_subpartitions(&self) -> usize {
@@ -88,6 +94,12 @@ impl PartitionWriter {
     /// Writes one encoded record to `target`.
     #[inline]
     pub fn emit(&mut self, target: Target, record: &[u8]) -> Result<()> {
+        if self.finished {
+            return Err(FluviaError::Internal(format!(
+                "record written to finished partition {}",
+                self.partition.name()
+            )));
+        }
         if record.len() > MAX_RECORD_SIZE {
             return Err(FluviaError::Serialization(format!(
                 "record of {} bytes exceeds the maximum record size {}",
@@ -168,8 +180,13 @@ impl PartitionWriter {
     }
 
     /// Flushes and ends every subpartition.
+    /// Idempotent: only the first call ends the partition.
     pub fn finish(&mut self) -> Result<()> {
+        if self.finished {
+            return Ok(());
+        }
         self.flush_all()?;
+        self.finished = true;
         self.partition.finish()
     }
 }

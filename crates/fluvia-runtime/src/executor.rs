@@ -1,0 +1,333 @@
+//! The embedded runtime: runs a JobGraph in this process.
+//!
+//! It expands the JobGraph into an ExecutionGraph, reserves buffer pools from
+//! one [`NetworkBufferPool`] (the budget `taskmanager.memory.network.size`),
+//! creates a result partition per producing subtask and data set (pipelined,
+//! or blocking spill files under `io.tmp.dirs`), and starts one thread per
+//! subtask: tasks are CPU-bound, so they get OS threads, not async tasks.
+//! A timer thread bumps the flush epoch every `execution.buffer-timeout`.
+//!
+//! The first failing task cancels all others; the job then fails with that
+//! task's error (never "finished" with partial results). A panicking user
+//! function is caught on its task thread and attributed to its operator.
+
+use crate::output::current_operator;
+use crate::registry::OperatorRegistry;
+use crate::task::{OutputSpec, TaskDeployment, TaskMetrics, run_task};
+use fluvia_core::config::options;
+use fluvia_core::{Configuration, FluviaError, JobId, ResultPartitionType, Result};
+use fluvia_graph::JobGraph;
+use fluvia_network::{CancelToken, InputChannelSpec, LocalBufferPool, NetworkBufferPool, ResultPartition};
+use fluvia_scheduler::{ExecutionGraph, ExecutionState};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
+
+/// Metrics of one JobVertex, summed over its subtasks.
+#[derive(Debug, Clone, Default)]
+pub struct VertexMetrics {
+    pub name: String,
+    pub parallelism: usize,
+    pub records_in: u64,
+    pub records_out: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    /// (operator name, records received or, for sources, emitted).
+    pub operators: Vec<(String, u64)>,
+    pub output_buffers_max_in_use: usize,
+    pub output_buffers_limit: usize,
+    pub backpressure_waits: u64,
+}
+
+/// The outcome of a finished job.
+#[derive(Debug, Clone)]
+pub struct JobExecutionResult {
+    pub job_id: JobId,
+    pub job_name: String,
+    pub duration: Duration,
+    pub vertices: Vec<VertexMetrics>,
+    pub execution_graph: ExecutionGraph,
+}
+
+impl JobExecutionResult {
+    /// A short human-readable summary.
+    pub fn summary(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "Job '{}' ({}) finished in {:.3} s",
+            self.job_name,
+            self.job_id,
+            self.duration.as_secs_f64()
+        );
+        for v in &self.vertices {
+            let _ = writeln!(
+                s,
+                "  {} [parallelism {}]: records in {}, out {}; bytes in {}, out {}",
+                v.name, v.parallelism, v.records_in, v.records_out, v.bytes_in, v.bytes_out
+            );
+            if v.operators.len() > 1 {
+                for (name, n) in &v.operators {
+                    let _ = writeln!(s, "      {name}: {n} records");
+                }
+            }
+        }
+        s
+    }
+
+    /// Total records handled by the operator named `name` (all subtasks).
+    pub fn operator_records(&self, name: &str) -> Option<u64> {
+        self.vertices
+            .iter()
+            .flat_map(|v| v.operators.iter())
+            .find(|(n, _)| n == name)
+            .map(|(_, c)| *c)
+    }
+}
+
+/// Runs jobs in this process.
+#[derive(Debug, Clone, Default)]
+pub struct LocalExecutor {
+    config: Configuration,
+}
+
+struct Outcome {
+    vertex: usize,
+    subtask: usize,
+    result: Result<TaskMetrics>,
+}
+
+impl LocalExecutor {
+    pub fn new(config: Configuration) -> Self {
+        LocalExecutor { config }
+    }
+
+    pub fn execute(&self, job: JobGraph, registry: Arc<OperatorRegistry>) -> Result<JobExecutionResult> {
+        let started = Instant::now();
+        for v in &job.vertices {
+            for op in &v.operators {
+                registry.factory(op.node_id)?.validate()?;
+            }
+        }
+        let segment_size = self.config.get(&options::SEGMENT_SIZE)? as usize;
+        let network_memory = self.config.get(&options::NETWORK_MEMORY)?;
+        let buffers_per_channel = self.config.get(&options::BUFFERS_PER_CHANNEL)?.max(1);
+        let floating = self.config.get(&options::FLOATING_BUFFERS)?;
+        let buffer_timeout = self.config.get(&options::BUFFER_TIMEOUT)?;
+        let tmp_dir = self.config.get(&options::TMP_DIRS)?;
+
+        let mut eg = ExecutionGraph::from_job_graph(&job)?;
+        let global = NetworkBufferPool::new(network_memory, segment_size)?;
+        let spill_dir = if eg
+            .results
+            .iter()
+            .any(|r| r.result_partition_type == ResultPartitionType::Blocking)
+        {
+            let dir = if tmp_dir.is_empty() {
+                tempfile::Builder::new().prefix("fluvia-").tempdir()
+            } else {
+                tempfile::Builder::new().prefix("fluvia-").tempdir_in(tmp_dir)
+            };
+            Some(dir.map_err(|e| FluviaError::io("creating the spill directory", e))?)
+        } else {
+            None
+        };
+
+        // partitions[result][producer subtask]
+        let mut partitions: Vec<Vec<(Arc<ResultPartition>, Arc<LocalBufferPool>)>> = Vec::new();
+        for (ri, r) in eg.results.iter().enumerate() {
+            let producer_name = &eg.vertices[r.producer].name;
+            let mut per_producer = Vec::with_capacity(r.num_subpartitions.len());
+            for (p, &n) in r.num_subpartitions.iter().enumerate() {
+                let name = format!("{producer_name} ({}/{}) -> result {ri}", p + 1, r.num_subpartitions.len());
+                let (partition, pool_size) = match (&spill_dir, r.result_partition_type) {
+                    (Some(dir), ResultPartitionType::Blocking) => (
+                        ResultPartition::blocking(name, n, segment_size, dir.path(), &format!("r{ri}-p{p}"))?,
+                        n + 1,
+                    ),
+                    _ => (
+                        ResultPartition::pipelined(name, n, segment_size),
+                        n * buffers_per_channel + floating,
+                    ),
+                };
+                per_producer.push((Arc::new(partition), global.create_local_pool(pool_size.max(n + 1))?));
+            }
+            partitions.push(per_producer);
+        }
+
+        let job = Arc::new(job);
+        let cancel = CancelToken::new();
+        let flush_epoch = Arc::new(AtomicU64::new(0));
+        let timer_stop = Arc::new(AtomicBool::new(false));
+        let timer = {
+            let (epoch, stop) = (Arc::clone(&flush_epoch), Arc::clone(&timer_stop));
+            std::thread::Builder::new()
+                .name("output-flusher".into())
+                .spawn(move || {
+                    while !stop.load(Ordering::Acquire) {
+                        std::thread::park_timeout(buffer_timeout.max(Duration::from_millis(1)));
+                        epoch.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+                .map_err(|e| FluviaError::io("starting the output flusher", e))?
+        };
+
+        let results = eg.results.clone();
+        let (tx, rx) = mpsc::channel::<Outcome>();
+        let mut handles = Vec::new();
+        for (vi, ejv) in eg.vertices.iter_mut().enumerate() {
+            let jv = &job.vertices[vi];
+            for ev in &mut ejv.subtasks {
+                let inputs = ev
+                    .consumed
+                    .iter()
+                    .flat_map(|cp| {
+                        let partition = &partitions[cp.result][cp.producer_subtask].0;
+                        cp.subpartitions.iter().map(move |sp| InputChannelSpec {
+                            subpartition: Arc::clone(partition.subpartition(sp)),
+                            input_index: cp.type_number as usize,
+                        })
+                    })
+                    .collect();
+                let outputs = jv
+                    .produced_data_sets
+                    .iter()
+                    .map(|ds| {
+                        let ri = results
+                            .iter()
+                            .position(|r| r.data_set == ds.id)
+                            .ok_or_else(|| {
+                                FluviaError::Internal(format!("no result for data set {}", ds.id))
+                            })?;
+                        let (partition, pool) = &partitions[ri][ev.subtask_index];
+                        Ok(OutputSpec {
+                            partition: Arc::clone(partition),
+                            pool: Arc::clone(pool),
+                            partitioner: results[ri].partitioner,
+                            consumer_max_parallelism: results[ri].consumer_max_parallelism,
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let deployment = TaskDeployment {
+                    job: Arc::clone(&job),
+                    vertex_index: vi,
+                    subtask_index: ev.subtask_index,
+                    attempt_number: ev.current_attempt().attempt_number,
+                    registry: Arc::clone(&registry),
+                    inputs,
+                    outputs,
+                    cancel: cancel.clone(),
+                    flush_epoch: Arc::clone(&flush_epoch),
+                };
+                ev.current_attempt_mut().state = ExecutionState::Running;
+                let tx = tx.clone();
+                let name = deployment.task_name();
+                let (subtask, cancel_on_panic) = (ev.subtask_index, cancel.clone());
+                let handle = std::thread::Builder::new()
+                    .name(name.clone())
+                    .spawn(move || {
+                        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            run_task(&deployment)
+                        }))
+                        .unwrap_or_else(|panic| {
+                            let message = panic
+                                .downcast_ref::<&str>()
+                                .map(|s| s.to_string())
+                                .or_else(|| panic.downcast_ref::<String>().cloned())
+                                .unwrap_or_else(|| "unknown panic".to_string());
+                            cancel_on_panic.cancel();
+                            Err(FluviaError::Task {
+                                location: deployment.location_of(current_operator()),
+                                message: format!("user function panicked: {message}"),
+                            })
+                        })
+                        .map_err(|e| match e {
+                            FluviaError::Task { .. } | FluviaError::Cancelled => e,
+                            other => FluviaError::Task {
+                                location: deployment.location_of(current_operator()),
+                                message: other.to_string(),
+                            },
+                        });
+                        // The receiver only goes away after every task reported.
+                        let _ = tx.send(Outcome {
+                            vertex: vi,
+                            subtask,
+                            result,
+                        });
+                    })
+                    .map_err(|e| FluviaError::io(format!("starting task thread {name}"), e))?;
+                handles.push(handle);
+            }
+        }
+        drop(tx);
+
+        let mut first_error: Option<FluviaError> = None;
+        let mut per_task: Vec<Vec<TaskMetrics>> =
+            eg.vertices.iter().map(|v| vec![TaskMetrics::default(); v.parallelism]).collect();
+        for outcome in rx.iter() {
+            let attempt = eg.vertices[outcome.vertex].subtasks[outcome.subtask].current_attempt_mut();
+            match outcome.result {
+                Ok(m) => {
+                    attempt.state = ExecutionState::Finished;
+                    per_task[outcome.vertex][outcome.subtask] = m;
+                }
+                Err(FluviaError::Cancelled) => attempt.state = ExecutionState::Canceled,
+                Err(e) => {
+                    attempt.state = ExecutionState::Failed;
+                    tracing::error!("{e}");
+                    cancel.cancel();
+                    if first_error.is_none() {
+                        first_error = Some(e);
+                    }
+                }
+            }
+        }
+        for h in handles {
+            let _ = h.join();
+        }
+        timer_stop.store(true, Ordering::Release);
+        timer.thread().unpark();
+        let _ = timer.join();
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        if cancel.is_cancelled() {
+            return Err(FluviaError::Cancelled);
+        }
+
+        let vertices = job
+            .vertices
+            .iter()
+            .zip(per_task)
+            .map(|(jv, tasks)| {
+                let mut m = VertexMetrics {
+                    name: jv.name.clone(),
+                    parallelism: jv.parallelism,
+                    operators: jv.operators.iter().map(|o| (o.name.clone(), 0)).collect(),
+                    ..Default::default()
+                };
+                for t in tasks {
+                    m.records_in += t.records_in;
+                    m.records_out += t.records_out;
+                    m.bytes_in += t.bytes_in;
+                    m.bytes_out += t.bytes_out;
+                    m.output_buffers_max_in_use = m.output_buffers_max_in_use.max(t.output_buffers_max_in_use);
+                    m.output_buffers_limit = m.output_buffers_limit.max(t.output_buffers_limit);
+                    m.backpressure_waits += t.backpressure_waits;
+                    for (slot, n) in m.operators.iter_mut().zip(&t.operator_records) {
+                        slot.1 += n;
+                    }
+                }
+                m
+            })
+            .collect();
+        Ok(JobExecutionResult {
+            job_id: job.job_id,
+            job_name: job.name.clone(),
+            duration: started.elapsed(),
+            vertices,
+            execution_graph: eg,
+        })
+    }
+}

@@ -1,0 +1,31 @@
+//! Physical execution: the fourth of Fluvia's graphs.
+//!
+//! A [`task`] runs one subtask of a JobVertex: it builds the vertex's
+//! OperatorChain from the [`OperatorRegistry`] (user code looked up by stream
+//! node id), reads its InputGate, and writes its ResultPartitions. Inside a
+//! chain operators call each other directly through typed [`Output`]s; only
+//! non-chained edges serialise records (with [`record`]'s codec) into network
+//! buffers.
+//!
+//! The [`executor`] is the embedded runtime: it expands a JobGraph into an
+//! ExecutionGraph, creates partitions and gates, runs one thread per subtask,
+//! cancels everything on the first failure, and reports per-vertex metrics.
+//!
+//! Record types are known only to [`operator`] factories and [`output`]s;
+//! everything below (network, scheduler, graph) sees bytes and ids.
+
+pub mod executor;
+pub mod operator;
+pub mod output;
+pub mod record;
+pub mod registry;
+pub mod task;
+
+pub use executor::{JobExecutionResult, LocalExecutor, VertexMetrics};
+pub use operator::{
+    OneInputOperator, OperatorContext, OperatorFactory, SourceOperator, SourceStatus,
+    TwoInputOperator, UserError,
+};
+pub use output::{Collector, Output};
+pub use record::Data;
+pub use registry::OperatorRegistry;

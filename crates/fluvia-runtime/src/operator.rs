@@ -1,0 +1,547 @@
+//! Operators: the typed traits user code implements, the drivers that run
+//! them inside a chain, and the type-erased [`OperatorFactory`] through which
+//! a task builds its chain from a closure-free JobVertex.
+//!
+//! Type erasure happens only while a chain is built (once per task): outputs
+//! travel as `Box<dyn Any>` holding a `Box<dyn Output<T>>` and are downcast
+//! to the operator's concrete record type. Per record, a chained hand-over is
+//! one virtual call.
+
+use crate::output::{
+    BroadcastingOutput, Collector, CopyingOutput, DiscardingOutput, KeyHasher, Output,
+    RecordWriterOutput, set_current_operator,
+};
+use crate::record::{Data, decode};
+use fluvia_core::error::TaskLocation;
+use fluvia_core::keygroup::key_group_range_for_operator;
+use fluvia_core::{FluviaError, Result};
+use fluvia_network::{CancelToken, ChannelSelector, PartitionWriter};
+use std::any::Any;
+use std::cell::{Cell, RefCell};
+use std::marker::PhantomData;
+use std::rc::Rc;
+use std::sync::Arc;
+
+/// The error a user function returns.
+pub type UserError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A `Box<dyn Output<T>>` with `T` erased.
+pub type AnyOutput = Box<dyn Any>;
+
+/// What an operator instance knows about where it runs.
+#[derive(Debug, Clone)]
+pub struct OperatorContext {
+    pub task_name: String,
+    pub operator_name: String,
+    /// Position in the chain (0 = head).
+    pub operator_index: usize,
+    pub subtask_index: usize,
+    pub parallelism: usize,
+    pub max_parallelism: usize,
+    pub attempt_number: u32,
+    /// Whether the job runs in BATCH mode (operators may emit only at the end).
+    pub batch: bool,
+    pub object_reuse: bool,
+    pub(crate) records_in: Rc<Cell<u64>>,
+}
+
+impl OperatorContext {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        task_name: impl Into<String>,
+        operator_name: impl Into<String>,
+        operator_index: usize,
+        subtask_index: usize,
+        parallelism: usize,
+        max_parallelism: usize,
+        attempt_number: u32,
+        batch: bool,
+        object_reuse: bool,
+    ) -> Self {
+        OperatorContext {
+            task_name: task_name.into(),
+            operator_name: operator_name.into(),
+            operator_index,
+            subtask_index,
+            parallelism,
+            max_parallelism,
+            attempt_number,
+            batch,
+            object_reuse,
+            records_in: Rc::new(Cell::new(0)),
+        }
+    }
+
+    /// Inclusive range of key groups this subtask owns.
+    pub fn key_group_range(&self) -> (usize, usize) {
+        key_group_range_for_operator(self.max_parallelism, self.parallelism, self.subtask_index)
+    }
+
+    pub fn location(&self) -> TaskLocation {
+        TaskLocation {
+            task: self.task_name.clone(),
+            operator: self.operator_name.clone(),
+            subtask_index: self.subtask_index,
+            parallelism: self.parallelism,
+        }
+    }
+
+    /// Attributes a user function's error to this operator and subtask.
+    pub fn user_error(&self, e: UserError) -> FluviaError {
+        FluviaError::Task {
+            location: self.location(),
+            message: e.to_string(),
+        }
+    }
+
+    /// Records this operator received (or, for a source, emitted).
+    pub fn records_in(&self) -> u64 {
+        self.records_in.get()
+    }
+}
+
+/// Whether a source has more to emit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceStatus {
+    MoreAvailable,
+    End,
+}
+
+/// A source: polled until it says [`SourceStatus::End`]. Each poll may emit
+/// any number of records; keeping polls short keeps cancellation prompt.
+pub trait SourceOperator<OUT>: 'static {
+    fn open(&mut self, _ctx: &OperatorContext) -> Result<(), UserError> {
+        Ok(())
+    }
+    fn poll_next(&mut self, out: &mut Collector<'_, OUT>) -> Result<SourceStatus, UserError>;
+}
+
+/// An operator with one input.
+pub trait OneInputOperator<IN, OUT>: 'static {
+    fn open(&mut self, _ctx: &OperatorContext) -> Result<(), UserError> {
+        Ok(())
+    }
+    fn process_element(&mut self, record: IN, out: &mut Collector<'_, OUT>) -> Result<(), UserError>;
+    /// All input has arrived (the place for batch operators to emit).
+    fn end_input(&mut self, _out: &mut Collector<'_, OUT>) -> Result<(), UserError> {
+        Ok(())
+    }
+}
+
+/// An operator with two inputs (`connect`).
+pub trait TwoInputOperator<IN1, IN2, OUT>: 'static {
+    fn open(&mut self, _ctx: &OperatorContext) -> Result<(), UserError> {
+        Ok(())
+    }
+    fn process_element1(&mut self, record: IN1, out: &mut Collector<'_, OUT>) -> Result<(), UserError>;
+    fn process_element2(&mut self, record: IN2, out: &mut Collector<'_, OUT>) -> Result<(), UserError>;
+    /// Input 1 or 2 has ended.
+    fn end_input(&mut self, _input: usize, _out: &mut Collector<'_, OUT>) -> Result<(), UserError> {
+        Ok(())
+    }
+}
+
+/// Runs a chain headed by a source.
+pub trait SourceDriver {
+    fn run(&mut self, cancel: &CancelToken) -> Result<()>;
+}
+
+/// Feeds encoded records from the network into a chain's head.
+pub trait NetworkInput {
+    /// One encoded record for logical input `input` (0, or 1/2).
+    fn process(&mut self, input: usize, bytes: &[u8]) -> Result<()>;
+    /// Every channel of `input` has ended.
+    fn end_input(&mut self, input: usize) -> Result<()>;
+}
+
+/// A created operator, as the task needs it.
+pub enum OperatorInstance {
+    Source(Box<dyn SourceDriver>),
+    /// The operator's input side, a `Box<dyn Output<IN>>`, with IN's type.
+    OneInput {
+        input: AnyOutput,
+        input_type: Arc<dyn RecordType>,
+    },
+    TwoInput(Box<dyn NetworkInput>),
+}
+
+/// Builds the per-subtask instance of one StreamGraph node.
+pub trait OperatorFactory: Send + Sync {
+    /// Creates the operator wired to `output` (a `Box<dyn Output<OUT>>`) and
+    /// opens it.
+    fn create(&self, ctx: &OperatorContext, output: AnyOutput) -> Result<OperatorInstance>;
+    /// The type of the records it emits.
+    fn output_type(&self) -> Arc<dyn RecordType>;
+    /// Checks made before the job runs (e.g. input files exist).
+    fn validate(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Everything the runtime must do with records of one Rust type without
+/// knowing it.
+pub trait RecordType: Send + Sync {
+    fn type_name(&self) -> &'static str;
+    /// Wraps a head's `Box<dyn Output<T>>` into a decoder fed from the network.
+    fn network_input(&self, input: AnyOutput) -> Result<Box<dyn NetworkInput>>;
+    /// A non-chained output writing to `writer`.
+    fn network_output(
+        &self,
+        writer: Rc<RefCell<PartitionWriter>>,
+        selector: ChannelSelector,
+        key_hasher: Option<&Arc<dyn Any + Send + Sync>>,
+    ) -> Result<AnyOutput>;
+    fn copying(&self, inner: AnyOutput) -> Result<AnyOutput>;
+    fn broadcasting(&self, outputs: Vec<AnyOutput>) -> Result<AnyOutput>;
+    fn discarding(&self) -> AnyOutput;
+}
+
+/// [`RecordType`] of `T`.
+pub struct TypeOf<T>(PhantomData<fn() -> T>);
+
+/// The erased record type of `T`.
+pub fn record_type<T: Data>() -> Arc<dyn RecordType> {
+    Arc::new(TypeOf::<T>(PhantomData))
+}
+
+/// Recovers a typed output from its erased form.
+pub fn downcast_output<T: 'static>(output: AnyOutput) -> Result<Box<dyn Output<T>>> {
+    output
+        .downcast::<Box<dyn Output<T>>>()
+        .map(|b| *b)
+        .map_err(|_| {
+            FluviaError::Internal(format!(
+                "chain type mismatch: expected an output of {}",
+                std::any::type_name::<T>()
+            ))
+        })
+}
+
+fn erase<T: 'static>(output: Box<dyn Output<T>>) -> AnyOutput {
+    Box::new(output)
+}
+
+impl<T: Data> RecordType for TypeOf<T> {
+    fn type_name(&self) -> &'static str {
+        std::any::type_name::<T>()
+    }
+
+    fn network_input(&self, input: AnyOutput) -> Result<Box<dyn NetworkInput>> {
+        Ok(Box::new(DecodingInput {
+            inner: downcast_output::<T>(input)?,
+        }))
+    }
+
+    fn network_output(
+        &self,
+        writer: Rc<RefCell<PartitionWriter>>,
+        selector: ChannelSelector,
+        key_hasher: Option<&Arc<dyn Any + Send + Sync>>,
+    ) -> Result<AnyOutput> {
+        let hasher = match key_hasher {
+            None => None,
+            Some(h) => Some(
+                h.downcast_ref::<KeyHasher<T>>()
+                    .cloned()
+                    .ok_or_else(|| {
+                        FluviaError::Internal(format!(
+                            "key selector does not take {}",
+                            std::any::type_name::<T>()
+                        ))
+                    })?,
+            ),
+        };
+        Ok(erase::<T>(Box::new(RecordWriterOutput::new(
+            writer, selector, hasher,
+        )?)))
+    }
+
+    fn copying(&self, inner: AnyOutput) -> Result<AnyOutput> {
+        Ok(erase::<T>(Box::new(CopyingOutput {
+            inner: downcast_output::<T>(inner)?,
+        })))
+    }
+
+    fn broadcasting(&self, outputs: Vec<AnyOutput>) -> Result<AnyOutput> {
+        let outputs = outputs
+            .into_iter()
+            .map(downcast_output::<T>)
+            .collect::<Result<Vec<_>>>()?;
+        Ok(erase::<T>(Box::new(BroadcastingOutput { outputs })))
+    }
+
+    fn discarding(&self) -> AnyOutput {
+        erase::<T>(Box::new(DiscardingOutput))
+    }
+}
+
+struct DecodingInput<T> {
+    inner: Box<dyn Output<T>>,
+}
+
+impl<T: Data> NetworkInput for DecodingInput<T> {
+    #[inline]
+    fn process(&mut self, _input: usize, bytes: &[u8]) -> Result<()> {
+        self.inner.collect(decode(bytes)?)
+    }
+    fn end_input(&mut self, _input: usize) -> Result<()> {
+        self.inner.close()
+    }
+}
+
+// ---------------------------------------------------------------- drivers
+
+/// Reports a user function's outcome: a downstream failure (already
+/// attributed) wins over the function's own result.
+fn settle<T, O>(
+    ctx: &OperatorContext,
+    collector: &mut Collector<'_, O>,
+    result: Result<T, UserError>,
+) -> Result<T> {
+    if let Some(e) = collector.take_error() {
+        return Err(e);
+    }
+    result.map_err(|e| ctx.user_error(e))
+}
+
+struct SourceDriverImpl<OUT> {
+    op: Box<dyn SourceOperator<OUT>>,
+    out: Box<dyn Output<OUT>>,
+    ctx: OperatorContext,
+}
+
+impl<OUT: Data> SourceDriver for SourceDriverImpl<OUT> {
+    fn run(&mut self, cancel: &CancelToken) -> Result<()> {
+        let index = self.ctx.operator_index;
+        loop {
+            if cancel.is_cancelled() {
+                return Err(FluviaError::Cancelled);
+            }
+            set_current_operator(index);
+            let mut c = Collector::new(&mut *self.out, index);
+            let status = self.op.poll_next(&mut c);
+            self.ctx
+                .records_in
+                .set(self.ctx.records_in.get() + c.emitted());
+            if settle(&self.ctx, &mut c, status)? == SourceStatus::End {
+                break;
+            }
+        }
+        self.out.close()
+    }
+}
+
+struct OneInputDriver<IN, OUT> {
+    op: Box<dyn OneInputOperator<IN, OUT>>,
+    out: Box<dyn Output<OUT>>,
+    ctx: OperatorContext,
+}
+
+impl<IN: 'static, OUT: 'static> Output<IN> for OneInputDriver<IN, OUT> {
+    #[inline]
+    fn collect(&mut self, record: IN) -> Result<()> {
+        let index = self.ctx.operator_index;
+        self.ctx.records_in.set(self.ctx.records_in.get() + 1);
+        set_current_operator(index);
+        let mut c = Collector::new(&mut *self.out, index);
+        let r = self.op.process_element(record, &mut c);
+        settle(&self.ctx, &mut c, r)
+    }
+
+    fn close(&mut self) -> Result<()> {
+        let index = self.ctx.operator_index;
+        set_current_operator(index);
+        let mut c = Collector::new(&mut *self.out, index);
+        let r = self.op.end_input(&mut c);
+        settle(&self.ctx, &mut c, r)?;
+        self.out.close()
+    }
+}
+
+struct TwoInputDriver<IN1, IN2, OUT> {
+    op: Box<dyn TwoInputOperator<IN1, IN2, OUT>>,
+    out: Box<dyn Output<OUT>>,
+    ctx: OperatorContext,
+    ended: [bool; 2],
+}
+
+impl<IN1: Data, IN2: Data, OUT: 'static> NetworkInput for TwoInputDriver<IN1, IN2, OUT> {
+    fn process(&mut self, input: usize, bytes: &[u8]) -> Result<()> {
+        let index = self.ctx.operator_index;
+        self.ctx.records_in.set(self.ctx.records_in.get() + 1);
+        match input {
+            1 => {
+                let rec: IN1 = decode(bytes)?;
+                set_current_operator(index);
+                let mut c = Collector::new(&mut *self.out, index);
+                let r = self.op.process_element1(rec, &mut c);
+                settle(&self.ctx, &mut c, r)
+            }
+            2 => {
+                let rec: IN2 = decode(bytes)?;
+                set_current_operator(index);
+                let mut c = Collector::new(&mut *self.out, index);
+                let r = self.op.process_element2(rec, &mut c);
+                settle(&self.ctx, &mut c, r)
+            }
+            other => Err(FluviaError::Internal(format!(
+                "two-input operator '{}' got input {other}",
+                self.ctx.operator_name
+            ))),
+        }
+    }
+
+    fn end_input(&mut self, input: usize) -> Result<()> {
+        if !(1..=2).contains(&input) || self.ended[input - 1] {
+            return Ok(());
+        }
+        self.ended[input - 1] = true;
+        let index = self.ctx.operator_index;
+        set_current_operator(index);
+        let mut c = Collector::new(&mut *self.out, index);
+        let r = self.op.end_input(input, &mut c);
+        settle(&self.ctx, &mut c, r)?;
+        if self.ended == [true, true] {
+            self.out.close()?;
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------- factories
+
+type Validator = Box<dyn Fn() -> Result<()> + Send + Sync>;
+type MakeSource<OUT> =
+    Box<dyn Fn(&OperatorContext) -> Result<Box<dyn SourceOperator<OUT>>, UserError> + Send + Sync>;
+type MakeOneInput<IN, OUT> = Box<
+    dyn Fn(&OperatorContext) -> Result<Box<dyn OneInputOperator<IN, OUT>>, UserError> + Send + Sync,
+>;
+type MakeTwoInput<IN1, IN2, OUT> = Box<
+    dyn Fn(&OperatorContext) -> Result<Box<dyn TwoInputOperator<IN1, IN2, OUT>>, UserError>
+        + Send
+        + Sync,
+>;
+
+/// Factory of a source emitting `OUT`.
+pub struct SourceFactory<OUT> {
+    make: MakeSource<OUT>,
+    validate: Option<Validator>,
+}
+
+impl<OUT: Data> SourceFactory<OUT> {
+    pub fn new(
+        make: impl Fn(&OperatorContext) -> Result<Box<dyn SourceOperator<OUT>>, UserError>
+        + Send
+        + Sync
+        + 'static,
+    ) -> Self {
+        SourceFactory {
+            make: Box::new(make),
+            validate: None,
+        }
+    }
+
+    pub fn with_validation(mut self, v: impl Fn() -> Result<()> + Send + Sync + 'static) -> Self {
+        self.validate = Some(Box::new(v));
+        self
+    }
+}
+
+impl<OUT: Data> OperatorFactory for SourceFactory<OUT> {
+    fn create(&self, ctx: &OperatorContext, output: AnyOutput) -> Result<OperatorInstance> {
+        let out = downcast_output::<OUT>(output)?;
+        set_current_operator(ctx.operator_index);
+        let mut op = (self.make)(ctx).map_err(|e| ctx.user_error(e))?;
+        op.open(ctx).map_err(|e| ctx.user_error(e))?;
+        Ok(OperatorInstance::Source(Box::new(SourceDriverImpl {
+            op,
+            out,
+            ctx: ctx.clone(),
+        })))
+    }
+
+    fn output_type(&self) -> Arc<dyn RecordType> {
+        record_type::<OUT>()
+    }
+
+    fn validate(&self) -> Result<()> {
+        self.validate.as_ref().map_or(Ok(()), |v| v())
+    }
+}
+
+/// Factory of a one-input operator.
+pub struct OneInputFactory<IN, OUT> {
+    make: MakeOneInput<IN, OUT>,
+}
+
+impl<IN: Data, OUT: Data> OneInputFactory<IN, OUT> {
+    pub fn new(
+        make: impl Fn(&OperatorContext) -> Result<Box<dyn OneInputOperator<IN, OUT>>, UserError>
+        + Send
+        + Sync
+        + 'static,
+    ) -> Self {
+        OneInputFactory {
+            make: Box::new(make),
+        }
+    }
+}
+
+impl<IN: Data, OUT: Data> OperatorFactory for OneInputFactory<IN, OUT> {
+    fn create(&self, ctx: &OperatorContext, output: AnyOutput) -> Result<OperatorInstance> {
+        let out = downcast_output::<OUT>(output)?;
+        set_current_operator(ctx.operator_index);
+        let mut op = (self.make)(ctx).map_err(|e| ctx.user_error(e))?;
+        op.open(ctx).map_err(|e| ctx.user_error(e))?;
+        let driver: Box<dyn Output<IN>> = Box::new(OneInputDriver {
+            op,
+            out,
+            ctx: ctx.clone(),
+        });
+        Ok(OperatorInstance::OneInput {
+            input: Box::new(driver),
+            input_type: record_type::<IN>(),
+        })
+    }
+
+    fn output_type(&self) -> Arc<dyn RecordType> {
+        record_type::<OUT>()
+    }
+}
+
+/// Factory of a two-input operator.
+pub struct TwoInputFactory<IN1, IN2, OUT> {
+    make: MakeTwoInput<IN1, IN2, OUT>,
+}
+
+impl<IN1: Data, IN2: Data, OUT: Data> TwoInputFactory<IN1, IN2, OUT> {
+    pub fn new(
+        make: impl Fn(&OperatorContext) -> Result<Box<dyn TwoInputOperator<IN1, IN2, OUT>>, UserError>
+        + Send
+        + Sync
+        + 'static,
+    ) -> Self {
+        TwoInputFactory {
+            make: Box::new(make),
+        }
+    }
+}
+
+impl<IN1: Data, IN2: Data, OUT: Data> OperatorFactory for TwoInputFactory<IN1, IN2, OUT> {
+    fn create(&self, ctx: &OperatorContext, output: AnyOutput) -> Result<OperatorInstance> {
+        let out = downcast_output::<OUT>(output)?;
+        set_current_operator(ctx.operator_index);
+        let mut op = (self.make)(ctx).map_err(|e| ctx.user_error(e))?;
+        op.open(ctx).map_err(|e| ctx.user_error(e))?;
+        Ok(OperatorInstance::TwoInput(Box::new(TwoInputDriver {
+            op,
+            out,
+            ctx: ctx.clone(),
+            ended: [false, false],
+        })))
+    }
+
+    fn output_type(&self) -> Arc<dyn RecordType> {
+        record_type::<OUT>()
+    }
+}

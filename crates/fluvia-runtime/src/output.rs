@@ -1,0 +1,197 @@
+//! Where an operator's records go.
+//!
+//! [`Output`] is the chain's internal edge: a direct, typed call. Its
+//! implementations mirror Flink's:
+//! - a chained operator's driver (`ChainingOutput`: the record is moved);
+//! - [`CopyingOutput`] (`CopyingChainingOutput`: a clone is handed on, used
+//!   when `pipeline.object-reuse` is off);
+//! - [`BroadcastingOutput`] for several outputs (clones for all but the last);
+//! - [`RecordWriterOutput`] for a non-chained edge: encode, pick the
+//!   subpartition, write into network buffers;
+//! - [`DiscardingOutput`] for operators without outputs.
+//!
+//! User functions see a [`Collector`], which keeps the first downstream error
+//! instead of making user code handle it (the driver reports it after the user
+//! function returns).
+
+use crate::record::{Data, encode_into};
+use fluvia_core::{FluviaError, Result};
+use fluvia_network::{ChannelSelector, PartitionWriter};
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+
+/// The receiving side of a chained edge.
+pub trait Output<T> {
+    fn collect(&mut self, record: T) -> Result<()>;
+    /// The upstream operator has finished: nothing more will arrive.
+    fn close(&mut self) -> Result<()>;
+}
+
+thread_local! {
+    /// Index (in its chain) of the operator whose user code runs on this
+    /// thread, so a panic can be attributed to the right operator.
+    static CURRENT_OPERATOR: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Marks `index` as the operator now running user code on this thread.
+#[inline]
+pub fn set_current_operator(index: usize) {
+    CURRENT_OPERATOR.with(|c| c.set(index));
+}
+
+/// The operator that last ran user code on this thread.
+pub fn current_operator() -> usize {
+    CURRENT_OPERATOR.with(|c| c.get())
+}
+
+/// What user functions emit into.
+pub struct Collector<'a, T> {
+    out: &'a mut dyn Output<T>,
+    error: Option<FluviaError>,
+    operator_index: usize,
+    emitted: u64,
+}
+
+impl<'a, T> Collector<'a, T> {
+    pub fn new(out: &'a mut dyn Output<T>, operator_index: usize) -> Self {
+        Collector {
+            out,
+            error: None,
+            operator_index,
+            emitted: 0,
+        }
+    }
+
+    /// Emits a record downstream. After a downstream failure further records
+    /// are dropped; the failure is reported when the user function returns.
+    #[inline]
+    pub fn collect(&mut self, record: T) {
+        if self.error.is_none() {
+            if let Err(e) = self.out.collect(record) {
+                self.error = Some(e);
+            }
+            set_current_operator(self.operator_index);
+            self.emitted += 1;
+        }
+    }
+
+    /// Whether a downstream operator failed (sources stop producing then).
+    pub fn is_failed(&self) -> bool {
+        self.error.is_some()
+    }
+
+    /// Records emitted through this collector.
+    pub fn emitted(&self) -> u64 {
+        self.emitted
+    }
+
+    pub(crate) fn take_error(&mut self) -> Option<FluviaError> {
+        self.error.take()
+    }
+}
+
+/// Hands on a clone (object reuse off).
+pub struct CopyingOutput<T> {
+    pub inner: Box<dyn Output<T>>,
+}
+
+impl<T: Clone> Output<T> for CopyingOutput<T> {
+    #[inline]
+    fn collect(&mut self, record: T) -> Result<()> {
+        let copy = record.clone();
+        drop(record);
+        self.inner.collect(copy)
+    }
+    fn close(&mut self) -> Result<()> {
+        self.inner.close()
+    }
+}
+
+/// Fans out to several outputs: a clone to all but the last, which gets the
+/// record itself.
+pub struct BroadcastingOutput<T> {
+    pub outputs: Vec<Box<dyn Output<T>>>,
+}
+
+impl<T: Clone> Output<T> for BroadcastingOutput<T> {
+    #[inline]
+    fn collect(&mut self, record: T) -> Result<()> {
+        if let Some((last, rest)) = self.outputs.split_last_mut() {
+            for o in rest {
+                o.collect(record.clone())?;
+            }
+            last.collect(record)?;
+        }
+        Ok(())
+    }
+    fn close(&mut self) -> Result<()> {
+        for o in &mut self.outputs {
+            o.close()?;
+        }
+        Ok(())
+    }
+}
+
+/// For operators without outputs (sinks).
+pub struct DiscardingOutput;
+
+impl<T> Output<T> for DiscardingOutput {
+    #[inline]
+    fn collect(&mut self, _record: T) -> Result<()> {
+        Ok(())
+    }
+    fn close(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Computes the Java-compatible key hash of a record for a keyed edge.
+pub type KeyHasher<T> = Arc<dyn Fn(&T) -> i32 + Send + Sync>;
+
+/// A non-chained edge: encodes each record once and writes it to the chosen
+/// subpartition(s). Closing it ends the partition.
+pub struct RecordWriterOutput<T> {
+    writer: Rc<RefCell<PartitionWriter>>,
+    selector: ChannelSelector,
+    key_hasher: Option<KeyHasher<T>>,
+    scratch: Vec<u8>,
+}
+
+impl<T: Data> RecordWriterOutput<T> {
+    pub fn new(
+        writer: Rc<RefCell<PartitionWriter>>,
+        selector: ChannelSelector,
+        key_hasher: Option<KeyHasher<T>>,
+    ) -> Result<Self> {
+        if selector.needs_key() && key_hasher.is_none() {
+            return Err(FluviaError::Internal(
+                "a HASH edge without a key selector".to_string(),
+            ));
+        }
+        Ok(RecordWriterOutput {
+            writer,
+            selector,
+            key_hasher,
+            scratch: Vec::with_capacity(256),
+        })
+    }
+}
+
+impl<T: Data> Output<T> for RecordWriterOutput<T> {
+    #[inline]
+    fn collect(&mut self, record: T) -> Result<()> {
+        self.scratch.clear();
+        encode_into(&record, &mut self.scratch)?;
+        let key_hash = match &self.key_hasher {
+            Some(h) => h(&record),
+            None => 0,
+        };
+        let target = self.selector.select(key_hash);
+        self.writer.borrow_mut().emit(target, &self.scratch)
+    }
+
+    fn close(&mut self) -> Result<()> {
+        self.writer.borrow_mut().finish()
+    }
+}

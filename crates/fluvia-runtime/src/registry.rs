@@ -1,0 +1,56 @@
+//! Where a closure-free JobGraph finds its user code: one
+//! [`OperatorFactory`] per StreamGraph node and one key hasher per keyed edge,
+//! registered by the API that built the graph. Every process that runs the
+//! job builds the same registry from the same program.
+
+use crate::operator::OperatorFactory;
+use crate::output::KeyHasher;
+use crate::record::Data;
+use fluvia_core::{FluviaError, Result};
+use fluvia_graph::StreamNodeId;
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+#[derive(Default, Clone)]
+pub struct OperatorRegistry {
+    factories: BTreeMap<StreamNodeId, Arc<dyn OperatorFactory>>,
+    key_hashers: BTreeMap<usize, Arc<dyn Any + Send + Sync>>,
+}
+
+impl std::fmt::Debug for OperatorRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OperatorRegistry")
+            .field("operators", &self.factories.len())
+            .field("key_hashers", &self.key_hashers.len())
+            .finish()
+    }
+}
+
+impl OperatorRegistry {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn register(&mut self, node: StreamNodeId, factory: Arc<dyn OperatorFactory>) {
+        self.factories.insert(node, factory);
+    }
+
+    /// The key hash function of keyed stream edge `edge`, for records `T`.
+    pub fn register_key_hasher<T: Data>(&mut self, edge: usize, hasher: KeyHasher<T>) {
+        self.key_hashers.insert(edge, Arc::new(hasher));
+    }
+
+    pub fn factory(&self, node: StreamNodeId) -> Result<&Arc<dyn OperatorFactory>> {
+        self.factories.get(&node).ok_or_else(|| {
+            FluviaError::Plan(format!(
+                "no operator is registered for stream node {node}: the job graph does not \
+                 come from this program"
+            ))
+        })
+    }
+
+    pub fn key_hasher(&self, edge: usize) -> Option<&Arc<dyn Any + Send + Sync>> {
+        self.key_hashers.get(&edge)
+    }
+}

@@ -1,0 +1,289 @@
+//! One subtask: build the OperatorChain, run it, report metrics.
+//!
+//! The chain is built tail first (an operator needs its outputs before it can
+//! be created), so operators are opened tail to head as in Flink. A chained
+//! edge is a direct call; with object reuse off it is wrapped in a copying
+//! output. Each non-chained output writes through its own [`PartitionWriter`].
+//!
+//! The input loop takes buffers from the [`InputGate`], deserialises records
+//! and pushes them into the head. Before it blocks on an empty gate it flushes
+//! every output, so partly filled buffers never wait on our own idleness.
+
+use crate::operator::{NetworkInput, OperatorContext, OperatorInstance, AnyOutput};
+use crate::registry::OperatorRegistry;
+use fluvia_core::error::TaskLocation;
+use fluvia_core::{FluviaError, PartitionerKind, Result};
+use fluvia_graph::{JobGraph, JobVertex};
+use fluvia_network::gate::GateEvent;
+use fluvia_network::{
+    CancelToken, ChannelSelector, InputChannelSpec, InputGate, LocalBufferPool, PartitionWriter,
+    RecordDeserializer, ResultPartition,
+};
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+/// One produced data set of the subtask: where to write and how to route.
+pub struct OutputSpec {
+    pub partition: Arc<ResultPartition>,
+    pub pool: Arc<LocalBufferPool>,
+    pub partitioner: PartitionerKind,
+    /// Max parallelism of the consumer (key groups of a HASH edge).
+    pub consumer_max_parallelism: usize,
+}
+
+/// Everything one subtask needs, movable to its thread.
+pub struct TaskDeployment {
+    pub job: Arc<JobGraph>,
+    pub vertex_index: usize,
+    pub subtask_index: usize,
+    pub attempt_number: u32,
+    pub registry: Arc<OperatorRegistry>,
+    pub inputs: Vec<InputChannelSpec>,
+    /// Indexed like the vertex's produced data sets.
+    pub outputs: Vec<OutputSpec>,
+    pub cancel: CancelToken,
+    pub flush_epoch: Arc<AtomicU64>,
+}
+
+impl TaskDeployment {
+    pub fn vertex(&self) -> &JobVertex {
+        &self.job.vertices[self.vertex_index]
+    }
+
+    /// `Name (i/p)` as Flink prints task names.
+    pub fn task_name(&self) -> String {
+        let v = self.vertex();
+        format!("{} ({}/{})", v.name, self.subtask_index + 1, v.parallelism)
+    }
+
+    /// Where a failure with no better attribution happened: the operator that
+    /// last ran user code on this thread.
+    pub fn location_of(&self, operator_index: usize) -> TaskLocation {
+        let v = self.vertex();
+        let op = v
+            .operators
+            .get(operator_index)
+            .map_or_else(|| v.head().name.clone(), |o| o.name.clone());
+        TaskLocation {
+            task: v.name.clone(),
+            operator: op,
+            subtask_index: self.subtask_index,
+            parallelism: v.parallelism,
+        }
+    }
+}
+
+/// What a finished subtask reports.
+#[derive(Debug, Clone, Default)]
+pub struct TaskMetrics {
+    /// Records read from the network.
+    pub records_in: u64,
+    /// Records written to the network (a broadcast record counts once).
+    pub records_out: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub buffers_in: u64,
+    pub buffers_out: u64,
+    /// Per chained operator: records received (sources: records emitted).
+    pub operator_records: Vec<u64>,
+    /// Output pools: most buffers in use at once, the limit, and how often the
+    /// task waited for a buffer (back-pressure).
+    pub output_buffers_max_in_use: usize,
+    pub output_buffers_limit: usize,
+    pub backpressure_waits: u64,
+}
+
+struct ChainBuilder<'a> {
+    d: &'a TaskDeployment,
+    contexts: Vec<OperatorContext>,
+    writers: Vec<Rc<RefCell<PartitionWriter>>>,
+}
+
+impl ChainBuilder<'_> {
+    /// The output of operator `op` (a `Box<dyn Output<OUT>>`, erased).
+    fn build_output(&self, op: usize) -> Result<AnyOutput> {
+        let v = self.d.vertex();
+        let chained = &v.operators[op];
+        let factory = self.d.registry.factory(chained.node_id)?;
+        let out_type = factory.output_type();
+        let mut outs: Vec<AnyOutput> = Vec::new();
+        for &child in &chained.chained_outputs {
+            let input = self.build_chained(child)?;
+            outs.push(if self.d.job.object_reuse {
+                input
+            } else {
+                out_type.copying(input)?
+            });
+        }
+        for net in &chained.network_outputs {
+            let spec = &self.d.outputs[net.data_set];
+            let selector = ChannelSelector::new(
+                spec.partitioner,
+                spec.partition.num_subpartitions(),
+                spec.consumer_max_parallelism,
+                (self.d.subtask_index as u64) << 32 | net.data_set as u64,
+            );
+            outs.push(out_type.network_output(
+                Rc::clone(&self.writers[net.data_set]),
+                selector,
+                self.d.registry.key_hasher(net.stream_edge),
+            )?);
+        }
+        Ok(match outs.len() {
+            0 => out_type.discarding(),
+            1 => outs.pop().unwrap_or_else(|| out_type.discarding()),
+            _ => out_type.broadcasting(outs)?,
+        })
+    }
+
+    /// A chained (non-head) operator, returned as its input side.
+    fn build_chained(&self, op: usize) -> Result<AnyOutput> {
+        let output = self.build_output(op)?;
+        let node = self.d.vertex().operators[op].node_id;
+        match self.d.registry.factory(node)?.create(&self.contexts[op], output)? {
+            OperatorInstance::OneInput { input, .. } => Ok(input),
+            _ => Err(FluviaError::Internal(format!(
+                "operator '{}' cannot be chained: only one-input operators follow a chain head",
+                self.contexts[op].operator_name
+            ))),
+        }
+    }
+}
+
+/// Runs one subtask to completion.
+pub fn run_task(d: &TaskDeployment) -> Result<TaskMetrics> {
+    let v = d.vertex();
+    let task_name = d.task_name();
+    let batch = d.job.job_type == fluvia_graph::JobType::Batch;
+    let contexts: Vec<OperatorContext> = v
+        .operators
+        .iter()
+        .enumerate()
+        .map(|(i, op)| {
+            OperatorContext::new(
+                task_name.clone(),
+                op.name.clone(),
+                i,
+                d.subtask_index,
+                v.parallelism,
+                v.max_parallelism,
+                d.attempt_number,
+                batch,
+                d.job.object_reuse,
+            )
+        })
+        .collect();
+    let writers: Vec<Rc<RefCell<PartitionWriter>>> = d
+        .outputs
+        .iter()
+        .map(|o| {
+            Rc::new(RefCell::new(PartitionWriter::new(
+                Arc::clone(&o.partition),
+                Arc::clone(&o.pool),
+                d.cancel.clone(),
+                Some(Arc::clone(&d.flush_epoch)),
+            )))
+        })
+        .collect();
+    let builder = ChainBuilder {
+        d,
+        contexts,
+        writers,
+    };
+
+    let head_output = builder.build_output(0)?;
+    let head_factory = d.registry.factory(v.head().node_id)?;
+    let head = head_factory.create(&builder.contexts[0], head_output)?;
+    let mut metrics = TaskMetrics::default();
+    match head {
+        OperatorInstance::Source(mut driver) => {
+            if !d.inputs.is_empty() {
+                return Err(FluviaError::Internal(format!("source task {task_name} has inputs")));
+            }
+            driver.run(&d.cancel)?;
+        }
+        OperatorInstance::OneInput { input, input_type } => {
+            let mut head = input_type.network_input(input)?;
+            run_input_loop(d, &mut *head, &builder.writers, &mut metrics)?;
+        }
+        OperatorInstance::TwoInput(mut head) => {
+            run_input_loop(d, &mut *head, &builder.writers, &mut metrics)?;
+        }
+    }
+    for w in &builder.writers {
+        w.borrow_mut().finish()?;
+    }
+    for w in &builder.writers {
+        let w = w.borrow();
+        metrics.records_out += w.records_out();
+        metrics.bytes_out += w.bytes_out();
+        metrics.buffers_out += w.buffers_out();
+        metrics.output_buffers_max_in_use += w.pool().max_in_use();
+        metrics.output_buffers_limit += w.pool().max_buffers();
+        metrics.backpressure_waits += w.pool().waits();
+    }
+    metrics.operator_records = builder.contexts.iter().map(|c| c.records_in()).collect();
+    Ok(metrics)
+}
+
+fn run_input_loop(
+    d: &TaskDeployment,
+    head: &mut dyn NetworkInput,
+    writers: &[Rc<RefCell<PartitionWriter>>],
+    metrics: &mut TaskMetrics,
+) -> Result<()> {
+    let mut gate = InputGate::new(d.inputs.clone());
+    if gate.num_channels() == 0 {
+        return Err(FluviaError::Internal(format!(
+            "task {} has no input channels",
+            d.task_name()
+        )));
+    }
+    let mut deserializers: Vec<RecordDeserializer> =
+        (0..gate.num_channels()).map(|_| RecordDeserializer::new()).collect();
+    let mut records_in = 0u64;
+    loop {
+        let event = match gate.poll_next()? {
+            Some(ev) => ev,
+            None => {
+                for w in writers {
+                    w.borrow_mut().flush_all()?;
+                }
+                match gate.get_next(&d.cancel)? {
+                    Some(ev) => ev,
+                    None => break,
+                }
+            }
+        };
+        match event {
+            GateEvent::Buffer { channel, buffer } => {
+                let input = gate.input_index(channel);
+                deserializers[channel].feed(buffer.as_slice(), |bytes| {
+                    records_in += 1;
+                    head.process(input, bytes)
+                })?;
+                // `buffer` drops here and returns to the producer's pool.
+            }
+            GateEvent::ChannelFinished { channel } => {
+                if deserializers[channel].has_partial_record() {
+                    return Err(FluviaError::Serialization(format!(
+                        "input channel {channel} ended in the middle of a record"
+                    )));
+                }
+                let input = gate.input_index(channel);
+                if gate.is_input_finished(input) {
+                    head.end_input(input)?;
+                }
+            }
+        }
+        if d.cancel.is_cancelled() {
+            return Err(FluviaError::Cancelled);
+        }
+    }
+    metrics.records_in = records_in;
+    metrics.bytes_in = gate.bytes_received();
+    metrics.buffers_in = gate.buffers_received();
+    Ok(())
+}
