@@ -1,0 +1,350 @@
+//! The built-in operators behind the DataStream methods: stateless
+//! transformations, keyed reduce and keyed process with per-key state,
+//! co-operators for connected streams, and sinks.
+//!
+//! Keyed state lives in a hash map per subtask. Keys reach the subtask that
+//! owns their key group (the network routes by key group), so each key's
+//! state exists in exactly one subtask whatever the parallelism.
+
+use fluvia_core::keygroup::{KeyHash, key_group_for_hash};
+use fluvia_runtime::{Collector, Data, OneInputOperator, OperatorContext, TwoInputOperator, UserError};
+use rustc_hash::FxHashMap;
+use std::hash::Hash;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+pub struct MapOp<F>(pub Arc<F>);
+
+impl<T, O, F> OneInputOperator<T, O> for MapOp<F>
+where
+    T: 'static,
+    O: 'static,
+    F: Fn(T) -> O + Send + Sync + 'static,
+{
+    #[inline]
+    fn process_element(&mut self, record: T, out: &mut Collector<'_, O>) -> Result<(), UserError> {
+        out.collect((self.0)(record));
+        Ok(())
+    }
+}
+
+pub struct TryMapOp<F>(pub Arc<F>);
+
+impl<T, O, F> OneInputOperator<T, O> for TryMapOp<F>
+where
+    T: 'static,
+    O: 'static,
+    F: Fn(T) -> Result<O, UserError> + Send + Sync + 'static,
+{
+    #[inline]
+    fn process_element(&mut self, record: T, out: &mut Collector<'_, O>) -> Result<(), UserError> {
+        out.collect((self.0)(record)?);
+        Ok(())
+    }
+}
+
+pub struct FilterOp<F>(pub Arc<F>);
+
+impl<T, F> OneInputOperator<T, T> for FilterOp<F>
+where
+    T: 'static,
+    F: Fn(&T) -> bool + Send + Sync + 'static,
+{
+    #[inline]
+    fn process_element(&mut self, record: T, out: &mut Collector<'_, T>) -> Result<(), UserError> {
+        if (self.0)(&record) {
+            out.collect(record);
+        }
+        Ok(())
+    }
+}
+
+pub struct FlatMapOp<F>(pub Arc<F>);
+
+impl<T, O, F> OneInputOperator<T, O> for FlatMapOp<F>
+where
+    T: 'static,
+    O: 'static,
+    F: Fn(T, &mut Collector<'_, O>) + Send + Sync + 'static,
+{
+    #[inline]
+    fn process_element(&mut self, record: T, out: &mut Collector<'_, O>) -> Result<(), UserError> {
+        (self.0)(record, out);
+        Ok(())
+    }
+}
+
+/// Keyed reduce. Streaming: emits the new aggregate after every record.
+/// Batch: emits each key's final aggregate once, at the end of input (what
+/// Flink's BATCH mode produces).
+pub struct ReduceOp<T, K, KF: ?Sized, F> {
+    pub key: Arc<KF>,
+    pub reduce: Arc<F>,
+    pub state: FxHashMap<K, Option<T>>,
+    pub batch: bool,
+}
+
+impl<T, K, KF, F> OneInputOperator<T, T> for ReduceOp<T, K, KF, F>
+where
+    T: Data,
+    K: Hash + Eq + 'static,
+    KF: Fn(&T) -> K + Send + Sync + ?Sized + 'static,
+    F: Fn(T, T) -> T + Send + Sync + 'static,
+{
+    fn open(&mut self, ctx: &OperatorContext) -> Result<(), UserError> {
+        self.batch = ctx.batch;
+        Ok(())
+    }
+
+    #[inline]
+    fn process_element(&mut self, record: T, out: &mut Collector<'_, T>) -> Result<(), UserError> {
+        let slot = self.state.entry((self.key)(&record)).or_insert(None);
+        let value = match slot.take() {
+            Some(acc) => (self.reduce)(acc, record),
+            None => record,
+        };
+        if !self.batch {
+            out.collect(value.clone());
+        }
+        *slot = Some(value);
+        Ok(())
+    }
+
+    fn end_input(&mut self, out: &mut Collector<'_, T>) -> Result<(), UserError> {
+        if self.batch {
+            for (_, v) in self.state.drain() {
+                if let Some(v) = v {
+                    out.collect(v);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a keyed process function sees besides the record.
+pub struct KeyedContext<'a, K, S> {
+    pub key: &'a K,
+    /// This key's state; set it to `None` to clear it.
+    pub state: &'a mut Option<S>,
+    pub key_group: usize,
+    pub subtask_index: usize,
+    /// Inclusive range of key groups this subtask owns.
+    pub key_group_range: (usize, usize),
+}
+
+pub struct KeyedProcessOp<K, S, KF: ?Sized, F> {
+    pub key: Arc<KF>,
+    pub f: Arc<F>,
+    pub state: FxHashMap<K, Option<S>>,
+    pub max_parallelism: usize,
+    pub subtask_index: usize,
+    pub key_group_range: (usize, usize),
+}
+
+impl<T, O, K, S, KF, F> OneInputOperator<T, O> for KeyedProcessOp<K, S, KF, F>
+where
+    T: 'static,
+    O: 'static,
+    K: Hash + Eq + KeyHash + Clone + 'static,
+    S: 'static,
+    KF: Fn(&T) -> K + Send + Sync + ?Sized + 'static,
+    F: Fn(&mut KeyedContext<'_, K, S>, T, &mut Collector<'_, O>) -> Result<(), UserError>
+        + Send
+        + Sync
+        + 'static,
+{
+    fn open(&mut self, ctx: &OperatorContext) -> Result<(), UserError> {
+        self.max_parallelism = ctx.max_parallelism;
+        self.subtask_index = ctx.subtask_index;
+        self.key_group_range = ctx.key_group_range();
+        Ok(())
+    }
+
+    #[inline]
+    fn process_element(&mut self, record: T, out: &mut Collector<'_, O>) -> Result<(), UserError> {
+        let key = (self.key)(&record);
+        let key_group = key_group_for_hash(key.key_hash(), self.max_parallelism);
+        let slot = self.state.entry(key.clone()).or_insert(None);
+        let mut ctx = KeyedContext {
+            key: &key,
+            state: slot,
+            key_group,
+            subtask_index: self.subtask_index,
+            key_group_range: self.key_group_range,
+        };
+        (self.f)(&mut ctx, record, out)
+    }
+}
+
+pub struct CoMapOp<F1, F2>(pub Arc<F1>, pub Arc<F2>);
+
+impl<A, B, O, F1, F2> TwoInputOperator<A, B, O> for CoMapOp<F1, F2>
+where
+    A: 'static,
+    B: 'static,
+    O: 'static,
+    F1: Fn(A) -> O + Send + Sync + 'static,
+    F2: Fn(B) -> O + Send + Sync + 'static,
+{
+    fn process_element1(&mut self, record: A, out: &mut Collector<'_, O>) -> Result<(), UserError> {
+        out.collect((self.0)(record));
+        Ok(())
+    }
+    fn process_element2(&mut self, record: B, out: &mut Collector<'_, O>) -> Result<(), UserError> {
+        out.collect((self.1)(record));
+        Ok(())
+    }
+}
+
+pub struct CoFlatMapOp<F1, F2>(pub Arc<F1>, pub Arc<F2>);
+
+impl<A, B, O, F1, F2> TwoInputOperator<A, B, O> for CoFlatMapOp<F1, F2>
+where
+    A: 'static,
+    B: 'static,
+    O: 'static,
+    F1: Fn(A, &mut Collector<'_, O>) + Send + Sync + 'static,
+    F2: Fn(B, &mut Collector<'_, O>) + Send + Sync + 'static,
+{
+    fn process_element1(&mut self, record: A, out: &mut Collector<'_, O>) -> Result<(), UserError> {
+        (self.0)(record, out);
+        Ok(())
+    }
+    fn process_element2(&mut self, record: B, out: &mut Collector<'_, O>) -> Result<(), UserError> {
+        (self.1)(record, out);
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------- sinks
+
+/// Prints records with `Debug`, prefixed by `subtask> ` when parallel (as
+/// Flink's print sink does).
+pub struct PrintSink {
+    pub prefix: String,
+}
+
+impl<T: std::fmt::Debug + 'static> OneInputOperator<T, ()> for PrintSink {
+    fn open(&mut self, ctx: &OperatorContext) -> Result<(), UserError> {
+        if ctx.parallelism > 1 {
+            self.prefix = format!("{}> ", ctx.subtask_index + 1);
+        }
+        Ok(())
+    }
+
+    fn process_element(&mut self, record: T, _out: &mut Collector<'_, ()>) -> Result<(), UserError> {
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "{}{:?}", self.prefix, record)?;
+        Ok(())
+    }
+}
+
+/// Gathers records into a shared vector (for tests and small results).
+pub struct CollectSink<T> {
+    pub local: Vec<T>,
+    pub target: Arc<Mutex<Vec<T>>>,
+}
+
+impl<T: 'static> OneInputOperator<T, ()> for CollectSink<T> {
+    #[inline]
+    fn process_element(&mut self, record: T, _out: &mut Collector<'_, ()>) -> Result<(), UserError> {
+        self.local.push(record);
+        Ok(())
+    }
+
+    fn end_input(&mut self, _out: &mut Collector<'_, ()>) -> Result<(), UserError> {
+        let mut target = self.target.lock().map_err(|_| "collect sink lock poisoned")?;
+        target.append(&mut self.local);
+        Ok(())
+    }
+}
+
+/// The records a collect sink gathered, readable after the job ran.
+#[derive(Clone)]
+pub struct CollectHandle<T> {
+    pub(crate) data: Arc<Mutex<Vec<T>>>,
+}
+
+impl<T> CollectHandle<T> {
+    /// Takes everything collected so far.
+    pub fn take(&self) -> Vec<T> {
+        self.data
+            .lock()
+            .map(|mut v| std::mem::take(&mut *v))
+            .unwrap_or_default()
+    }
+}
+
+/// Writes one line per record (`Display`): to `path` itself at parallelism
+/// 1, else to `path/part-<subtask>`.
+pub struct TextFileSink {
+    pub path: PathBuf,
+    pub writer: Option<std::io::BufWriter<std::fs::File>>,
+    pub file: PathBuf,
+}
+
+impl<T: std::fmt::Display + 'static> OneInputOperator<T, ()> for TextFileSink {
+    fn open(&mut self, ctx: &OperatorContext) -> Result<(), UserError> {
+        self.file = if ctx.parallelism == 1 {
+            self.path.clone()
+        } else {
+            std::fs::create_dir_all(&self.path).map_err(|e| {
+                format!("cannot create output directory '{}': {e}", self.path.display())
+            })?;
+            self.path.join(format!("part-{}", ctx.subtask_index))
+        };
+        if let Some(parent) = self.file.parent()
+            && !parent.as_os_str().is_empty()
+        {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| format!("cannot create directory '{}': {e}", parent.display()))?;
+        }
+        let f = std::fs::File::create(&self.file)
+            .map_err(|e| format!("cannot create output file '{}': {e}", self.file.display()))?;
+        self.writer = Some(std::io::BufWriter::new(f));
+        Ok(())
+    }
+
+    #[inline]
+    fn process_element(&mut self, record: T, _out: &mut Collector<'_, ()>) -> Result<(), UserError> {
+        if let Some(w) = &mut self.writer {
+            writeln!(w, "{record}")
+                .map_err(|e| format!("writing '{}': {e}", self.file.display()))?;
+        }
+        Ok(())
+    }
+
+    fn end_input(&mut self, _out: &mut Collector<'_, ()>) -> Result<(), UserError> {
+        if let Some(mut w) = self.writer.take() {
+            w.flush()
+                .map_err(|e| format!("writing '{}': {e}", self.file.display()))?;
+        }
+        Ok(())
+    }
+}
+
+/// Drops every record (Flink's `DiscardingSink`), for benchmarks.
+pub struct DiscardSink;
+
+impl<T: 'static> OneInputOperator<T, ()> for DiscardSink {
+    #[inline]
+    fn process_element(&mut self, record: T, _out: &mut Collector<'_, ()>) -> Result<(), UserError> {
+        std::hint::black_box(record);
+        Ok(())
+    }
+}
+
+/// Calls a function per record.
+pub struct FnSink<F>(pub Arc<F>);
+
+impl<T, F> OneInputOperator<T, ()> for FnSink<F>
+where
+    T: 'static,
+    F: Fn(T) -> Result<(), UserError> + Send + Sync + 'static,
+{
+    fn process_element(&mut self, record: T, _out: &mut Collector<'_, ()>) -> Result<(), UserError> {
+        (self.0)(record)
+    }
+}

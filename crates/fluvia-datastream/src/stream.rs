@@ -1,0 +1,500 @@
+//! [`DataStream`], [`KeyedStream`], [`ConnectedStreams`] and
+//! [`DataStreamSink`]: each method adds a StreamGraph node (registering its
+//! factory) and edges from the stream's upstream nodes.
+//!
+//! As in Flink, partitioning (`rebalance`, `broadcast`, `key_by`, ...) and
+//! `union` add no node: they only change how the *next* operator's input
+//! edges are drawn.
+
+use crate::env::StreamExecutionEnvironment;
+use crate::operators::*;
+use fluvia_core::keygroup::KeyHash;
+use fluvia_core::{ChainingStrategy, ExchangeMode, PartitionerKind};
+use fluvia_graph::StreamNodeId;
+use fluvia_runtime::operator::{OneInputFactory, OperatorFactory, TwoInputFactory};
+use fluvia_runtime::output::KeyHasher;
+use fluvia_runtime::{Collector, Data, OneInputOperator, OperatorContext, TwoInputOperator, UserError};
+use rustc_hash::FxHashMap;
+use std::hash::Hash;
+use std::marker::PhantomData;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+#[derive(Clone, Copy, Debug)]
+struct Upstream {
+    node: StreamNodeId,
+    partitioner: Option<PartitionerKind>,
+}
+
+/// Settings of the operator a stream (or sink) comes from: Flink's
+/// `SingleOutputStreamOperator` / `DataStreamSink` methods.
+pub trait OperatorSettings: Sized {
+    #[doc(hidden)]
+    fn env(&self) -> &StreamExecutionEnvironment;
+    #[doc(hidden)]
+    fn operator_node(&self, what: &str) -> Option<StreamNodeId>;
+
+    #[doc(hidden)]
+    fn with_node(self, what: &str, f: impl FnOnce(&mut fluvia_graph::StreamGraphBuilder, StreamNodeId)) -> Self {
+        if let Some(node) = self.operator_node(what) {
+            f(&mut self.env().inner.borrow_mut().builder, node);
+        }
+        self
+    }
+
+    /// The operator's display name (`Source: ` is kept for sources).
+    fn name(self, name: &str) -> Self {
+        self.with_node("name", |b, n| {
+            let old = b.node_name(n).to_string();
+            let new = match old.strip_prefix("Source: ") {
+                Some(_) => format!("Source: {name}"),
+                None if old.starts_with("Sink: ") => format!("Sink: {name}"),
+                None => name.to_string(),
+            };
+            b.set_name(n, new)
+        })
+    }
+    /// A stable id (keeps operator ids the same when the job changes).
+    fn uid(self, uid: &str) -> Self {
+        self.with_node("uid", |b, n| b.set_uid(n, uid))
+    }
+    fn set_parallelism(self, parallelism: usize) -> Self {
+        self.with_node("set_parallelism", |b, n| b.set_parallelism(n, parallelism))
+    }
+    fn set_max_parallelism(self, max_parallelism: usize) -> Self {
+        self.with_node("set_max_parallelism", |b, n| b.set_max_parallelism(n, max_parallelism))
+    }
+    fn slot_sharing_group(self, group: &str) -> Self {
+        self.with_node("slot_sharing_group", |b, n| b.set_slot_sharing_group(n, group))
+    }
+    /// Neither chained to its predecessor nor to its successors.
+    fn disable_chaining(self) -> Self {
+        self.with_node("disable_chaining", |b, n| {
+            b.set_chaining_strategy(n, ChainingStrategy::Never)
+        })
+    }
+    /// Starts a new chain here; successors may still chain to it.
+    fn start_new_chain(self) -> Self {
+        self.with_node("start_new_chain", |b, n| {
+            b.set_chaining_strategy(n, ChainingStrategy::Head)
+        })
+    }
+}
+
+/// A stream of `T`.
+pub struct DataStream<T> {
+    env: StreamExecutionEnvironment,
+    inputs: Vec<Upstream>,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for DataStream<T> {
+    fn clone(&self) -> Self {
+        DataStream {
+            env: self.env.clone(),
+            inputs: self.inputs.clone(),
+            _t: PhantomData,
+        }
+    }
+}
+
+impl<T> OperatorSettings for DataStream<T> {
+    fn env(&self) -> &StreamExecutionEnvironment {
+        &self.env
+    }
+    fn operator_node(&self, what: &str) -> Option<StreamNodeId> {
+        match self.inputs.as_slice() {
+            [Upstream {
+                node,
+                partitioner: None,
+            }] => Some(*node),
+            _ => {
+                self.env.defer_error(format!(
+                    "{what}() applies to an operator; it cannot be called on a union or \
+                     a partitioned stream"
+                ));
+                None
+            }
+        }
+    }
+}
+
+impl<T: Data> DataStream<T> {
+    pub(crate) fn from_node(env: StreamExecutionEnvironment, node: StreamNodeId) -> Self {
+        DataStream {
+            env,
+            inputs: vec![Upstream {
+                node,
+                partitioner: None,
+            }],
+            _t: PhantomData,
+        }
+    }
+
+    fn with_partitioner(self, p: PartitionerKind) -> Self {
+        DataStream {
+            inputs: self
+                .inputs
+                .into_iter()
+                .map(|u| Upstream {
+                    node: u.node,
+                    partitioner: Some(p),
+                })
+                .collect(),
+            ..self
+        }
+    }
+
+    /// Adds a one-input node fed by this stream; keyed edges get `key`.
+    fn one_input<O: Data>(
+        &self,
+        name: &str,
+        factory: Arc<dyn OperatorFactory>,
+        key: Option<KeyHasher<T>>,
+    ) -> DataStream<O> {
+        let node = {
+            let mut inner = self.env.inner.borrow_mut();
+            let node = inner.builder.add_operator(name, 1);
+            for up in &self.inputs {
+                let partitioner = if key.is_some() {
+                    Some(PartitionerKind::Hash)
+                } else {
+                    up.partitioner
+                };
+                let edge =
+                    inner
+                        .builder
+                        .add_edge(up.node, node, partitioner, ExchangeMode::Undefined, 0);
+                if let Some(k) = &key {
+                    inner.registry.register_key_hasher::<T>(edge, Arc::clone(k));
+                }
+            }
+            node
+        };
+        self.env.register(node, factory);
+        DataStream::from_node(self.env.clone(), node)
+    }
+
+    /// Adds a custom one-input operator; `make` builds one per subtask.
+    pub fn transform<O: Data, Op: OneInputOperator<T, O>>(
+        &self,
+        name: &str,
+        make: impl Fn(&OperatorContext) -> Op + Send + Sync + 'static,
+    ) -> DataStream<O> {
+        let factory = OneInputFactory::<T, O>::new(move |ctx| Ok(Box::new(make(ctx))));
+        self.one_input(name, Arc::new(factory), None)
+    }
+
+    pub fn map<O: Data>(&self, f: impl Fn(T) -> O + Send + Sync + 'static) -> DataStream<O> {
+        let f = Arc::new(f);
+        self.transform("Map", move |_| MapOp(Arc::clone(&f)))
+    }
+
+    /// Like `map`, but the function may fail; an error fails the job and
+    /// names this operator and subtask.
+    pub fn try_map<O: Data>(
+        &self,
+        f: impl Fn(T) -> Result<O, UserError> + Send + Sync + 'static,
+    ) -> DataStream<O> {
+        let f = Arc::new(f);
+        self.transform("Map", move |_| TryMapOp(Arc::clone(&f)))
+    }
+
+    pub fn filter(&self, f: impl Fn(&T) -> bool + Send + Sync + 'static) -> DataStream<T> {
+        let f = Arc::new(f);
+        self.transform("Filter", move |_| FilterOp(Arc::clone(&f)))
+    }
+
+    pub fn flat_map<O: Data>(
+        &self,
+        f: impl Fn(T, &mut Collector<'_, O>) + Send + Sync + 'static,
+    ) -> DataStream<O> {
+        let f = Arc::new(f);
+        self.transform("Flat Map", move |_| FlatMapOp(Arc::clone(&f)))
+    }
+
+    /// Partitions by key: records with equal keys go to the same subtask
+    /// (by key group, as Flink).
+    pub fn key_by<K>(&self, key: impl Fn(&T) -> K + Send + Sync + 'static) -> KeyedStream<T, K>
+    where
+        K: KeyHash + Hash + Eq + Clone + Send + 'static,
+    {
+        KeyedStream {
+            stream: self.clone(),
+            key: Arc::new(key),
+        }
+    }
+
+    /// Merges streams of the same type (no operator; the next one reads all).
+    pub fn union(&self, others: &[&DataStream<T>]) -> DataStream<T> {
+        let mut inputs = self.inputs.clone();
+        for o in others {
+            inputs.extend(o.inputs.iter().copied());
+        }
+        DataStream {
+            env: self.env.clone(),
+            inputs,
+            _t: PhantomData,
+        }
+    }
+
+    /// Pairs with another stream for a two-input operator.
+    pub fn connect<U: Data>(&self, other: &DataStream<U>) -> ConnectedStreams<T, U> {
+        ConnectedStreams {
+            first: self.clone(),
+            second: other.clone(),
+            keys: None,
+        }
+    }
+
+    pub fn forward(&self) -> DataStream<T> {
+        self.clone().with_partitioner(PartitionerKind::Forward)
+    }
+    pub fn rebalance(&self) -> DataStream<T> {
+        self.clone().with_partitioner(PartitionerKind::Rebalance)
+    }
+    pub fn rescale(&self) -> DataStream<T> {
+        self.clone().with_partitioner(PartitionerKind::Rescale)
+    }
+    pub fn shuffle(&self) -> DataStream<T> {
+        self.clone().with_partitioner(PartitionerKind::Shuffle)
+    }
+    pub fn broadcast(&self) -> DataStream<T> {
+        self.clone().with_partitioner(PartitionerKind::Broadcast)
+    }
+    pub fn global(&self) -> DataStream<T> {
+        self.clone().with_partitioner(PartitionerKind::Global)
+    }
+
+    fn sink(&self, name: &str, factory: Arc<dyn OperatorFactory>) -> DataStreamSink {
+        let stream: DataStream<()> = self.one_input(&format!("Sink: {name}"), factory, None);
+        DataStreamSink {
+            env: self.env.clone(),
+            node: stream.inputs[0].node,
+        }
+    }
+
+    fn sink_with<Op: OneInputOperator<T, ()>>(
+        &self,
+        name: &str,
+        make: impl Fn() -> Op + Send + Sync + 'static,
+    ) -> DataStreamSink {
+        self.sink(name, Arc::new(OneInputFactory::<T, ()>::new(move |_| Ok(Box::new(make())))))
+    }
+
+    /// Prints every record (Debug) to standard output.
+    pub fn print(&self) -> DataStreamSink
+    where
+        T: std::fmt::Debug,
+    {
+        self.sink_with("Print to Std. Out", || PrintSink {
+            prefix: String::new(),
+        })
+    }
+
+    /// Gathers the records; read them with [`CollectHandle::take`] after
+    /// `execute`.
+    pub fn collect(&self) -> (DataStreamSink, CollectHandle<T>) {
+        let data = Arc::new(Mutex::new(Vec::new()));
+        let target = Arc::clone(&data);
+        let sink = self.sink_with("Collect", move || CollectSink {
+            local: Vec::new(),
+            target: Arc::clone(&target),
+        });
+        (sink, CollectHandle { data })
+    }
+
+    /// Writes one line per record (Display) to `path` (a file at
+    /// parallelism 1, else a directory of `part-<i>` files).
+    pub fn write_as_text(&self, path: impl Into<PathBuf>) -> DataStreamSink
+    where
+        T: std::fmt::Display,
+    {
+        let path = path.into();
+        self.sink_with("Text File", move || TextFileSink {
+            path: path.clone(),
+            writer: None,
+            file: PathBuf::new(),
+        })
+    }
+
+    /// Drops every record.
+    pub fn discard(&self) -> DataStreamSink {
+        self.sink_with("Discard", || DiscardSink)
+    }
+
+    /// Calls `f` for every record.
+    pub fn add_sink(
+        &self,
+        f: impl Fn(T) -> Result<(), UserError> + Send + Sync + 'static,
+    ) -> DataStreamSink {
+        let f = Arc::new(f);
+        self.sink_with("Unnamed", move || FnSink(Arc::clone(&f)))
+    }
+}
+
+/// A stream partitioned by key, for stateful operators.
+pub struct KeyedStream<T, K> {
+    stream: DataStream<T>,
+    key: Arc<dyn Fn(&T) -> K + Send + Sync>,
+}
+
+impl<T: Data, K> KeyedStream<T, K>
+where
+    K: KeyHash + Hash + Eq + Clone + Send + 'static,
+{
+    fn key_hasher(&self) -> KeyHasher<T> {
+        let key = Arc::clone(&self.key);
+        Arc::new(move |t: &T| key(t).key_hash())
+    }
+
+    fn keyed<O: Data>(&self, name: &str, factory: Arc<dyn OperatorFactory>) -> DataStream<O> {
+        self.stream.one_input(name, factory, Some(self.key_hasher()))
+    }
+
+    /// Combines the records of each key. Streaming: emits each new
+    /// aggregate; batch: each key's final aggregate at the end.
+    pub fn reduce(&self, f: impl Fn(T, T) -> T + Send + Sync + 'static) -> DataStream<T> {
+        self.reduce_named("Keyed Reduce", f)
+    }
+
+    fn reduce_named(&self, name: &str, f: impl Fn(T, T) -> T + Send + Sync + 'static) -> DataStream<T> {
+        let f = Arc::new(f);
+        let key = Arc::clone(&self.key);
+        let factory = OneInputFactory::<T, T>::new(move |_| {
+            Ok(Box::new(ReduceOp {
+                key: Arc::clone(&key),
+                reduce: Arc::clone(&f),
+                state: FxHashMap::default(),
+                batch: false,
+            }))
+        });
+        self.keyed("Keyed Reduce", Arc::new(factory)).name(name)
+    }
+
+    /// Running sum of one field per key (Flink's `sum(pos)`): `field` points
+    /// at the field inside a record; the other fields are the first record's.
+    pub fn sum<V>(&self, field: impl Fn(&mut T) -> &mut V + Send + Sync + 'static) -> DataStream<T>
+    where
+        V: std::ops::AddAssign + Copy,
+    {
+        self.reduce_named("Keyed Aggregation", move |mut acc, mut next| {
+            let add = *field(&mut next);
+            *field(&mut acc) += add;
+            acc
+        })
+    }
+
+    /// Processes each record with its key's state (`Option<S>`, created
+    /// empty on the first record of a key).
+    pub fn process<O: Data, S: 'static>(
+        &self,
+        f: impl Fn(&mut KeyedContext<'_, K, S>, T, &mut Collector<'_, O>) -> Result<(), UserError>
+        + Send
+        + Sync
+        + 'static,
+    ) -> DataStream<O> {
+        let f = Arc::new(f);
+        let key = Arc::clone(&self.key);
+        let factory = OneInputFactory::<T, O>::new(move |_| {
+            Ok(Box::new(KeyedProcessOp {
+                key: Arc::clone(&key),
+                f: Arc::clone(&f),
+                state: FxHashMap::<K, Option<S>>::default(),
+                max_parallelism: 1,
+                subtask_index: 0,
+                key_group_range: (0, 0),
+            }))
+        });
+        self.keyed("KeyedProcess", Arc::new(factory))
+    }
+}
+
+/// Two streams feeding one two-input operator.
+pub struct ConnectedStreams<A, B> {
+    first: DataStream<A>,
+    second: DataStream<B>,
+    keys: Option<(KeyHasher<A>, KeyHasher<B>)>,
+}
+
+impl<A: Data, B: Data> ConnectedStreams<A, B> {
+    /// Partitions both inputs by key, so equal keys meet in one subtask.
+    pub fn key_by<K: KeyHash + 'static>(
+        self,
+        key1: impl Fn(&A) -> K + Send + Sync + 'static,
+        key2: impl Fn(&B) -> K + Send + Sync + 'static,
+    ) -> Self {
+        let h1: KeyHasher<A> = Arc::new(move |a: &A| key1(a).key_hash());
+        let h2: KeyHasher<B> = Arc::new(move |b: &B| key2(b).key_hash());
+        ConnectedStreams {
+            keys: Some((h1, h2)),
+            ..self
+        }
+    }
+
+    /// Adds a custom two-input operator; `make` builds one per subtask.
+    pub fn transform<O: Data, Op: TwoInputOperator<A, B, O>>(
+        &self,
+        name: &str,
+        make: impl Fn(&OperatorContext) -> Op + Send + Sync + 'static,
+    ) -> DataStream<O> {
+        let env = self.first.env.clone();
+        let node = {
+            let mut inner = env.inner.borrow_mut();
+            let node = inner.builder.add_operator(name, 2);
+            let keyed = self.keys.is_some();
+            let pick = |up: &Upstream| if keyed { Some(PartitionerKind::Hash) } else { up.partitioner };
+            for up in &self.first.inputs {
+                let e = inner.builder.add_edge(up.node, node, pick(up), ExchangeMode::Undefined, 1);
+                if let Some((h1, _)) = &self.keys {
+                    inner.registry.register_key_hasher::<A>(e, Arc::clone(h1));
+                }
+            }
+            for up in &self.second.inputs {
+                let e = inner.builder.add_edge(up.node, node, pick(up), ExchangeMode::Undefined, 2);
+                if let Some((_, h2)) = &self.keys {
+                    inner.registry.register_key_hasher::<B>(e, Arc::clone(h2));
+                }
+            }
+            node
+        };
+        let factory = TwoInputFactory::<A, B, O>::new(move |ctx| Ok(Box::new(make(ctx))));
+        env.register(node, Arc::new(factory));
+        DataStream::from_node(env, node)
+    }
+
+    pub fn map<O: Data>(
+        &self,
+        f1: impl Fn(A) -> O + Send + Sync + 'static,
+        f2: impl Fn(B) -> O + Send + Sync + 'static,
+    ) -> DataStream<O> {
+        let (f1, f2) = (Arc::new(f1), Arc::new(f2));
+        self.transform("Co-Map", move |_| CoMapOp(Arc::clone(&f1), Arc::clone(&f2)))
+    }
+
+    pub fn flat_map<O: Data>(
+        &self,
+        f1: impl Fn(A, &mut Collector<'_, O>) + Send + Sync + 'static,
+        f2: impl Fn(B, &mut Collector<'_, O>) + Send + Sync + 'static,
+    ) -> DataStream<O> {
+        let (f1, f2) = (Arc::new(f1), Arc::new(f2));
+        self.transform("Co-Flat Map", move |_| {
+            CoFlatMapOp(Arc::clone(&f1), Arc::clone(&f2))
+        })
+    }
+}
+
+/// The end of a stream; carries the sink operator's settings.
+pub struct DataStreamSink {
+    env: StreamExecutionEnvironment,
+    node: StreamNodeId,
+}
+
+impl OperatorSettings for DataStreamSink {
+    fn env(&self) -> &StreamExecutionEnvironment {
+        &self.env
+    }
+    fn operator_node(&self, _what: &str) -> Option<StreamNodeId> {
+        Some(self.node)
+    }
+}
