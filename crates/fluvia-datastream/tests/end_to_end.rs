@@ -1,0 +1,428 @@
+//! End-to-end jobs on the embedded runtime: results are checked against
+//! plain-Rust oracles, and must not change with chaining, object reuse,
+//! parallelism or runtime mode.
+
+use fluvia_core::keygroup::{KeyHash, key_group_for_hash};
+use fluvia_datastream::prelude::*;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Real text: this crate's own sources, plus a generated file, several MiB in
+/// all so that the text source splits files between readers.
+fn input_files(dir: &std::path::Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/src"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    let generated = dir.join("generated.txt");
+    let words = ["stream", "graph", "Job", "vertex", "chain", "buffer", "credit", "slot", "ÆØÅ", "key"];
+    let mut text = String::new();
+    let mut x = 12345u64;
+    for line in 0..60_000 {
+        for _ in 0..(line % 11) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            text.push_str(words[(x % words.len() as u64) as usize]);
+            text.push(if x % 7 == 0 { '\t' } else { ' ' });
+        }
+        text.push('\n');
+    }
+    std::fs::write(&generated, text).unwrap();
+    files.push(generated);
+    files
+}
+
+fn tokenize(line: &str) -> impl Iterator<Item = String> + '_ {
+    line.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(|w| w.to_lowercase())
+}
+
+fn reference_counts(files: &[PathBuf]) -> BTreeMap<String, i64> {
+    let mut counts = BTreeMap::new();
+    for f in files {
+        for line in std::fs::read_to_string(f).unwrap().lines() {
+            for w in tokenize(line) {
+                *counts.entry(w).or_insert(0) += 1;
+            }
+        }
+    }
+    counts
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Variant {
+    parallelism: usize,
+    chaining: bool,
+    object_reuse: bool,
+    mode: RuntimeMode,
+}
+
+fn variants() -> Vec<Variant> {
+    let mut v = Vec::new();
+    for parallelism in [1, 2, 4] {
+        for chaining in [true, false] {
+            for object_reuse in [false, true] {
+                for mode in [RuntimeMode::Batch, RuntimeMode::Streaming] {
+                    v.push(Variant {
+                        parallelism,
+                        chaining,
+                        object_reuse,
+                        mode,
+                    });
+                }
+            }
+        }
+    }
+    v
+}
+
+fn env_for(v: Variant) -> StreamExecutionEnvironment {
+    let env = StreamExecutionEnvironment::new();
+    env.set_parallelism(v.parallelism).set_runtime_mode(v.mode);
+    if !v.chaining {
+        env.disable_operator_chaining();
+    }
+    if v.object_reuse {
+        env.enable_object_reuse();
+    }
+    env
+}
+
+/// Final count per word: in streaming mode the reduce emits running counts,
+/// so keep the largest per word (counts only grow).
+fn final_counts(pairs: Vec<(String, i64)>) -> BTreeMap<String, i64> {
+    let mut out = BTreeMap::new();
+    for (w, c) in pairs {
+        let e = out.entry(w).or_insert(0);
+        *e = (*e).max(c);
+    }
+    out
+}
+
+#[test]
+fn word_count_matches_a_plain_rust_count_in_every_variant() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = input_files(dir.path());
+    let expected = reference_counts(&files);
+    assert!(expected.len() > 100);
+    for v in variants() {
+        let env = env_for(v);
+        let (_, handle) = env
+            .read_text_files(files.clone())
+            .flat_map(|line: String, out| tokenize(&line).for_each(|w| out.collect((w, 1i64))))
+            .key_by(|(w, _): &(String, i64)| w.clone())
+            .sum(|(_, n)| n)
+            .collect();
+        let result = env.execute("word count").unwrap();
+        let pairs = handle.take();
+        if v.mode == RuntimeMode::Batch {
+            assert_eq!(pairs.len(), expected.len(), "{v:?}: batch emits one result per word");
+        }
+        assert_eq!(final_counts(pairs), expected, "{v:?}");
+        let tasks = result.vertices.len();
+        if v.chaining {
+            assert_eq!(tasks, 2, "{v:?}: source->flat map, then reduce->sink");
+        } else {
+            assert_eq!(tasks, 4, "{v:?}: every operator is its own task");
+        }
+    }
+}
+
+#[test]
+fn keyed_state_stays_with_the_key_group_owner_at_any_parallelism() {
+    let data: Vec<(u32, i64)> = (0..20_000u32).map(|i| (i % 997, i as i64)).collect();
+    let mut results = Vec::new();
+    for p in [1usize, 2, 4] {
+        let env = StreamExecutionEnvironment::new();
+        env.set_parallelism(p).set_max_parallelism(128);
+        let (_, handle) = env
+            .from_collection(data.clone())
+            .rebalance()
+            .map(|r| r)
+            .key_by(|(k, _): &(u32, i64)| *k)
+            .process(|ctx: &mut KeyedContext<'_, u32, (u64, i64)>, (k, v), out| {
+                let (lo, hi) = ctx.key_group_range;
+                if ctx.key_group < lo || ctx.key_group > hi {
+                    return Err(format!("key {k} in group {} outside {lo}..={hi}", ctx.key_group).into());
+                }
+                if ctx.key_group != key_group_for_hash(k.key_hash(), 128) {
+                    return Err("key group differs from Flink's formula".into());
+                }
+                let state = ctx.state.get_or_insert((0, 0));
+                state.0 += 1;
+                state.1 += v;
+                out.collect((k, state.0, state.1, ctx.subtask_index));
+                Ok(())
+            })
+            .collect();
+        env.execute("keyed state").unwrap();
+        let mut finals: BTreeMap<u32, (u64, i64)> = BTreeMap::new();
+        let mut owners: BTreeMap<u32, usize> = BTreeMap::new();
+        for (k, n, sum, subtask) in handle.take() {
+            let e = finals.entry(k).or_insert((0, 0));
+            *e = (*e).max((n, sum));
+            // A key is only ever processed by one subtask.
+            assert_eq!(*owners.entry(k).or_insert(subtask), subtask, "key {k} moved");
+        }
+        if p > 1 {
+            let distinct: std::collections::BTreeSet<_> = owners.values().collect();
+            assert_eq!(distinct.len(), p, "keys spread over all subtasks");
+        }
+        results.push(finals);
+    }
+    let mut expected: BTreeMap<u32, (u64, i64)> = BTreeMap::new();
+    for (k, v) in &data {
+        let e = expected.entry(*k).or_insert((0, 0));
+        e.0 += 1;
+        e.1 += v;
+    }
+    for r in results {
+        assert_eq!(r, expected);
+    }
+}
+
+#[test]
+fn union_merges_and_connect_feeds_two_inputs() {
+    for chaining in [true, false] {
+        let env = StreamExecutionEnvironment::new();
+        env.set_parallelism(2);
+        if !chaining {
+            env.disable_operator_chaining();
+        }
+        let a = env.from_sequence(1, 1000);
+        let b = env.from_sequence(1001, 2000);
+        let c = env.from_sequence(2001, 2500);
+        let (_, union) = a.union(&[&b, &c]).map(|x| x * 2).collect();
+        let words = env.from_collection(vec!["x".to_string(), "yy".to_string()]);
+        let (_, connected) = a
+            .connect(&words)
+            .map(|n: i64| n, |s: String| -(s.len() as i64))
+            .collect();
+        let (_, keyed) = b
+            .connect(&c)
+            .key_by(|x: &i64| x % 10, |y: &i64| y % 10)
+            .flat_map(
+                |x: i64, out| out.collect((x % 10, 1u32)),
+                |y: i64, out| out.collect((y % 10, 2u32)),
+            )
+            .collect();
+        env.execute("union and connect").unwrap();
+
+        let mut u = union.take();
+        u.sort();
+        assert_eq!(u, (1..=2500).map(|x| x * 2).collect::<Vec<i64>>());
+        let mut c2 = connected.take();
+        c2.sort();
+        let mut expected: Vec<i64> = (1..=1000).collect();
+        expected.extend([-2, -1]);
+        expected.sort();
+        assert_eq!(c2, expected);
+        let mut k = keyed.take();
+        k.sort();
+        assert_eq!(k.len(), 1500);
+        assert_eq!(k.iter().filter(|(_, t)| *t == 2).count(), 500);
+    }
+}
+
+#[test]
+fn partitioners_route_as_flink_does() {
+    let env = StreamExecutionEnvironment::new();
+    env.set_parallelism(3);
+    let src = env.from_sequence(1, 3000);
+    let tag = |s: DataStream<i64>| {
+        s.transform("Tag", |ctx: &OperatorContext| Tagger(ctx.subtask_index))
+    };
+    let (_, broadcast) = tag(src.broadcast()).collect();
+    let (_, global) = tag(src.global()).collect();
+    let (_, rebalance) = tag(src.rebalance()).collect();
+    let (_, shuffle) = tag(src.shuffle()).collect();
+    let (_, rescale) = tag(src.rescale()).set_parallelism(3).collect();
+    let (_, forward) = tag(src.forward()).collect();
+    env.execute("partitioners").unwrap();
+
+    let per_subtask = |v: Vec<(i64, usize)>| {
+        let mut c = [0usize; 3];
+        for (_, s) in v {
+            c[s] += 1;
+        }
+        c
+    };
+    assert_eq!(per_subtask(broadcast.take()), [3000, 3000, 3000]);
+    assert_eq!(per_subtask(global.take()), [3000, 0, 0]);
+    // Each producer deals its 1000 records round robin from a random start.
+    let rb = per_subtask(rebalance.take());
+    assert_eq!(rb.iter().sum::<usize>(), 3000);
+    assert!(rb.iter().all(|n| (997..=1003).contains(n)), "{rb:?}");
+    let sh = per_subtask(shuffle.take());
+    assert_eq!(sh.iter().sum::<usize>(), 3000);
+    assert!(sh.iter().all(|&n| n > 700), "{sh:?}");
+    assert_eq!(per_subtask(rescale.take()), [1000, 1000, 1000]);
+    // Forward keeps each subtask's records where they are: the sequence is
+    // split into contiguous thirds.
+    for (x, s) in forward.take() {
+        assert_eq!(s, ((x - 1) / 1000) as usize);
+    }
+}
+
+struct Tagger(usize);
+impl OneInputOperator<i64, (i64, usize)> for Tagger {
+    fn process_element(&mut self, r: i64, out: &mut Collector<'_, (i64, usize)>) -> Result<(), UserError> {
+        out.collect((r, self.0));
+        Ok(())
+    }
+}
+
+#[test]
+fn a_slow_sink_back_pressures_the_producer_within_its_buffer_pool() {
+    const RECORDS: u64 = 40_000;
+    let produced = Arc::new(AtomicU64::new(0));
+    let consumed = Arc::new(AtomicU64::new(0));
+    let max_in_flight = Arc::new(AtomicU64::new(0));
+    let env = StreamExecutionEnvironment::new();
+    env.set_parallelism(1).set_runtime_mode(RuntimeMode::Streaming);
+    let p = Arc::clone(&produced);
+    let (c, m) = (Arc::clone(&consumed), Arc::clone(&max_in_flight));
+    let p2 = Arc::clone(&produced);
+    env.from_generator(RECORDS, |i| format!("{i:0>96}"))
+        .map(move |s| {
+            p.fetch_add(1, Ordering::SeqCst);
+            s
+        })
+        .rebalance()
+        .add_sink(move |s: String| {
+            let done = c.fetch_add(1, Ordering::SeqCst) + 1;
+            let in_flight = p2.load(Ordering::SeqCst) - done;
+            m.fetch_max(in_flight, Ordering::SeqCst);
+            if done % 100 == 0 {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            assert_eq!(s.len(), 96);
+            Ok(())
+        });
+    let result = env.execute("back-pressure").unwrap();
+    assert_eq!(consumed.load(Ordering::SeqCst), RECORDS);
+    let source = &result.vertices[0];
+    // The producer really waited for buffers, and never held more than its pool.
+    assert!(source.backpressure_waits > 0, "{source:?}");
+    assert!(source.output_buffers_max_in_use <= source.output_buffers_limit);
+    assert_eq!(source.output_buffers_max_in_use, source.output_buffers_limit);
+    // Records in flight are bounded by the pool: each 32 KiB buffer holds
+    // 32768 / (4 + 8 + 96) = 303 records; the consumer holds one buffer, and
+    // the producer has at most one record outside a buffer.
+    let per_buffer = 32 * 1024 / (4 + 8 + 96);
+    let bound = (source.output_buffers_limit as u64 + 1) * per_buffer + 1;
+    let seen = max_in_flight.load(Ordering::SeqCst);
+    assert!(seen <= bound, "in flight {seen} > bound {bound}");
+    assert!(seen < RECORDS / 4, "the producer ran ahead: {seen}");
+}
+
+#[test]
+fn a_panicking_user_function_fails_the_job_naming_operator_and_subtask() {
+    let env = StreamExecutionEnvironment::new();
+    env.set_parallelism(2);
+    let (_, handle) = env
+        .from_sequence(1, 100_000)
+        .map(|x| {
+            if x == 77_777 {
+                panic!("bad record {x}");
+            }
+            x
+        })
+        .name("Explode")
+        .key_by(|x: &i64| *x)
+        .reduce(|a, b| a + b)
+        .collect();
+    let err = env.execute("panics").unwrap_err().to_string();
+    // 77_777 is in the second half of the sequence: subtask 2 of 2.
+    assert!(err.contains("operator 'Explode'"), "{err}");
+    assert!(err.contains("(2/2)"), "{err}");
+    assert!(err.contains("bad record 77777"), "{err}");
+    assert!(handle.take().is_empty(), "no partial result is reported");
+}
+
+#[test]
+fn a_user_error_downstream_cancels_the_whole_job() {
+    let env = StreamExecutionEnvironment::new();
+    env.set_parallelism(2).set_runtime_mode(RuntimeMode::Streaming);
+    env.from_generator(u64::MAX / 2, |i| i)
+        .rebalance()
+        .try_map(|x: u64| if x > 50_000 { Err(format!("value {x} too large").into()) } else { Ok(x) })
+        .name("Check")
+        .discard();
+    let err = env.execute("fails").unwrap_err().to_string();
+    assert!(err.contains("operator 'Check'") && err.contains("too large"), "{err}");
+}
+
+#[test]
+fn bad_jobs_are_rejected_before_anything_runs() {
+    let env = StreamExecutionEnvironment::new();
+    env.read_text_file("/definitely/not/here.txt").discard();
+    let err = env.execute("missing").unwrap_err().to_string();
+    assert!(err.contains("/definitely/not/here.txt"), "{err}");
+
+    let env = StreamExecutionEnvironment::new();
+    env.from_sequence(1, 10).map(|x| x).set_parallelism(0).discard();
+    let err = env.execute("zero").unwrap_err().to_string();
+    assert!(err.contains("'Map'") && err.contains("at least 1"), "{err}");
+
+    let env = StreamExecutionEnvironment::new();
+    env.from_sequence(1, 10).set_parallelism(2).forward().map(|x| x).set_parallelism(3).discard();
+    let err = env.execute("forward").unwrap_err().to_string();
+    assert!(err.contains("Forward partitioning does not allow change of parallelism"), "{err}");
+
+    let env = StreamExecutionEnvironment::new();
+    env.set_max_parallelism(4);
+    env.from_sequence(1, 10).map(|x| x).set_parallelism(8).discard();
+    let err = env.execute("too parallel").unwrap_err().to_string();
+    assert!(err.contains("larger than its max parallelism 4"), "{err}");
+
+    let env = StreamExecutionEnvironment::new();
+    let s = env.from_sequence(1, 10);
+    s.union(&[&s]).set_parallelism(2).discard();
+    let err = env.execute("settings on union").unwrap_err().to_string();
+    assert!(err.contains("set_parallelism() applies to an operator"), "{err}");
+}
+
+#[test]
+fn text_sink_writes_every_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("nested").join("out.txt");
+    let env = StreamExecutionEnvironment::new();
+    env.set_parallelism(2);
+    env.from_sequence(1, 5000)
+        .map(|x| format!("n={x}"))
+        .global()
+        .write_as_text(&out)
+        .set_parallelism(1);
+    env.execute("text sink").unwrap();
+    let text = std::fs::read_to_string(&out).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines.sort();
+    let mut expected: Vec<String> = (1..=5000).map(|x| format!("n={x}")).collect();
+    expected.sort();
+    assert_eq!(lines, expected);
+}
+
+#[test]
+fn chained_and_unchained_job_graphs_are_named_like_flink() {
+    let env = StreamExecutionEnvironment::new();
+    env.set_parallelism(2);
+    let words = env
+        .read_text_file("lines.txt")
+        .name("lines")
+        .flat_map(|l: String, out| out.collect(l))
+        .filter(|w: &String| !w.is_empty());
+    words.map(|w| (w, 1i64)).discard();
+    words.print();
+    let jg = env.job_graph("names").unwrap();
+    assert_eq!(jg.vertices.len(), 1);
+    assert_eq!(
+        jg.vertices[0].name,
+        "Source: lines -> Flat Map -> Filter -> (Map -> Sink: Discard, Sink: Print to Std. Out)"
+    );
+}
