@@ -1,0 +1,73 @@
+//! Word count, as in Flink's examples: lines are split on non-word
+//! characters and lower-cased, words are counted per key, and the final count
+//! of each word is written as `word,count`, sorted by word.
+//!
+//! The sort is part of the job: counts go to one `Sorted Word Counts`
+//! operator (parallelism 1) that keeps the latest count per word and emits
+//! them in order at the end of input. In streaming mode it receives every
+//! running count, in batch mode only the final ones; the output is the same.
+
+use fluvia_datastream::prelude::*;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// Splits a line into lower-case words (Flink's `\W+` tokenizer).
+pub fn tokenize(line: &str) -> impl Iterator<Item = String> + '_ {
+    line.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+}
+
+/// Keeps the latest count per word; emits `word,count` lines sorted by word.
+struct SortedWordCounts {
+    counts: BTreeMap<String, i64>,
+}
+
+impl OneInputOperator<(String, i64), String> for SortedWordCounts {
+    fn process_element(
+        &mut self,
+        (word, count): (String, i64),
+        _out: &mut Collector<'_, String>,
+    ) -> Result<(), UserError> {
+        self.counts.insert(word, count);
+        Ok(())
+    }
+
+    fn end_input(&mut self, out: &mut Collector<'_, String>) -> Result<(), UserError> {
+        for (word, count) in std::mem::take(&mut self.counts) {
+            out.collect(format!("{word},{count}"));
+        }
+        Ok(())
+    }
+}
+
+/// Adds the word count job to `env`: reads `inputs`, writes to `output` (a
+/// file) or, without one, prints to standard output.
+pub fn build(env: &StreamExecutionEnvironment, inputs: Vec<PathBuf>, output: Option<PathBuf>) {
+    let sorted = env
+        .read_text_files(inputs)
+        .name("lines")
+        .flat_map(|line: String, out| tokenize(&line).for_each(|w| out.collect((w, 1i64))))
+        .name("Tokenizer")
+        .key_by(|(word, _): &(String, i64)| word.clone())
+        .sum(|(_, n)| n)
+        .global()
+        .transform("Sorted Word Counts", |_| SortedWordCounts {
+            counts: BTreeMap::new(),
+        })
+        .set_parallelism(1);
+    match output {
+        Some(path) => {
+            sorted.write_as_text(path).set_parallelism(1);
+        }
+        None => {
+            sorted
+                .add_sink(|line: String| {
+                    println!("{line}");
+                    Ok(())
+                })
+                .name("Print to Std. Out")
+                .set_parallelism(1);
+        }
+    }
+}
