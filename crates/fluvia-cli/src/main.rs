@@ -12,7 +12,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "fluvia", version, about = "Fluvia: a distributed dataflow engine in the lineage of Apache Flink")]
+#[command(
+    name = "fluvia",
+    version,
+    about = "Fluvia: a distributed dataflow engine in the lineage of Apache Flink"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -69,7 +73,8 @@ struct Common {
 }
 
 fn parse_mode(s: &str) -> Result<RuntimeMode, String> {
-    RuntimeMode::parse(s).ok_or_else(|| format!("unknown mode '{s}' (streaming, batch or automatic)"))
+    RuntimeMode::parse(s)
+        .ok_or_else(|| format!("unknown mode '{s}' (streaming, batch or automatic)"))
 }
 
 #[derive(Subcommand, Clone)]

@@ -92,17 +92,61 @@ pub mod options {
     /// (key, default as text, description) of every option, for docs and `--help`.
     pub fn all() -> Vec<(&'static str, String, &'static str)> {
         vec![
-            (PARALLELISM.key, PARALLELISM.default.to_string(), PARALLELISM.description),
-            (MAX_PARALLELISM.key, MAX_PARALLELISM.default.to_string(), MAX_PARALLELISM.description),
-            (CHAINING_ENABLED.key, CHAINING_ENABLED.default.to_string(), CHAINING_ENABLED.description),
-            (OBJECT_REUSE.key, OBJECT_REUSE.default.to_string(), OBJECT_REUSE.description),
-            (RUNTIME_MODE.key, RUNTIME_MODE.default.to_string(), RUNTIME_MODE.description),
-            (BUFFER_TIMEOUT.key, "100 ms".to_string(), BUFFER_TIMEOUT.description),
-            (SEGMENT_SIZE.key, "32 kb".to_string(), SEGMENT_SIZE.description),
-            (NETWORK_MEMORY.key, "64 mb".to_string(), NETWORK_MEMORY.description),
-            (BUFFERS_PER_CHANNEL.key, BUFFERS_PER_CHANNEL.default.to_string(), BUFFERS_PER_CHANNEL.description),
-            (FLOATING_BUFFERS.key, FLOATING_BUFFERS.default.to_string(), FLOATING_BUFFERS.description),
-            (TMP_DIRS.key, "(system temp dir)".to_string(), TMP_DIRS.description),
+            (
+                PARALLELISM.key,
+                PARALLELISM.default.to_string(),
+                PARALLELISM.description,
+            ),
+            (
+                MAX_PARALLELISM.key,
+                MAX_PARALLELISM.default.to_string(),
+                MAX_PARALLELISM.description,
+            ),
+            (
+                CHAINING_ENABLED.key,
+                CHAINING_ENABLED.default.to_string(),
+                CHAINING_ENABLED.description,
+            ),
+            (
+                OBJECT_REUSE.key,
+                OBJECT_REUSE.default.to_string(),
+                OBJECT_REUSE.description,
+            ),
+            (
+                RUNTIME_MODE.key,
+                RUNTIME_MODE.default.to_string(),
+                RUNTIME_MODE.description,
+            ),
+            (
+                BUFFER_TIMEOUT.key,
+                "100 ms".to_string(),
+                BUFFER_TIMEOUT.description,
+            ),
+            (
+                SEGMENT_SIZE.key,
+                "32 kb".to_string(),
+                SEGMENT_SIZE.description,
+            ),
+            (
+                NETWORK_MEMORY.key,
+                "64 mb".to_string(),
+                NETWORK_MEMORY.description,
+            ),
+            (
+                BUFFERS_PER_CHANNEL.key,
+                BUFFERS_PER_CHANNEL.default.to_string(),
+                BUFFERS_PER_CHANNEL.description,
+            ),
+            (
+                FLOATING_BUFFERS.key,
+                FLOATING_BUFFERS.default.to_string(),
+                FLOATING_BUFFERS.description,
+            ),
+            (
+                TMP_DIRS.key,
+                "(system temp dir)".to_string(),
+                TMP_DIRS.description,
+            ),
         ]
     }
 }
@@ -114,7 +158,9 @@ pub trait ConfigValue: Sized + Clone {
 
 impl ConfigValue for usize {
     fn parse_value(s: &str) -> std::result::Result<Self, String> {
-        s.trim().parse().map_err(|_| "expected a non-negative integer".to_string())
+        s.trim()
+            .parse()
+            .map_err(|_| "expected a non-negative integer".to_string())
     }
 }
 
@@ -130,7 +176,8 @@ impl ConfigValue for bool {
 
 impl ConfigValue for RuntimeMode {
     fn parse_value(s: &str) -> std::result::Result<Self, String> {
-        RuntimeMode::parse(s.trim()).ok_or_else(|| "expected STREAMING, BATCH or AUTOMATIC".to_string())
+        RuntimeMode::parse(s.trim())
+            .ok_or_else(|| "expected STREAMING, BATCH or AUTOMATIC".to_string())
     }
 }
 
@@ -147,9 +194,13 @@ impl ConfigValue for Duration {
         let s = s.trim();
         let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
         let (num, unit) = s.split_at(split);
-        let n: u64 = num.parse().map_err(|_| "expected a duration like '100 ms'".to_string())?;
+        let n: u64 = num
+            .parse()
+            .map_err(|_| "expected a duration like '100 ms'".to_string())?;
         match unit.trim().to_ascii_lowercase().as_str() {
-            "" | "ms" | "milli" | "millis" | "millisecond" | "milliseconds" => Ok(Duration::from_millis(n)),
+            "" | "ms" | "milli" | "millis" | "millisecond" | "milliseconds" => {
+                Ok(Duration::from_millis(n))
+            }
             "s" | "sec" | "secs" | "second" | "seconds" => Ok(Duration::from_secs(n)),
             "min" | "m" | "minute" | "minutes" => Ok(Duration::from_secs(n * 60)),
             "h" | "hour" | "hours" => Ok(Duration::from_secs(n * 3600)),
@@ -165,7 +216,9 @@ impl ConfigValue for u64 {
         let s = s.trim();
         let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
         let (num, unit) = s.split_at(split);
-        let n: u64 = num.parse().map_err(|_| "expected a size like '32 kb'".to_string())?;
+        let n: u64 = num
+            .parse()
+            .map_err(|_| "expected a size like '32 kb'".to_string())?;
         let mult = match unit.trim().to_ascii_lowercase().as_str() {
             "" | "b" | "bytes" => 1,
             "k" | "kb" | "kib" => 1 << 10,
@@ -174,7 +227,8 @@ impl ConfigValue for u64 {
             "t" | "tb" | "tib" => 1 << 40,
             other => return Err(format!("unknown size unit '{other}'")),
         };
-        n.checked_mul(mult).ok_or_else(|| "size overflows".to_string())
+        n.checked_mul(mult)
+            .ok_or_else(|| "size overflows".to_string())
     }
 }
 
@@ -231,7 +285,6 @@ impl Configuration {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -239,9 +292,15 @@ mod tests {
     #[test]
     fn typed_options_parse_and_default() {
         let mut c = Configuration::new();
-        assert_eq!(c.get(&options::BUFFER_TIMEOUT).unwrap(), Duration::from_millis(100));
+        assert_eq!(
+            c.get(&options::BUFFER_TIMEOUT).unwrap(),
+            Duration::from_millis(100)
+        );
         c.set("execution.buffer-timeout", "5 s");
-        assert_eq!(c.get(&options::BUFFER_TIMEOUT).unwrap(), Duration::from_secs(5));
+        assert_eq!(
+            c.get(&options::BUFFER_TIMEOUT).unwrap(),
+            Duration::from_secs(5)
+        );
         c.set("taskmanager.memory.segment-size", "64kb");
         assert_eq!(c.get(&options::SEGMENT_SIZE).unwrap(), 65536);
         c.set("execution.runtime-mode", "batch");

@@ -166,7 +166,10 @@ pub fn key_group_range_for_operator(
 /// power of two, within [128, 32768].
 pub fn default_max_parallelism(parallelism: usize) -> usize {
     let p = (parallelism + parallelism / 2).max(1).next_power_of_two();
-    p.clamp(DEFAULT_LOWER_BOUND_MAX_PARALLELISM, UPPER_BOUND_MAX_PARALLELISM)
+    p.clamp(
+        DEFAULT_LOWER_BOUND_MAX_PARALLELISM,
+        UPPER_BOUND_MAX_PARALLELISM,
+    )
 }
 
 #[cfg(test)]

@@ -69,9 +69,7 @@ impl StreamExecutionEnvironment {
     pub fn set_parallelism(&self, parallelism: usize) -> &Self {
         let mut inner = self.inner.borrow_mut();
         inner.builder.default_parallelism = parallelism;
-        inner
-            .config
-            .set_option(&options::PARALLELISM, parallelism);
+        inner.config.set_option(&options::PARALLELISM, parallelism);
         self
     }
 
@@ -88,7 +86,9 @@ impl StreamExecutionEnvironment {
     pub fn set_runtime_mode(&self, mode: RuntimeMode) -> &Self {
         let mut inner = self.inner.borrow_mut();
         inner.builder.runtime_mode = mode;
-        inner.config.set(options::RUNTIME_MODE.key, mode.to_string());
+        inner
+            .config
+            .set(options::RUNTIME_MODE.key, mode.to_string());
         self
     }
 
@@ -111,9 +111,7 @@ impl StreamExecutionEnvironment {
     pub fn disable_operator_chaining(&self) -> &Self {
         let mut inner = self.inner.borrow_mut();
         inner.builder.chaining_enabled = false;
-        inner
-            .config
-            .set_option(&options::CHAINING_ENABLED, false);
+        inner.config.set_option(&options::CHAINING_ENABLED, false);
         self
     }
 
@@ -146,9 +144,7 @@ impl StreamExecutionEnvironment {
     ) -> DataStream<T> {
         let node = {
             let mut inner = self.inner.borrow_mut();
-            let node = inner
-                .builder
-                .add_source(format!("Source: {name}"), bounded);
+            let node = inner.builder.add_source(format!("Source: {name}"), bounded);
             inner.registry.register(node, factory);
             node
         };
@@ -178,8 +174,12 @@ impl StreamExecutionEnvironment {
 
     /// The numbers `from..=to`, split evenly across subtasks.
     pub fn from_sequence(&self, from: i64, to: i64) -> DataStream<i64> {
-        let count = if to >= from { (to - from) as u64 + 1 } else { 0 };
-        self.from_generator_named("Sequence Source", count, move |i| from + i as i64)
+        let count = if to >= from {
+            (to - from) as u64 + 1
+        } else {
+            0
+        };
+        self.generator_source("Sequence Source", count, move |i| from + i as i64)
     }
 
     /// `count` records `f(0) .. f(count-1)`, split evenly across subtasks.
@@ -188,10 +188,10 @@ impl StreamExecutionEnvironment {
         count: u64,
         f: impl Fn(u64) -> T + Send + Sync + 'static,
     ) -> DataStream<T> {
-        self.from_generator_named("Generator Source", count, f)
+        self.generator_source("Generator Source", count, f)
     }
 
-    fn from_generator_named<T: Data>(
+    fn generator_source<T: Data>(
         &self,
         name: &str,
         count: u64,

@@ -43,7 +43,9 @@ pub use stream::{ConnectedStreams, DataStream, DataStreamSink, KeyedStream, Oper
 pub mod prelude {
     pub use crate::env::StreamExecutionEnvironment;
     pub use crate::operators::{CollectHandle, KeyedContext};
-    pub use crate::stream::{ConnectedStreams, DataStream, DataStreamSink, KeyedStream, OperatorSettings};
+    pub use crate::stream::{
+        ConnectedStreams, DataStream, DataStreamSink, KeyedStream, OperatorSettings,
+    };
     pub use fluvia_core::{Configuration, FluviaError, RuntimeMode};
     pub use fluvia_runtime::{
         Collector, JobExecutionResult, OneInputOperator, OperatorContext, SourceOperator,

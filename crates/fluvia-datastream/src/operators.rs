@@ -7,7 +7,9 @@
 //! state exists in exactly one subtask whatever the parallelism.
 
 use fluvia_core::keygroup::{KeyHash, key_group_for_hash};
-use fluvia_runtime::{Collector, Data, OneInputOperator, OperatorContext, TwoInputOperator, UserError};
+use fluvia_runtime::{
+    Collector, Data, OneInputOperator, OperatorContext, TwoInputOperator, UserError,
+};
 use rustc_hash::FxHashMap;
 use std::hash::Hash;
 use std::io::Write;
@@ -234,7 +236,11 @@ impl<T: std::fmt::Debug + 'static> OneInputOperator<T, ()> for PrintSink {
         Ok(())
     }
 
-    fn process_element(&mut self, record: T, _out: &mut Collector<'_, ()>) -> Result<(), UserError> {
+    fn process_element(
+        &mut self,
+        record: T,
+        _out: &mut Collector<'_, ()>,
+    ) -> Result<(), UserError> {
         let mut stdout = std::io::stdout().lock();
         writeln!(stdout, "{}{:?}", self.prefix, record)?;
         Ok(())
@@ -249,13 +255,20 @@ pub struct CollectSink<T> {
 
 impl<T: 'static> OneInputOperator<T, ()> for CollectSink<T> {
     #[inline]
-    fn process_element(&mut self, record: T, _out: &mut Collector<'_, ()>) -> Result<(), UserError> {
+    fn process_element(
+        &mut self,
+        record: T,
+        _out: &mut Collector<'_, ()>,
+    ) -> Result<(), UserError> {
         self.local.push(record);
         Ok(())
     }
 
     fn end_input(&mut self, _out: &mut Collector<'_, ()>) -> Result<(), UserError> {
-        let mut target = self.target.lock().map_err(|_| "collect sink lock poisoned")?;
+        let mut target = self
+            .target
+            .lock()
+            .map_err(|_| "collect sink lock poisoned")?;
         target.append(&mut self.local);
         Ok(())
     }
@@ -291,7 +304,10 @@ impl<T: std::fmt::Display + 'static> OneInputOperator<T, ()> for TextFileSink {
             self.path.clone()
         } else {
             std::fs::create_dir_all(&self.path).map_err(|e| {
-                format!("cannot create output directory '{}': {e}", self.path.display())
+                format!(
+                    "cannot create output directory '{}': {e}",
+                    self.path.display()
+                )
             })?;
             self.path.join(format!("part-{}", ctx.subtask_index))
         };
@@ -308,7 +324,11 @@ impl<T: std::fmt::Display + 'static> OneInputOperator<T, ()> for TextFileSink {
     }
 
     #[inline]
-    fn process_element(&mut self, record: T, _out: &mut Collector<'_, ()>) -> Result<(), UserError> {
+    fn process_element(
+        &mut self,
+        record: T,
+        _out: &mut Collector<'_, ()>,
+    ) -> Result<(), UserError> {
         if let Some(w) = &mut self.writer {
             writeln!(w, "{record}")
                 .map_err(|e| format!("writing '{}': {e}", self.file.display()))?;
@@ -330,7 +350,11 @@ pub struct DiscardSink;
 
 impl<T: 'static> OneInputOperator<T, ()> for DiscardSink {
     #[inline]
-    fn process_element(&mut self, record: T, _out: &mut Collector<'_, ()>) -> Result<(), UserError> {
+    fn process_element(
+        &mut self,
+        record: T,
+        _out: &mut Collector<'_, ()>,
+    ) -> Result<(), UserError> {
         std::hint::black_box(record);
         Ok(())
     }
@@ -344,7 +368,11 @@ where
     T: 'static,
     F: Fn(T) -> Result<(), UserError> + Send + Sync + 'static,
 {
-    fn process_element(&mut self, record: T, _out: &mut Collector<'_, ()>) -> Result<(), UserError> {
+    fn process_element(
+        &mut self,
+        record: T,
+        _out: &mut Collector<'_, ()>,
+    ) -> Result<(), UserError> {
         (self.0)(record)
     }
 }

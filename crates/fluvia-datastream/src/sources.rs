@@ -51,7 +51,12 @@ pub struct GeneratorSource<T> {
 }
 
 impl<T> GeneratorSource<T> {
-    pub fn new(f: Arc<dyn Fn(u64) -> T + Send + Sync>, count: u64, subtask: usize, parallelism: usize) -> Self {
+    pub fn new(
+        f: Arc<dyn Fn(u64) -> T + Send + Sync>,
+        count: u64,
+        subtask: usize,
+        parallelism: usize,
+    ) -> Self {
         let p = parallelism.max(1) as u128;
         let share = |i: u128| (i * count as u128 / p) as u64;
         GeneratorSource {
@@ -171,9 +176,9 @@ impl TextFileSource {
         let mut pos = split.start;
         if split.start > 0 {
             // Skip the tail of a line that started in the previous split.
-            reader
-                .seek(SeekFrom::Start(split.start - 1))
-                .map_err(|e| FluviaError::io(format!("seeking in '{}'", split.path.display()), e))?;
+            reader.seek(SeekFrom::Start(split.start - 1)).map_err(|e| {
+                FluviaError::io(format!("seeking in '{}'", split.path.display()), e)
+            })?;
             let mut skipped = Vec::new();
             let n = reader
                 .read_until(b'\n', &mut skipped)
@@ -220,7 +225,9 @@ impl SourceOperator<String> for TextFileSource {
             let n = current
                 .reader
                 .read_until(b'\n', &mut current.line)
-                .map_err(|e| FluviaError::io(format!("reading '{}'", current.split.path.display()), e))?;
+                .map_err(|e| {
+                    FluviaError::io(format!("reading '{}'", current.split.path.display()), e)
+                })?;
             if n == 0 {
                 self.current = None;
                 continue;
@@ -263,7 +270,12 @@ mod tests {
                     break;
                 }
                 r.pos += n as u64;
-                lines.push(String::from_utf8(r.line.clone()).unwrap().trim_end_matches('\n').to_string());
+                lines.push(
+                    String::from_utf8(r.line.clone())
+                        .unwrap()
+                        .trim_end_matches('\n')
+                        .to_string(),
+                );
             }
         }
         lines

@@ -13,7 +13,9 @@ use fluvia_core::{ChainingStrategy, ExchangeMode, PartitionerKind};
 use fluvia_graph::StreamNodeId;
 use fluvia_runtime::operator::{OneInputFactory, OperatorFactory, TwoInputFactory};
 use fluvia_runtime::output::KeyHasher;
-use fluvia_runtime::{Collector, Data, OneInputOperator, OperatorContext, TwoInputOperator, UserError};
+use fluvia_runtime::{
+    Collector, Data, OneInputOperator, OperatorContext, TwoInputOperator, UserError,
+};
 use rustc_hash::FxHashMap;
 use std::hash::Hash;
 use std::marker::PhantomData;
@@ -35,7 +37,11 @@ pub trait OperatorSettings: Sized {
     fn operator_node(&self, what: &str) -> Option<StreamNodeId>;
 
     #[doc(hidden)]
-    fn with_node(self, what: &str, f: impl FnOnce(&mut fluvia_graph::StreamGraphBuilder, StreamNodeId)) -> Self {
+    fn with_node(
+        self,
+        what: &str,
+        f: impl FnOnce(&mut fluvia_graph::StreamGraphBuilder, StreamNodeId),
+    ) -> Self {
         if let Some(node) = self.operator_node(what) {
             f(&mut self.env().inner.borrow_mut().builder, node);
         }
@@ -62,10 +68,14 @@ pub trait OperatorSettings: Sized {
         self.with_node("set_parallelism", |b, n| b.set_parallelism(n, parallelism))
     }
     fn set_max_parallelism(self, max_parallelism: usize) -> Self {
-        self.with_node("set_max_parallelism", |b, n| b.set_max_parallelism(n, max_parallelism))
+        self.with_node("set_max_parallelism", |b, n| {
+            b.set_max_parallelism(n, max_parallelism)
+        })
     }
     fn slot_sharing_group(self, group: &str) -> Self {
-        self.with_node("slot_sharing_group", |b, n| b.set_slot_sharing_group(n, group))
+        self.with_node("slot_sharing_group", |b, n| {
+            b.set_slot_sharing_group(n, group)
+        })
     }
     /// Neither chained to its predecessor nor to its successors.
     fn disable_chaining(self) -> Self {
@@ -104,10 +114,12 @@ impl<T> OperatorSettings for DataStream<T> {
     }
     fn operator_node(&self, what: &str) -> Option<StreamNodeId> {
         match self.inputs.as_slice() {
-            [Upstream {
-                node,
-                partitioner: None,
-            }] => Some(*node),
+            [
+                Upstream {
+                    node,
+                    partitioner: None,
+                },
+            ] => Some(*node),
             _ => {
                 self.env.defer_error(format!(
                     "{what}() applies to an operator; it cannot be called on a union or \
@@ -279,7 +291,10 @@ impl<T: Data> DataStream<T> {
         name: &str,
         make: impl Fn() -> Op + Send + Sync + 'static,
     ) -> DataStreamSink {
-        self.sink(name, Arc::new(OneInputFactory::<T, ()>::new(move |_| Ok(Box::new(make())))))
+        self.sink(
+            name,
+            Arc::new(OneInputFactory::<T, ()>::new(move |_| Ok(Box::new(make())))),
+        )
     }
 
     /// Prints every record (Debug) to standard output.
@@ -349,7 +364,8 @@ where
     }
 
     fn keyed<O: Data>(&self, name: &str, factory: Arc<dyn OperatorFactory>) -> DataStream<O> {
-        self.stream.one_input(name, factory, Some(self.key_hasher()))
+        self.stream
+            .one_input(name, factory, Some(self.key_hasher()))
     }
 
     /// Combines the records of each key. Streaming: emits each new
@@ -358,7 +374,11 @@ where
         self.reduce_named("Keyed Reduce", f)
     }
 
-    fn reduce_named(&self, name: &str, f: impl Fn(T, T) -> T + Send + Sync + 'static) -> DataStream<T> {
+    fn reduce_named(
+        &self,
+        name: &str,
+        f: impl Fn(T, T) -> T + Send + Sync + 'static,
+    ) -> DataStream<T> {
         let f = Arc::new(f);
         let key = Arc::clone(&self.key);
         let factory = OneInputFactory::<T, T>::new(move |_| {
@@ -443,15 +463,25 @@ impl<A: Data, B: Data> ConnectedStreams<A, B> {
             let mut inner = env.inner.borrow_mut();
             let node = inner.builder.add_operator(name, 2);
             let keyed = self.keys.is_some();
-            let pick = |up: &Upstream| if keyed { Some(PartitionerKind::Hash) } else { up.partitioner };
+            let pick = |up: &Upstream| {
+                if keyed {
+                    Some(PartitionerKind::Hash)
+                } else {
+                    up.partitioner
+                }
+            };
             for up in &self.first.inputs {
-                let e = inner.builder.add_edge(up.node, node, pick(up), ExchangeMode::Undefined, 1);
+                let e = inner
+                    .builder
+                    .add_edge(up.node, node, pick(up), ExchangeMode::Undefined, 1);
                 if let Some((h1, _)) = &self.keys {
                     inner.registry.register_key_hasher::<A>(e, Arc::clone(h1));
                 }
             }
             for up in &self.second.inputs {
-                let e = inner.builder.add_edge(up.node, node, pick(up), ExchangeMode::Undefined, 2);
+                let e = inner
+                    .builder
+                    .add_edge(up.node, node, pick(up), ExchangeMode::Undefined, 2);
                 if let Some((_, h2)) = &self.keys {
                     inner.registry.register_key_hasher::<B>(e, Arc::clone(h2));
                 }

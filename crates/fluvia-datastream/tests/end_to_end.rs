@@ -2,6 +2,8 @@
 //! plain-Rust oracles, and must not change with chaining, object reuse,
 //! parallelism or runtime mode.
 
+#![allow(clippy::unwrap_used)]
+
 use fluvia_core::keygroup::{KeyHash, key_group_for_hash};
 use fluvia_datastream::prelude::*;
 use std::collections::BTreeMap;
@@ -18,7 +20,9 @@ fn input_files(dir: &std::path::Path) -> Vec<PathBuf> {
         .collect();
     files.sort();
     let generated = dir.join("generated.txt");
-    let words = ["stream", "graph", "Job", "vertex", "chain", "buffer", "credit", "slot", "ÆØÅ", "key"];
+    let words = [
+        "stream", "graph", "Job", "vertex", "chain", "buffer", "credit", "slot", "ÆØÅ", "key",
+    ];
     let mut text = String::new();
     let mut x = 12345u64;
     for line in 0..60_000 {
@@ -27,7 +31,7 @@ fn input_files(dir: &std::path::Path) -> Vec<PathBuf> {
             x ^= x >> 7;
             x ^= x << 17;
             text.push_str(words[(x % words.len() as u64) as usize]);
-            text.push(if x % 7 == 0 { '\t' } else { ' ' });
+            text.push(if x.is_multiple_of(7) { '\t' } else { ' ' });
         }
         text.push('\n');
     }
@@ -121,7 +125,11 @@ fn word_count_matches_a_plain_rust_count_in_every_variant() {
         let result = env.execute("word count").unwrap();
         let pairs = handle.take();
         if v.mode == RuntimeMode::Batch {
-            assert_eq!(pairs.len(), expected.len(), "{v:?}: batch emits one result per word");
+            assert_eq!(
+                pairs.len(),
+                expected.len(),
+                "{v:?}: batch emits one result per word"
+            );
         }
         assert_eq!(final_counts(pairs), expected, "{v:?}");
         let tasks = result.vertices.len();
@@ -148,7 +156,9 @@ fn keyed_state_stays_with_the_key_group_owner_at_any_parallelism() {
             .process(|ctx: &mut KeyedContext<'_, u32, (u64, i64)>, (k, v), out| {
                 let (lo, hi) = ctx.key_group_range;
                 if ctx.key_group < lo || ctx.key_group > hi {
-                    return Err(format!("key {k} in group {} outside {lo}..={hi}", ctx.key_group).into());
+                    return Err(
+                        format!("key {k} in group {} outside {lo}..={hi}", ctx.key_group).into(),
+                    );
                 }
                 if ctx.key_group != key_group_for_hash(k.key_hash(), 128) {
                     return Err("key group differs from Flink's formula".into());
@@ -167,7 +177,11 @@ fn keyed_state_stays_with_the_key_group_owner_at_any_parallelism() {
             let e = finals.entry(k).or_insert((0, 0));
             *e = (*e).max((n, sum));
             // A key is only ever processed by one subtask.
-            assert_eq!(*owners.entry(k).or_insert(subtask), subtask, "key {k} moved");
+            assert_eq!(
+                *owners.entry(k).or_insert(subtask),
+                subtask,
+                "key {k} moved"
+            );
         }
         if p > 1 {
             let distinct: std::collections::BTreeSet<_> = owners.values().collect();
@@ -234,9 +248,8 @@ fn partitioners_route_as_flink_does() {
     let env = StreamExecutionEnvironment::new();
     env.set_parallelism(3);
     let src = env.from_sequence(1, 3000);
-    let tag = |s: DataStream<i64>| {
-        s.transform("Tag", |ctx: &OperatorContext| Tagger(ctx.subtask_index))
-    };
+    let tag =
+        |s: DataStream<i64>| s.transform("Tag", |ctx: &OperatorContext| Tagger(ctx.subtask_index));
     let (_, broadcast) = tag(src.broadcast()).collect();
     let (_, global) = tag(src.global()).collect();
     let (_, rebalance) = tag(src.rebalance()).collect();
@@ -271,7 +284,11 @@ fn partitioners_route_as_flink_does() {
 
 struct Tagger(usize);
 impl OneInputOperator<i64, (i64, usize)> for Tagger {
-    fn process_element(&mut self, r: i64, out: &mut Collector<'_, (i64, usize)>) -> Result<(), UserError> {
+    fn process_element(
+        &mut self,
+        r: i64,
+        out: &mut Collector<'_, (i64, usize)>,
+    ) -> Result<(), UserError> {
         out.collect((r, self.0));
         Ok(())
     }
@@ -284,7 +301,8 @@ fn a_slow_sink_back_pressures_the_producer_within_its_buffer_pool() {
     let consumed = Arc::new(AtomicU64::new(0));
     let max_in_flight = Arc::new(AtomicU64::new(0));
     let env = StreamExecutionEnvironment::new();
-    env.set_parallelism(1).set_runtime_mode(RuntimeMode::Streaming);
+    env.set_parallelism(1)
+        .set_runtime_mode(RuntimeMode::Streaming);
     let p = Arc::clone(&produced);
     let (c, m) = (Arc::clone(&consumed), Arc::clone(&max_in_flight));
     let p2 = Arc::clone(&produced);
@@ -310,7 +328,10 @@ fn a_slow_sink_back_pressures_the_producer_within_its_buffer_pool() {
     // The producer really waited for buffers, and never held more than its pool.
     assert!(source.backpressure_waits > 0, "{source:?}");
     assert!(source.output_buffers_max_in_use <= source.output_buffers_limit);
-    assert_eq!(source.output_buffers_max_in_use, source.output_buffers_limit);
+    assert_eq!(
+        source.output_buffers_max_in_use,
+        source.output_buffers_limit
+    );
     // Records in flight are bounded by the pool: each 32 KiB buffer holds
     // 32768 / (4 + 8 + 96) = 303 records; the consumer holds one buffer, and
     // the producer has at most one record outside a buffer.
@@ -348,14 +369,24 @@ fn a_panicking_user_function_fails_the_job_naming_operator_and_subtask() {
 #[test]
 fn a_user_error_downstream_cancels_the_whole_job() {
     let env = StreamExecutionEnvironment::new();
-    env.set_parallelism(2).set_runtime_mode(RuntimeMode::Streaming);
+    env.set_parallelism(2)
+        .set_runtime_mode(RuntimeMode::Streaming);
     env.from_generator(u64::MAX / 2, |i| i)
         .rebalance()
-        .try_map(|x: u64| if x > 50_000 { Err(format!("value {x} too large").into()) } else { Ok(x) })
+        .try_map(|x: u64| {
+            if x > 50_000 {
+                Err(format!("value {x} too large").into())
+            } else {
+                Ok(x)
+            }
+        })
         .name("Check")
         .discard();
     let err = env.execute("fails").unwrap_err().to_string();
-    assert!(err.contains("operator 'Check'") && err.contains("too large"), "{err}");
+    assert!(
+        err.contains("operator 'Check'") && err.contains("too large"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -366,18 +397,32 @@ fn bad_jobs_are_rejected_before_anything_runs() {
     assert!(err.contains("/definitely/not/here.txt"), "{err}");
 
     let env = StreamExecutionEnvironment::new();
-    env.from_sequence(1, 10).map(|x| x).set_parallelism(0).discard();
+    env.from_sequence(1, 10)
+        .map(|x| x)
+        .set_parallelism(0)
+        .discard();
     let err = env.execute("zero").unwrap_err().to_string();
     assert!(err.contains("'Map'") && err.contains("at least 1"), "{err}");
 
     let env = StreamExecutionEnvironment::new();
-    env.from_sequence(1, 10).set_parallelism(2).forward().map(|x| x).set_parallelism(3).discard();
+    env.from_sequence(1, 10)
+        .set_parallelism(2)
+        .forward()
+        .map(|x| x)
+        .set_parallelism(3)
+        .discard();
     let err = env.execute("forward").unwrap_err().to_string();
-    assert!(err.contains("Forward partitioning does not allow change of parallelism"), "{err}");
+    assert!(
+        err.contains("Forward partitioning does not allow change of parallelism"),
+        "{err}"
+    );
 
     let env = StreamExecutionEnvironment::new();
     env.set_max_parallelism(4);
-    env.from_sequence(1, 10).map(|x| x).set_parallelism(8).discard();
+    env.from_sequence(1, 10)
+        .map(|x| x)
+        .set_parallelism(8)
+        .discard();
     let err = env.execute("too parallel").unwrap_err().to_string();
     assert!(err.contains("larger than its max parallelism 4"), "{err}");
 
@@ -385,7 +430,10 @@ fn bad_jobs_are_rejected_before_anything_runs() {
     let s = env.from_sequence(1, 10);
     s.union(&[&s]).set_parallelism(2).discard();
     let err = env.execute("settings on union").unwrap_err().to_string();
-    assert!(err.contains("set_parallelism() applies to an operator"), "{err}");
+    assert!(
+        err.contains("set_parallelism() applies to an operator"),
+        "{err}"
+    );
 }
 
 #[test]

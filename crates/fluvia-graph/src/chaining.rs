@@ -156,7 +156,9 @@ impl<'a> JobGraphGenerator<'a> {
                 return internal_err!("edge {} touches an operator outside every chain", edge.id);
             };
             if self.chainable[edge.id] {
-                vertices[up_v].operators[up_op].chained_outputs.push(down_op);
+                vertices[up_v].operators[up_op]
+                    .chained_outputs
+                    .push(down_op);
                 continue;
             }
             if down_op != 0 {
@@ -165,8 +167,7 @@ impl<'a> JobGraphGenerator<'a> {
             let rpt = result_partition_type(edge, job_type);
             let producer = vertices[up_v].id;
             let mut h = StableHasher::new();
-            h.write(&producer.0.to_le_bytes())
-                .write_u64(edge.id as u64);
+            h.write(&producer.0.to_le_bytes()).write_u64(edge.id as u64);
             let data_set_id = IntermediateDataSetId(h.finish128());
             let data_set_index = vertices[up_v].produced_data_sets.len();
             let consumer = vertices[down_v].id;
@@ -234,9 +235,7 @@ fn stable_node_hashes(g: &StreamGraph) -> Vec<u128> {
                 h.write_str("uid").write_str(uid);
             }
             None => {
-                h.write_str("node")
-                    .write_u64(id as u64)
-                    .write_str(&n.name);
+                h.write_str("node").write_u64(id as u64).write_str(&n.name);
                 for &e in &n.in_edges {
                     let up = hash_of(g, g.edge(e).source, memo);
                     h.write(&up.to_le_bytes());
@@ -268,7 +267,8 @@ fn topological_vertices(vertices: Vec<JobVertex>) -> Result<Vec<JobVertex>> {
         }
     }
     let mut order = Vec::with_capacity(n);
-    let mut ready: std::collections::BTreeSet<usize> = (0..n).filter(|&i| indegree[i] == 0).collect();
+    let mut ready: std::collections::BTreeSet<usize> =
+        (0..n).filter(|&i| indegree[i] == 0).collect();
     while let Some(i) = ready.pop_first() {
         order.push(i);
         for &c in &consumers[i] {
@@ -291,7 +291,9 @@ mod tests {
     use crate::stream_graph::StreamGraphBuilder;
 
     /// source -> a -> b, all parallelism 1 unless changed by `tweak`.
-    fn line(tweak: impl FnOnce(&mut StreamGraphBuilder, [usize; 3], &mut [usize; 2])) -> StreamGraph {
+    fn line(
+        tweak: impl FnOnce(&mut StreamGraphBuilder, [usize; 3], &mut [usize; 2]),
+    ) -> StreamGraph {
         let mut b = StreamGraphBuilder::new("job");
         let s = b.add_source("Source: s", true);
         let a = b.add_operator("A", 1);
@@ -353,8 +355,14 @@ mod tests {
             b.set_chaining_strategy(a, ChainingStrategy::HeadWithSources);
             b.set_chaining_strategy(c, ChainingStrategy::HeadWithSources);
         });
-        assert!(is_chainable(&g.edges[0], &g), "source -> HEAD_WITH_SOURCES chains");
-        assert!(!is_chainable(&g.edges[1], &g), "non-source -> HEAD_WITH_SOURCES does not");
+        assert!(
+            is_chainable(&g.edges[0], &g),
+            "source -> HEAD_WITH_SOURCES chains"
+        );
+        assert!(
+            !is_chainable(&g.edges[1], &g),
+            "non-source -> HEAD_WITH_SOURCES does not"
+        );
     }
 
     #[test]
@@ -362,7 +370,13 @@ mod tests {
         let mut b = StreamGraphBuilder::new("job");
         let s = b.add_source("Source: s", true);
         let a = b.add_operator("A", 1);
-        b.add_edge(s, a, Some(PartitionerKind::Rebalance), ExchangeMode::Undefined, 0);
+        b.add_edge(
+            s,
+            a,
+            Some(PartitionerKind::Rebalance),
+            ExchangeMode::Undefined,
+            0,
+        );
         let g = b.build().unwrap();
         assert!(!first_edge_chainable(&g));
     }
@@ -379,7 +393,13 @@ mod tests {
         let mut b = StreamGraphBuilder::new("job");
         let s = b.add_source("Source: s", true);
         let a = b.add_operator("A", 1);
-        b.add_edge(s, a, Some(PartitionerKind::Forward), ExchangeMode::Pipelined, 0);
+        b.add_edge(
+            s,
+            a,
+            Some(PartitionerKind::Forward),
+            ExchangeMode::Pipelined,
+            0,
+        );
         assert!(first_edge_chainable(&b.build().unwrap()));
     }
 
@@ -444,7 +464,13 @@ mod tests {
             b.set_parallelism(n, 2);
         }
         b.add_edge(s, a, None, ExchangeMode::Undefined, 0);
-        b.add_edge(a, r, Some(PartitionerKind::Hash), ExchangeMode::Undefined, 0);
+        b.add_edge(
+            a,
+            r,
+            Some(PartitionerKind::Hash),
+            ExchangeMode::Undefined,
+            0,
+        );
         b.add_edge(r, k, None, ExchangeMode::Undefined, 0);
         let g = b.build().unwrap();
         let jg = JobGraphGenerator::new(&g)
@@ -452,14 +478,20 @@ mod tests {
             .unwrap();
         assert_eq!(jg.job_type, JobType::Batch);
         assert_eq!(
-            jg.vertices.iter().map(|v| v.name.as_str()).collect::<Vec<_>>(),
+            jg.vertices
+                .iter()
+                .map(|v| v.name.as_str())
+                .collect::<Vec<_>>(),
             vec!["Source: s -> Flat Map", "Keyed Reduce -> Sink: out"]
         );
         let edge = &jg.vertices[1].inputs[0];
         assert_eq!(edge.ship_strategy_name(), "HASH");
         assert_eq!(edge.result_partition_type, ResultPartitionType::Blocking);
         assert_eq!(edge.source_vertex, jg.vertices[0].id);
-        assert_eq!(jg.vertices[0].produced_data_sets[0].id, edge.source_data_set);
+        assert_eq!(
+            jg.vertices[0].produced_data_sets[0].id,
+            edge.source_data_set
+        );
         assert_eq!(jg.vertices[0].operators[1].network_outputs.len(), 1);
     }
 
@@ -467,19 +499,27 @@ mod tests {
     fn ids_are_stable_across_builds_and_uid_wins() {
         let g1 = line(|_, _, _| {});
         let g2 = line(|_, _, _| {});
-        let a = JobGraphGenerator::new(&g1).create_job_graph(Configuration::new(), false).unwrap();
-        let b = JobGraphGenerator::new(&g2).create_job_graph(Configuration::new(), false).unwrap();
+        let a = JobGraphGenerator::new(&g1)
+            .create_job_graph(Configuration::new(), false)
+            .unwrap();
+        let b = JobGraphGenerator::new(&g2)
+            .create_job_graph(Configuration::new(), false)
+            .unwrap();
         assert_eq!(a.vertices[0].id, b.vertices[0].id);
         assert_eq!(a.fingerprint, b.fingerprint);
         let g3 = line(|b, [s, _, _], _| b.set_uid(s, "my-source"));
-        let c = JobGraphGenerator::new(&g3).create_job_graph(Configuration::new(), false).unwrap();
+        let c = JobGraphGenerator::new(&g3)
+            .create_job_graph(Configuration::new(), false)
+            .unwrap();
         assert_ne!(a.vertices[0].id, c.vertices[0].id);
     }
 
     #[test]
     fn job_graph_round_trips_through_json() {
         let g = line(|b, [_, a, _], _| b.set_chaining_strategy(a, ChainingStrategy::Never));
-        let jg = JobGraphGenerator::new(&g).create_job_graph(Configuration::new(), true).unwrap();
+        let jg = JobGraphGenerator::new(&g)
+            .create_job_graph(Configuration::new(), true)
+            .unwrap();
         let text = serde_json::to_string(&jg).unwrap();
         let back: JobGraph = serde_json::from_str(&text).unwrap();
         assert_eq!(back, jg);

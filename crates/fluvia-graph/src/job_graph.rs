@@ -5,8 +5,8 @@
 //! operator id, and the runtime looks the user code up by those.
 
 use fluvia_core::{
-    Configuration, DistributionPattern, IntermediateDataSetId, JobId, JobVertexId,
-    PartitionerKind, Result, ResultPartitionType, internal_err,
+    Configuration, DistributionPattern, IntermediateDataSetId, JobId, JobVertexId, PartitionerKind,
+    Result, ResultPartitionType, internal_err,
 };
 use serde::{Deserialize, Serialize};
 

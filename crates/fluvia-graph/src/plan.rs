@@ -112,7 +112,10 @@ pub fn dot_plan(jg: &JobGraph) -> String {
     let escape = |s: &str| s.replace('\\', "\\\\").replace('"', "\\\"");
     let mut out = String::new();
     let _ = writeln!(out, "digraph \"{}\" {{", escape(&jg.name));
-    let _ = writeln!(out, "  rankdir=LR;\n  node [shape=box, fontname=\"Helvetica\"];");
+    let _ = writeln!(
+        out,
+        "  rankdir=LR;\n  node [shape=box, fontname=\"Helvetica\"];"
+    );
     for (i, v) in jg.vertices.iter().enumerate() {
         let _ = writeln!(
             out,
@@ -152,7 +155,13 @@ mod tests {
         let f = b.add_operator("Flat Map", 1);
         let r = b.add_operator("Keyed Reduce", 1);
         b.add_edge(s, f, None, ExchangeMode::Undefined, 0);
-        b.add_edge(f, r, Some(PartitionerKind::Hash), ExchangeMode::Undefined, 0);
+        b.add_edge(
+            f,
+            r,
+            Some(PartitionerKind::Hash),
+            ExchangeMode::Undefined,
+            0,
+        );
         let g = b.build().unwrap();
         JobGraphGenerator::new(&g)
             .create_job_graph(Configuration::new(), false)

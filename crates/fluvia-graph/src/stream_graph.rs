@@ -291,7 +291,10 @@ impl StreamGraphBuilder {
         for (id, spec) in self.nodes.iter().enumerate() {
             let parallelism = spec.parallelism.unwrap_or(self.default_parallelism);
             if parallelism == 0 {
-                return plan_err!("the parallelism of operator '{}' must be at least 1", spec.name);
+                return plan_err!(
+                    "the parallelism of operator '{}' must be at least 1",
+                    spec.name
+                );
             }
             let max_parallelism = match spec.max_parallelism {
                 Some(m) => m,
@@ -439,10 +442,7 @@ fn cycle_members(n: usize, edges: &[EdgeSpec]) -> Vec<StreamNodeId> {
         indegree[e.target] += 1;
     }
     let mut removed = vec![false; n];
-    loop {
-        let Some(i) = (0..n).find(|&i| !removed[i] && indegree[i] == 0) else {
-            break;
-        };
+    while let Some(i) = (0..n).find(|&i| !removed[i] && indegree[i] == 0) {
         removed[i] = true;
         for e in edges.iter().filter(|e| e.source == i) {
             indegree[e.target] -= 1;
@@ -508,7 +508,10 @@ mod tests {
         b.add_edge(c, a, None, ExchangeMode::Undefined, 0);
         b.add_edge(a, c, None, ExchangeMode::Undefined, 2);
         let err = b.build().unwrap_err().to_string();
-        assert!(err.contains("cycle") && err.contains("'A'") && err.contains("'C'"), "{err}");
+        assert!(
+            err.contains("cycle") && err.contains("'A'") && err.contains("'C'"),
+            "{err}"
+        );
         assert!(!err.contains("'Source: s'"), "{err}");
     }
 
@@ -535,8 +538,14 @@ mod tests {
     fn automatic_mode_is_batch_only_when_all_sources_are_bounded() {
         let mut b = StreamGraphBuilder::new("t");
         b.add_source("s1", true);
-        assert_eq!(b.build().unwrap().effective_runtime_mode(), RuntimeMode::Batch);
+        assert_eq!(
+            b.build().unwrap().effective_runtime_mode(),
+            RuntimeMode::Batch
+        );
         b.add_source("s2", false);
-        assert_eq!(b.build().unwrap().effective_runtime_mode(), RuntimeMode::Streaming);
+        assert_eq!(
+            b.build().unwrap().effective_runtime_mode(),
+            RuntimeMode::Streaming
+        );
     }
 }

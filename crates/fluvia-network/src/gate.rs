@@ -202,8 +202,12 @@ mod tests {
         let cancel = CancelToken::new();
         let writer = std::thread::spawn(move || {
             for i in 0..100u8 {
-                p1.subpartition(0).add_buffer(Buffer::from_vec(vec![i])).unwrap();
-                p2.subpartition(0).add_buffer(Buffer::from_vec(vec![i])).unwrap();
+                p1.subpartition(0)
+                    .add_buffer(Buffer::from_vec(vec![i]))
+                    .unwrap();
+                p2.subpartition(0)
+                    .add_buffer(Buffer::from_vec(vec![i]))
+                    .unwrap();
             }
             p1.finish().unwrap();
             p2.finish().unwrap();
@@ -238,7 +242,10 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(30));
             c2.cancel();
         });
-        assert!(matches!(gate.get_next(&cancel), Err(FluviaError::Cancelled)));
+        assert!(matches!(
+            gate.get_next(&cancel),
+            Err(FluviaError::Cancelled)
+        ));
         t.join().unwrap();
     }
 }

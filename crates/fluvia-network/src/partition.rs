@@ -160,7 +160,9 @@ impl Subpartition {
                 let len = buffer.len() as u32;
                 w.write_all(&len.to_le_bytes())
                     .and_then(|_| w.write_all(buffer.as_slice()))
-                    .map_err(|e| FluviaError::io(format!("writing spill file {}", path.display()), e))?;
+                    .map_err(|e| {
+                        FluviaError::io(format!("writing spill file {}", path.display()), e)
+                    })?;
                 *bytes_written += 4 + len as u64;
                 // The buffer is recycled here, when it goes out of scope.
                 false
@@ -266,7 +268,12 @@ fn read_spilled_buffer(r: &mut BufReader<File>, path: &Path) -> Result<Option<Bu
     match r.read_exact(&mut len) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(FluviaError::io(format!("reading spill file {}", path.display()), e)),
+        Err(e) => {
+            return Err(FluviaError::io(
+                format!("reading spill file {}", path.display()),
+                e,
+            ));
+        }
     }
     let len = u32::from_le_bytes(len) as usize;
     let mut data = vec![0u8; len];
@@ -298,7 +305,11 @@ impl std::fmt::Debug for ResultPartition {
 }
 
 impl ResultPartition {
-    pub fn pipelined(name: impl Into<String>, num_subpartitions: usize, segment_size: usize) -> Self {
+    pub fn pipelined(
+        name: impl Into<String>,
+        num_subpartitions: usize,
+        segment_size: usize,
+    ) -> Self {
         ResultPartition {
             name: name.into(),
             blocking: false,
@@ -321,7 +332,11 @@ impl ResultPartition {
         let mut spill_files = Vec::with_capacity(num_subpartitions);
         for i in 0..num_subpartitions {
             let path = dir.join(format!("{file_prefix}-{i}.spill"));
-            subpartitions.push(Arc::new(Subpartition::blocking(i, segment_size, path.clone())?));
+            subpartitions.push(Arc::new(Subpartition::blocking(
+                i,
+                segment_size,
+                path.clone(),
+            )?));
             spill_files.push(path);
         }
         Ok(ResultPartition {
@@ -388,8 +403,12 @@ mod tests {
         let p = ResultPartition::pipelined("p", 1, 1024);
         let l = Arc::new(Count(Default::default()));
         p.subpartition(0).set_listener(l.clone(), 0);
-        p.subpartition(0).add_buffer(Buffer::from_vec(vec![1])).unwrap();
-        p.subpartition(0).add_buffer(Buffer::from_vec(vec![2])).unwrap();
+        p.subpartition(0)
+            .add_buffer(Buffer::from_vec(vec![1]))
+            .unwrap();
+        p.subpartition(0)
+            .add_buffer(Buffer::from_vec(vec![2]))
+            .unwrap();
         assert_eq!(l.0.load(std::sync::atomic::Ordering::SeqCst), 1);
         assert_eq!(p.subpartition(0).backlog(), 2);
         p.finish().unwrap();
@@ -408,12 +427,19 @@ mod tests {
         let p = ResultPartition::blocking("p", 2, 1024, dir.path(), "ds").unwrap();
         let l = Arc::new(Count(Default::default()));
         p.subpartition(1).set_listener(l.clone(), 7);
-        p.subpartition(1).add_buffer(Buffer::from_vec(vec![9, 9])).unwrap();
+        p.subpartition(1)
+            .add_buffer(Buffer::from_vec(vec![9, 9]))
+            .unwrap();
         assert!(p.subpartition(1).poll().unwrap().is_none());
         assert_eq!(l.0.load(std::sync::atomic::Ordering::SeqCst), 0);
         p.finish().unwrap();
         assert_eq!(l.0.load(std::sync::atomic::Ordering::SeqCst), 1);
-        assert!(std::fs::metadata(dir.path().join("ds-1.spill")).unwrap().len() >= 6);
+        assert!(
+            std::fs::metadata(dir.path().join("ds-1.spill"))
+                .unwrap()
+                .len()
+                >= 6
+        );
         let (a, _) = p.subpartition(1).poll().unwrap().unwrap();
         assert_eq!(bytes(&a), vec![9, 9]);
         let (e, _) = p.subpartition(1).poll().unwrap().unwrap();

@@ -24,7 +24,12 @@ pub struct ChannelSelector {
 impl ChannelSelector {
     /// `max_parallelism` is the consumer's (it defines the key groups); `seed`
     /// makes rebalance's random start and shuffle reproducible per subtask.
-    pub fn new(kind: PartitionerKind, num_channels: usize, max_parallelism: usize, seed: u64) -> Self {
+    pub fn new(
+        kind: PartitionerKind,
+        num_channels: usize,
+        max_parallelism: usize,
+        seed: u64,
+    ) -> Self {
         let mut s = ChannelSelector {
             kind,
             num_channels: num_channels.max(1),
@@ -115,12 +120,20 @@ mod tests {
 
     #[test]
     fn global_broadcast_and_shuffle() {
-        assert_eq!(ChannelSelector::new(PartitionerKind::Global, 4, 128, 0).select(5), Target::One(0));
-        assert_eq!(ChannelSelector::new(PartitionerKind::Broadcast, 4, 128, 0).select(5), Target::All);
+        assert_eq!(
+            ChannelSelector::new(PartitionerKind::Global, 4, 128, 0).select(5),
+            Target::One(0)
+        );
+        assert_eq!(
+            ChannelSelector::new(PartitionerKind::Broadcast, 4, 128, 0).select(5),
+            Target::All
+        );
         let mut s = ChannelSelector::new(PartitionerKind::Shuffle, 4, 128, 1);
         let mut seen = [false; 4];
         for _ in 0..200 {
-            let Target::One(c) = s.select(0) else { panic!() };
+            let Target::One(c) = s.select(0) else {
+                panic!()
+            };
             seen[c] = true;
         }
         assert_eq!(seen, [true; 4]);

@@ -138,7 +138,10 @@ impl PartitionWriter {
             self.write_spanning(sp, &header)?;
             self.write_spanning(sp, record)?;
         }
-        if self.builders[sp].as_ref().is_some_and(|b| b.remaining() == 0) {
+        if self.builders[sp]
+            .as_ref()
+            .is_some_and(|b| b.remaining() == 0)
+        {
             self.hand_over(sp)?;
         }
         Ok(())
@@ -208,7 +211,11 @@ impl RecordDeserializer {
     }
 
     /// Calls `on_record` for every record completed by `buf`.
-    pub fn feed(&mut self, buf: &[u8], mut on_record: impl FnMut(&[u8]) -> Result<()>) -> Result<()> {
+    pub fn feed(
+        &mut self,
+        buf: &[u8],
+        mut on_record: impl FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
         let mut pos = 0;
         while pos < buf.len() || self.partial_complete() {
             if !self.partial.is_empty() {
@@ -247,8 +254,12 @@ impl RecordDeserializer {
         if self.partial.len() < HEADER {
             return Ok(HEADER);
         }
-        let len = u32::from_le_bytes([self.partial[0], self.partial[1], self.partial[2], self.partial[3]])
-            as usize;
+        let len = u32::from_le_bytes([
+            self.partial[0],
+            self.partial[1],
+            self.partial[2],
+            self.partial[3],
+        ]) as usize;
         if len > MAX_RECORD_SIZE {
             return Err(corrupt(len));
         }
@@ -319,7 +330,9 @@ mod tests {
     #[test]
     fn a_corrupt_length_is_an_error_not_an_allocation() {
         let mut d = RecordDeserializer::new();
-        let err = d.feed(&[0xff, 0xff, 0xff, 0x7f, 1, 2], |_| Ok(())).unwrap_err();
+        let err = d
+            .feed(&[0xff, 0xff, 0xff, 0x7f, 1, 2], |_| Ok(()))
+            .unwrap_err();
         assert!(err.to_string().contains("corrupt record stream"));
     }
 }

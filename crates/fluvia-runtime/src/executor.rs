@@ -15,9 +15,11 @@ use crate::output::current_operator;
 use crate::registry::OperatorRegistry;
 use crate::task::{OutputSpec, TaskDeployment, TaskMetrics, run_task};
 use fluvia_core::config::options;
-use fluvia_core::{Configuration, FluviaError, JobId, ResultPartitionType, Result};
+use fluvia_core::{Configuration, FluviaError, JobId, Result, ResultPartitionType};
 use fluvia_graph::JobGraph;
-use fluvia_network::{CancelToken, InputChannelSpec, LocalBufferPool, NetworkBufferPool, ResultPartition};
+use fluvia_network::{
+    CancelToken, InputChannelSpec, LocalBufferPool, NetworkBufferPool, ResultPartition,
+};
 use fluvia_scheduler::{ExecutionGraph, ExecutionState};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
@@ -103,7 +105,11 @@ impl LocalExecutor {
         LocalExecutor { config }
     }
 
-    pub fn execute(&self, job: JobGraph, registry: Arc<OperatorRegistry>) -> Result<JobExecutionResult> {
+    pub fn execute(
+        &self,
+        job: JobGraph,
+        registry: Arc<OperatorRegistry>,
+    ) -> Result<JobExecutionResult> {
         let started = Instant::now();
         for v in &job.vertices {
             for op in &v.operators {
@@ -127,7 +133,9 @@ impl LocalExecutor {
             let dir = if tmp_dir.is_empty() {
                 tempfile::Builder::new().prefix("fluvia-").tempdir()
             } else {
-                tempfile::Builder::new().prefix("fluvia-").tempdir_in(tmp_dir)
+                tempfile::Builder::new()
+                    .prefix("fluvia-")
+                    .tempdir_in(tmp_dir)
             };
             Some(dir.map_err(|e| FluviaError::io("creating the spill directory", e))?)
         } else {
@@ -140,10 +148,20 @@ impl LocalExecutor {
             let producer_name = &eg.vertices[r.producer].name;
             let mut per_producer = Vec::with_capacity(r.num_subpartitions.len());
             for (p, &n) in r.num_subpartitions.iter().enumerate() {
-                let name = format!("{producer_name} ({}/{}) -> result {ri}", p + 1, r.num_subpartitions.len());
+                let name = format!(
+                    "{producer_name} ({}/{}) -> result {ri}",
+                    p + 1,
+                    r.num_subpartitions.len()
+                );
                 let (partition, pool_size) = match (&spill_dir, r.result_partition_type) {
                     (Some(dir), ResultPartitionType::Blocking) => (
-                        ResultPartition::blocking(name, n, segment_size, dir.path(), &format!("r{ri}-p{p}"))?,
+                        ResultPartition::blocking(
+                            name,
+                            n,
+                            segment_size,
+                            dir.path(),
+                            &format!("r{ri}-p{p}"),
+                        )?,
                         n + 1,
                     ),
                     _ => (
@@ -151,7 +169,10 @@ impl LocalExecutor {
                         n * buffers_per_channel + floating,
                     ),
                 };
-                per_producer.push((Arc::new(partition), global.create_local_pool(pool_size.max(n + 1))?));
+                per_producer.push((
+                    Arc::new(partition),
+                    global.create_local_pool(pool_size.max(n + 1))?,
+                ));
             }
             partitions.push(per_producer);
         }
@@ -263,10 +284,14 @@ impl LocalExecutor {
         drop(tx);
 
         let mut first_error: Option<FluviaError> = None;
-        let mut per_task: Vec<Vec<TaskMetrics>> =
-            eg.vertices.iter().map(|v| vec![TaskMetrics::default(); v.parallelism]).collect();
+        let mut per_task: Vec<Vec<TaskMetrics>> = eg
+            .vertices
+            .iter()
+            .map(|v| vec![TaskMetrics::default(); v.parallelism])
+            .collect();
         for outcome in rx.iter() {
-            let attempt = eg.vertices[outcome.vertex].subtasks[outcome.subtask].current_attempt_mut();
+            let attempt =
+                eg.vertices[outcome.vertex].subtasks[outcome.subtask].current_attempt_mut();
             match outcome.result {
                 Ok(m) => {
                     attempt.state = ExecutionState::Finished;
@@ -312,7 +337,8 @@ impl LocalExecutor {
                     m.records_out += t.records_out;
                     m.bytes_in += t.bytes_in;
                     m.bytes_out += t.bytes_out;
-                    m.output_buffers_max_in_use = m.output_buffers_max_in_use.max(t.output_buffers_max_in_use);
+                    m.output_buffers_max_in_use =
+                        m.output_buffers_max_in_use.max(t.output_buffers_max_in_use);
                     m.output_buffers_limit = m.output_buffers_limit.max(t.output_buffers_limit);
                     m.backpressure_waits += t.backpressure_waits;
                     for (slot, n) in m.operators.iter_mut().zip(&t.operator_records) {

@@ -121,7 +121,11 @@ pub trait OneInputOperator<IN, OUT>: 'static {
     fn open(&mut self, _ctx: &OperatorContext) -> Result<(), UserError> {
         Ok(())
     }
-    fn process_element(&mut self, record: IN, out: &mut Collector<'_, OUT>) -> Result<(), UserError>;
+    fn process_element(
+        &mut self,
+        record: IN,
+        out: &mut Collector<'_, OUT>,
+    ) -> Result<(), UserError>;
     /// All input has arrived (the place for batch operators to emit).
     fn end_input(&mut self, _out: &mut Collector<'_, OUT>) -> Result<(), UserError> {
         Ok(())
@@ -133,8 +137,16 @@ pub trait TwoInputOperator<IN1, IN2, OUT>: 'static {
     fn open(&mut self, _ctx: &OperatorContext) -> Result<(), UserError> {
         Ok(())
     }
-    fn process_element1(&mut self, record: IN1, out: &mut Collector<'_, OUT>) -> Result<(), UserError>;
-    fn process_element2(&mut self, record: IN2, out: &mut Collector<'_, OUT>) -> Result<(), UserError>;
+    fn process_element1(
+        &mut self,
+        record: IN1,
+        out: &mut Collector<'_, OUT>,
+    ) -> Result<(), UserError>;
+    fn process_element2(
+        &mut self,
+        record: IN2,
+        out: &mut Collector<'_, OUT>,
+    ) -> Result<(), UserError>;
     /// Input 1 or 2 has ended.
     fn end_input(&mut self, _input: usize, _out: &mut Collector<'_, OUT>) -> Result<(), UserError> {
         Ok(())
@@ -240,16 +252,12 @@ impl<T: Data> RecordType for TypeOf<T> {
     ) -> Result<AnyOutput> {
         let hasher = match key_hasher {
             None => None,
-            Some(h) => Some(
-                h.downcast_ref::<KeyHasher<T>>()
-                    .cloned()
-                    .ok_or_else(|| {
-                        FluviaError::Internal(format!(
-                            "key selector does not take {}",
-                            std::any::type_name::<T>()
-                        ))
-                    })?,
-            ),
+            Some(h) => Some(h.downcast_ref::<KeyHasher<T>>().cloned().ok_or_else(|| {
+                FluviaError::Internal(format!(
+                    "key selector does not take {}",
+                    std::any::type_name::<T>()
+                ))
+            })?),
         };
         Ok(erase::<T>(Box::new(RecordWriterOutput::new(
             writer, selector, hasher,

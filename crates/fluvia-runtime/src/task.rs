@@ -9,7 +9,7 @@
 //! and pushes them into the head. Before it blocks on an empty gate it flushes
 //! every output, so partly filled buffers never wait on our own idleness.
 
-use crate::operator::{NetworkInput, OperatorContext, OperatorInstance, AnyOutput};
+use crate::operator::{AnyOutput, NetworkInput, OperatorContext, OperatorInstance};
 use crate::registry::OperatorRegistry;
 use fluvia_core::error::TaskLocation;
 use fluvia_core::{FluviaError, PartitionerKind, Result};
@@ -142,7 +142,12 @@ impl ChainBuilder<'_> {
     fn build_chained(&self, op: usize) -> Result<AnyOutput> {
         let output = self.build_output(op)?;
         let node = self.d.vertex().operators[op].node_id;
-        match self.d.registry.factory(node)?.create(&self.contexts[op], output)? {
+        match self
+            .d
+            .registry
+            .factory(node)?
+            .create(&self.contexts[op], output)?
+        {
             OperatorInstance::OneInput { input, .. } => Ok(input),
             _ => Err(FluviaError::Internal(format!(
                 "operator '{}' cannot be chained: only one-input operators follow a chain head",
@@ -200,7 +205,9 @@ pub fn run_task(d: &TaskDeployment) -> Result<TaskMetrics> {
     match head {
         OperatorInstance::Source(mut driver) => {
             if !d.inputs.is_empty() {
-                return Err(FluviaError::Internal(format!("source task {task_name} has inputs")));
+                return Err(FluviaError::Internal(format!(
+                    "source task {task_name} has inputs"
+                )));
             }
             driver.run(&d.cancel)?;
         }
@@ -241,8 +248,9 @@ fn run_input_loop(
             d.task_name()
         )));
     }
-    let mut deserializers: Vec<RecordDeserializer> =
-        (0..gate.num_channels()).map(|_| RecordDeserializer::new()).collect();
+    let mut deserializers: Vec<RecordDeserializer> = (0..gate.num_channels())
+        .map(|_| RecordDeserializer::new())
+        .collect();
     let mut records_in = 0u64;
     loop {
         let event = match gate.poll_next()? {

@@ -198,11 +198,15 @@ impl ExecutionGraph {
                         }
                     }
                     DistributionPattern::Pointwise if p > c => {
-                        for consumer in 0..c {
-                            for producer in consumer * p / c..(consumer + 1) * p / c {
-                                num_subpartitions[producer] = 1;
-                                connect(producer, consumer, 0);
-                            }
+                        // Every producer has one subpartition; consumer
+                        // `producer * c / p` reads it (the inverse of the
+                        // range [i*P/C, (i+1)*P/C)).
+                        for (producer, n) in num_subpartitions.iter_mut().enumerate() {
+                            *n = 1;
+                            let consumer = (0..c)
+                                .find(|&j| producer < (j + 1) * p / c)
+                                .unwrap_or(c - 1);
+                            connect(producer, consumer, 0);
                         }
                     }
                     DistributionPattern::Pointwise => {
@@ -217,7 +221,9 @@ impl ExecutionGraph {
                     }
                 }
                 for (consumer, list) in consumed.into_iter().enumerate() {
-                    vertices[consumer_idx].subtasks[consumer].consumed.extend(list);
+                    vertices[consumer_idx].subtasks[consumer]
+                        .consumed
+                        .extend(list);
                 }
                 for sub in &mut vertices[producer_idx].subtasks {
                     sub.produced_results.push(result_idx);
@@ -290,7 +296,10 @@ mod tests {
         assert_eq!(eg.results[0].num_subpartitions, vec![2, 2, 2]);
         let c1 = &eg.vertices[1].subtasks[1].consumed;
         assert_eq!(c1.len(), 3);
-        assert!(c1.iter().all(|cp| cp.subpartitions == SubpartitionRange::single(1)));
+        assert!(
+            c1.iter()
+                .all(|cp| cp.subpartitions == SubpartitionRange::single(1))
+        );
         assert_each_subpartition_read_once(&eg);
     }
 
@@ -299,7 +308,13 @@ mod tests {
         for (p, c) in [(2, 2), (4, 2), (5, 3), (2, 5), (3, 7), (1, 4), (4, 1)] {
             let eg = graph(p, c, PartitionerKind::Rescale);
             assert_each_subpartition_read_once(&eg);
-            assert!(eg.vertices[1].subtasks.iter().all(|s| !s.consumed.is_empty()), "{p}->{c}");
+            assert!(
+                eg.vertices[1]
+                    .subtasks
+                    .iter()
+                    .all(|s| !s.consumed.is_empty()),
+                "{p}->{c}"
+            );
         }
     }
 

@@ -45,7 +45,9 @@ impl std::str::FromStr for PipelineJob {
         match s {
             "filter" => Ok(PipelineJob::Filter),
             "count" => Ok(PipelineJob::Count),
-            other => Err(format!("unknown pipeline job '{other}' (expected filter or count)")),
+            other => Err(format!(
+                "unknown pipeline job '{other}' (expected filter or count)"
+            )),
         }
     }
 }
