@@ -147,15 +147,11 @@ impl LocalBufferPool {
         None
     }
 
-    fn hand_out(self: &Arc<Self>, st: &mut PoolState, mut seg: Vec<u8>) -> BufferBuilder {
+    fn hand_out(self: &Arc<Self>, st: &mut PoolState, seg: Vec<u8>) -> BufferBuilder {
         st.in_use += 1;
         st.max_in_use = st.max_in_use.max(st.in_use);
-        seg.clear();
-        BufferBuilder {
-            data: seg,
-            capacity: self.segment_size,
-            pool: Some(Arc::clone(self)),
-        }
+        let recycler: Arc<dyn BufferRecycler> = Arc::clone(self) as Arc<dyn BufferRecycler>;
+        BufferBuilder::with_recycler(seg, self.segment_size, recycler)
     }
 
     fn recycle(&self, seg: Vec<u8>) {
@@ -201,21 +197,42 @@ impl Drop for LocalBufferPool {
     }
 }
 
+/// Where a segment goes back when the last reader of its buffer drops it.
+pub trait BufferRecycler: Send + Sync + std::fmt::Debug {
+    fn recycle(&self, segment: Vec<u8>);
+}
+
+impl BufferRecycler for LocalBufferPool {
+    fn recycle(&self, segment: Vec<u8>) {
+        LocalBufferPool::recycle(self, segment)
+    }
+}
+
 /// A segment being filled by a producer.
 #[derive(Debug)]
 pub struct BufferBuilder {
     data: Vec<u8>,
     capacity: usize,
-    pool: Option<Arc<LocalBufferPool>>,
+    recycler: Option<Arc<dyn BufferRecycler>>,
 }
 
 impl BufferBuilder {
-    /// A builder outside any pool (for buffers read back from spill files).
+    /// A builder outside any pool.
     pub fn unpooled(capacity: usize) -> Self {
         BufferBuilder {
             data: Vec::with_capacity(capacity),
             capacity,
-            pool: None,
+            recycler: None,
+        }
+    }
+
+    /// A builder over `segment` that returns to `recycler` when done with.
+    pub fn with_recycler(mut segment: Vec<u8>, capacity: usize, recycler: Arc<dyn BufferRecycler>) -> Self {
+        segment.clear();
+        BufferBuilder {
+            data: segment,
+            capacity,
+            recycler: Some(recycler),
         }
     }
 
@@ -238,60 +255,75 @@ impl BufferBuilder {
         n
     }
 
-    /// Gives access to the unused tail for readers that fill it directly.
-    pub fn spare_mut(&mut self) -> &mut Vec<u8> {
+    /// The filled bytes, for writers that fill the segment directly (up to
+    /// [`capacity`](Self::capacity)).
+    pub fn data_mut(&mut self) -> &mut Vec<u8> {
         &mut self.data
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
     }
 
     /// Seals the builder into a readable buffer.
     pub fn finish(mut self) -> Buffer {
-        Buffer {
+        Buffer(Arc::new(BufferInner {
             data: std::mem::take(&mut self.data),
-            pool: self.pool.take(),
-        }
+            recycler: self.recycler.take(),
+        }))
     }
 }
 
 impl Drop for BufferBuilder {
     fn drop(&mut self) {
-        if let Some(pool) = self.pool.take() {
-            pool.recycle(std::mem::take(&mut self.data));
+        if let Some(r) = self.recycler.take() {
+            r.recycle(std::mem::take(&mut self.data));
         }
     }
 }
 
-/// A filled, read-only buffer. Dropping it returns its segment to the pool it
-/// came from, which is what lets the producer continue.
 #[derive(Debug)]
-pub struct Buffer {
+struct BufferInner {
     data: Vec<u8>,
-    pool: Option<Arc<LocalBufferPool>>,
+    recycler: Option<Arc<dyn BufferRecycler>>,
 }
+
+impl Drop for BufferInner {
+    fn drop(&mut self) {
+        if let Some(r) = self.recycler.take() {
+            r.recycle(std::mem::take(&mut self.data));
+        }
+    }
+}
+
+/// A filled, read-only buffer. Cloning shares it (a broadcast buffer is one
+/// segment read by every subpartition); when the last clone is dropped the
+/// segment returns to where it came from, which is what lets a producer, or
+/// a sender waiting for credit, continue.
+#[derive(Debug, Clone)]
+pub struct Buffer(Arc<BufferInner>);
 
 impl Buffer {
     pub fn as_slice(&self) -> &[u8] {
-        &self.data
+        &self.0.data
     }
 
     pub fn len(&self) -> usize {
-        self.data.len()
+        self.0.data.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.data.is_empty()
+        self.0.data.is_empty()
     }
 
     /// A buffer not owned by any pool.
     pub fn from_vec(data: Vec<u8>) -> Self {
-        Buffer { data, pool: None }
+        Buffer(Arc::new(BufferInner { data, recycler: None }))
     }
-}
 
-impl Drop for Buffer {
-    fn drop(&mut self) {
-        if let Some(pool) = self.pool.take() {
-            pool.recycle(std::mem::take(&mut self.data));
-        }
+    /// How many holders share this buffer.
+    pub fn ref_count(&self) -> usize {
+        Arc::strong_count(&self.0)
     }
 }
 

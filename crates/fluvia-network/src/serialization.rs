@@ -26,6 +26,9 @@ pub struct PartitionWriter {
     partition: Arc<ResultPartition>,
     pool: Arc<LocalBufferPool>,
     builders: Vec<Option<BufferBuilder>>,
+    /// The open buffer of broadcast records, shared by every subpartition
+    /// once sealed (serialise once, as Flink's `BroadcastRecordWriter`).
+    broadcast: Option<BufferBuilder>,
     cancel: CancelToken,
     flush_epoch: Option<Arc<AtomicU64>>,
     seen_epoch: u64,
@@ -57,6 +60,7 @@ impl PartitionWriter {
             partition,
             pool,
             builders: (0..n).map(|_| None).collect(),
+            broadcast: None,
             cancel,
             flush_epoch,
             seen_epoch: 0,
@@ -108,12 +112,19 @@ impl PartitionWriter {
             )));
         }
         match target {
-            Target::One(sp) => self.write_record(sp, record)?,
-            // Copied into every subpartition's buffer; encoded once by the caller.
-            Target::All => {
-                for sp in 0..self.builders.len() {
-                    self.write_record(sp, record)?;
+            Target::One(sp) => {
+                if self.broadcast.is_some() {
+                    self.hand_over_broadcast()?;
                 }
+                self.write_record(sp, record)?
+            }
+            Target::All => {
+                if self.builders.iter().any(Option::is_some) {
+                    for sp in 0..self.builders.len() {
+                        self.hand_over(sp)?;
+                    }
+                }
+                self.write_broadcast(record)?
             }
         }
         self.records_out += 1;
@@ -162,6 +173,42 @@ impl PartitionWriter {
         Ok(())
     }
 
+    /// Writes a record once into the shared broadcast buffer.
+    fn write_broadcast(&mut self, record: &[u8]) -> Result<()> {
+        let header = (record.len() as u32).to_le_bytes();
+        for mut bytes in [&header[..], record] {
+            while !bytes.is_empty() {
+                let builder = match &mut self.broadcast {
+                    Some(b) => b,
+                    slot @ None => slot.insert(self.pool.request(&self.cancel)?),
+                };
+                let n = builder.append(bytes);
+                bytes = &bytes[n..];
+                if builder.remaining() == 0 {
+                    self.hand_over_broadcast()?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Seals the broadcast buffer and gives every subpartition a reference
+    /// to the same segment.
+    fn hand_over_broadcast(&mut self) -> Result<()> {
+        if let Some(b) = self.broadcast.take() {
+            if b.is_empty() {
+                return Ok(());
+            }
+            self.bytes_out += b.len() as u64;
+            self.buffers_out += 1;
+            let buffer = b.finish();
+            for sp in 0..self.builders.len() {
+                self.partition.subpartition(sp).add_buffer(buffer.clone())?;
+            }
+        }
+        Ok(())
+    }
+
     fn hand_over(&mut self, sp: usize) -> Result<()> {
         if let Some(b) = self.builders[sp].take() {
             if b.is_empty() {
@@ -176,6 +223,7 @@ impl PartitionWriter {
 
     /// Hands over every partly filled buffer.
     pub fn flush_all(&mut self) -> Result<()> {
+        self.hand_over_broadcast()?;
         for sp in 0..self.builders.len() {
             self.hand_over(sp)?;
         }
@@ -319,6 +367,41 @@ mod tests {
         for segment in [64, 65, 67, 100, 4096] {
             assert_eq!(round_trip(segment, &records), records, "segment {segment}");
         }
+    }
+
+    #[test]
+    fn broadcast_buffers_are_shared_not_copied() {
+        let global = NetworkBufferPool::new(1 << 20, 1024).unwrap();
+        let pool = global.create_local_pool(16).unwrap();
+        let part = Arc::new(ResultPartition::pipelined("p", 3, 1024));
+        let mut w = PartitionWriter::new(part.clone(), pool.clone(), CancelToken::new(), None);
+        for i in 0..100u32 {
+            w.emit(Target::All, &i.to_le_bytes()).unwrap();
+        }
+        w.finish().unwrap();
+        // 100 records of 8 bytes framed = 800 bytes: one segment, written once.
+        assert_eq!(w.bytes_out(), 800);
+        assert_eq!(w.buffers_out(), 1);
+        let mut seen = Vec::new();
+        for sp in 0..3 {
+            let mut d = RecordDeserializer::new();
+            let mut n = 0;
+            while let Some((b, _)) = part.subpartition(sp).poll().unwrap() {
+                if let BufferOrEvent::Buffer(b) = b {
+                    d.feed(b.as_slice(), |_| {
+                        n += 1;
+                        Ok(())
+                    })
+                    .unwrap();
+                    seen.push(b);
+                }
+            }
+            assert_eq!(n, 100);
+        }
+        assert_eq!(seen[0].ref_count(), 3, "one segment shared by three subpartitions");
+        assert_eq!(pool.in_use(), 1);
+        drop(seen);
+        assert_eq!(pool.in_use(), 0, "the segment returns once the last reader is done");
     }
 
     #[test]
