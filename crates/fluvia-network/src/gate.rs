@@ -10,15 +10,24 @@
 
 use crate::buffer::{Buffer, lock_state};
 use crate::cancel::{CANCEL_POLL, CancelToken};
-use crate::partition::{AvailabilityListener, BufferOrEvent, Event, Subpartition};
+use crate::partition::{AvailabilityListener, BufferOrEvent, Event};
 use fluvia_core::{FluviaError, Result};
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex};
 
-/// One channel to create: the subpartition it reads and the input it feeds.
+/// The source of one input channel: a local subpartition read in place, or
+/// a remote channel fed over TCP. The gate does not know which.
+pub trait InputChannel: Send + Sync + std::fmt::Debug {
+    /// Registers the gate; if data is already readable it is told at once.
+    fn set_listener(&self, target: Arc<dyn AvailabilityListener>, channel: usize);
+    /// Takes the next buffer or event, with whether more is readable now.
+    fn poll(&self) -> Result<Option<(BufferOrEvent, bool)>>;
+}
+
+/// One channel to create: what it reads and the input it feeds.
 #[derive(Debug, Clone)]
 pub struct InputChannelSpec {
-    pub subpartition: Arc<Subpartition>,
+    pub channel: Arc<dyn InputChannel>,
     /// Which logical input of the consuming operator (0, or 1/2 for two inputs).
     pub input_index: usize,
 }
@@ -81,7 +90,7 @@ impl InputGate {
         lock_state(&notifier.state).queued = vec![false; channels.len()];
         for (i, c) in channels.iter().enumerate() {
             let listener: Arc<dyn AvailabilityListener> = notifier.clone();
-            c.subpartition.set_listener(listener, i);
+            c.channel.set_listener(listener, i);
         }
         InputGate {
             finished: vec![false; channels.len()],
@@ -135,7 +144,7 @@ impl InputGate {
             if self.finished[channel] {
                 continue;
             }
-            let Some((next, more)) = self.channels[channel].subpartition.poll()? else {
+            let Some((next, more)) = self.channels[channel].channel.poll()? else {
                 continue; // a stale notification; the data was taken already
             };
             if more {
@@ -191,11 +200,11 @@ mod tests {
         let p2 = ResultPartition::pipelined("b", 1, 64);
         let mut gate = InputGate::new(vec![
             InputChannelSpec {
-                subpartition: p1.subpartition(0).clone(),
+                channel: p1.subpartition(0).clone(),
                 input_index: 1,
             },
             InputChannelSpec {
-                subpartition: p2.subpartition(0).clone(),
+                channel: p2.subpartition(0).clone(),
                 input_index: 2,
             },
         ]);
@@ -233,7 +242,7 @@ mod tests {
     fn cancel_unblocks_a_waiting_gate() {
         let p = ResultPartition::pipelined("a", 1, 64);
         let mut gate = InputGate::new(vec![InputChannelSpec {
-            subpartition: p.subpartition(0).clone(),
+            channel: p.subpartition(0).clone(),
             input_index: 0,
         }]);
         let cancel = CancelToken::new();

@@ -33,6 +33,24 @@ pub enum BufferOrEvent {
     Event(Event),
 }
 
+/// What comes after the element just taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NextKind {
+    Nothing,
+    Data,
+    Event,
+}
+
+/// The outcome of [`Subpartition::poll_with_credit`].
+#[derive(Debug)]
+pub enum CreditPoll {
+    /// Nothing readable now.
+    Nothing,
+    /// The next element is data and there is no credit for it.
+    NeedsCredit,
+    Item { item: BufferOrEvent, next: NextKind },
+}
+
 /// Told when a subpartition goes from "nothing to read" to "something to read".
 pub trait AvailabilityListener: Send + Sync {
     fn notify_available(&self, channel: usize);
@@ -77,6 +95,15 @@ impl std::fmt::Debug for Subpartition {
         f.debug_struct("Subpartition")
             .field("index", &self.index)
             .finish()
+    }
+}
+
+impl crate::gate::InputChannel for Subpartition {
+    fn set_listener(&self, target: Arc<dyn AvailabilityListener>, channel: usize) {
+        Subpartition::set_listener(self, target, channel)
+    }
+    fn poll(&self) -> Result<Option<(BufferOrEvent, bool)>> {
+        Subpartition::poll(self)
     }
 }
 
@@ -211,17 +238,41 @@ impl Subpartition {
     /// Takes the next buffer or event (consumer side). The flag says whether
     /// more is readable right now.
     pub fn poll(&self) -> Result<Option<(BufferOrEvent, bool)>> {
+        Ok(match self.poll_with_credit(true)? {
+            CreditPoll::Item { item, next } => Some((item, next != NextKind::Nothing)),
+            CreditPoll::Nothing | CreditPoll::NeedsCredit => None,
+        })
+    }
+
+    /// Like [`poll`](Self::poll) for a sender serving a remote consumer:
+    /// without credit only an event may be taken. Reports what comes next,
+    /// so the sender knows whether to keep this reader in its queue.
+    pub fn poll_with_credit(&self, has_credit: bool) -> Result<CreditPoll> {
         let mut st = lock_state(&self.state);
         let segment_size = self.segment_size;
         let st = &mut *st;
         match &mut st.storage {
             Storage::Pipelined { queue } => {
-                let next = queue.pop_front();
-                if matches!(next, Some(BufferOrEvent::Buffer(_))) {
+                let kind = |b: Option<&BufferOrEvent>| match b {
+                    None => NextKind::Nothing,
+                    Some(BufferOrEvent::Buffer(_)) => NextKind::Data,
+                    Some(BufferOrEvent::Event(_)) => NextKind::Event,
+                };
+                match kind(queue.front()) {
+                    NextKind::Nothing => return Ok(CreditPoll::Nothing),
+                    NextKind::Data if !has_credit => return Ok(CreditPoll::NeedsCredit),
+                    _ => {}
+                }
+                let Some(item) = queue.pop_front() else {
+                    return Ok(CreditPoll::Nothing);
+                };
+                if matches!(item, BufferOrEvent::Buffer(_)) {
                     st.buffers_backlog -= 1;
                 }
-                let more = !queue.is_empty();
-                Ok(next.map(|n| (n, more)))
+                Ok(CreditPoll::Item {
+                    item,
+                    next: kind(queue.front()),
+                })
             }
             Storage::Blocking {
                 path,
@@ -231,7 +282,10 @@ impl Subpartition {
                 ..
             } => {
                 if !*finished || *end_delivered {
-                    return Ok(None);
+                    return Ok(CreditPoll::Nothing);
+                }
+                if !has_credit && st.buffers_backlog > 0 {
+                    return Ok(CreditPoll::NeedsCredit);
                 }
                 if reader.is_none() {
                     let f = File::open(&*path).map_err(|e| {
@@ -240,17 +294,28 @@ impl Subpartition {
                     *reader = Some(BufReader::with_capacity(segment_size.max(64 * 1024), f));
                 }
                 let Some(r) = reader.as_mut() else {
-                    return Ok(None);
+                    return Ok(CreditPoll::Nothing);
                 };
                 match read_spilled_buffer(r, path)? {
                     Some(buf) => {
                         st.buffers_backlog = st.buffers_backlog.saturating_sub(1);
-                        Ok(Some((BufferOrEvent::Buffer(buf), true)))
+                        let next = if st.buffers_backlog > 0 {
+                            NextKind::Data
+                        } else {
+                            NextKind::Event
+                        };
+                        Ok(CreditPoll::Item {
+                            item: BufferOrEvent::Buffer(buf),
+                            next,
+                        })
                     }
                     None => {
                         *end_delivered = true;
                         *reader = None;
-                        Ok(Some((BufferOrEvent::Event(Event::EndOfPartition), false)))
+                        Ok(CreditPoll::Item {
+                            item: BufferOrEvent::Event(Event::EndOfPartition),
+                            next: NextKind::Nothing,
+                        })
                     }
                 }
             }

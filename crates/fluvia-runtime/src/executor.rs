@@ -17,6 +17,7 @@ use crate::task::{OutputSpec, TaskDeployment, TaskMetrics, run_task};
 use fluvia_core::config::options;
 use fluvia_core::{Configuration, FluviaError, JobId, Result, ResultPartitionType};
 use fluvia_graph::JobGraph;
+use fluvia_network::gate::InputChannel;
 use fluvia_network::{
     CancelToken, InputChannelSpec, LocalBufferPool, NetworkBufferPool, ResultPartition,
 };
@@ -206,7 +207,7 @@ impl LocalExecutor {
                     .flat_map(|cp| {
                         let partition = &partitions[cp.result][cp.producer_subtask].0;
                         cp.subpartitions.iter().map(move |sp| InputChannelSpec {
-                            subpartition: Arc::clone(partition.subpartition(sp)),
+                            channel: Arc::clone(partition.subpartition(sp)) as Arc<dyn InputChannel>,
                             input_index: cp.type_number as usize,
                         })
                     })

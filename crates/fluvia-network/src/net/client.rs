@@ -1,0 +1,726 @@
+//! The consumer side of the TCP data plane.
+//!
+//! A [`ClientConnection`] is the one connection from this TaskManager to one
+//! remote TaskManager. A reader thread decodes frames and hands each
+//! BufferResponse to its [`RemoteInputChannel`] by receiver id; a writer
+//! thread sends partition requests, cancellations and credit.
+//!
+//! Credit-based flow control (Flink's `RemoteInputChannel` and
+//! `BufferManager`): a channel starts with `initial_credit` exclusive
+//! segments and announces them in its partition request. Every data buffer
+//! the sender sends consumes one credit, so the receiver always has a segment
+//! to copy it into. Each response carries the sender's backlog; the channel
+//! then borrows floating segments from its gate's [`GateBufferPool`] until it
+//! holds `backlog + initial_credit`. Segments the consumer recycles become
+//! new credit (announced as `AddCredit`, coalesced per channel); surplus
+//! floating segments go back to the gate pool, where other channels may wait
+//! for them. A slow consumer thus only stops its own channel: the sender has
+//! no credit for it and serves the other channels of the connection.
+
+use super::protocol::{DataType, FrameDecoder, Message, ReceiverId, ResultPartitionId, encode};
+use crate::buffer::{BufferBuilder, BufferRecycler, LocalBufferPool, lock_state};
+use crate::gate::InputChannel;
+use crate::partition::{AvailabilityListener, BufferOrEvent, Event};
+use fluvia_core::{FluviaError, Result};
+use std::collections::{HashMap, VecDeque};
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+
+/// Segments for the remote channels of one input gate: their exclusive
+/// segments and the floating ones they share. Its size is reserved from the
+/// TaskManager's network budget when the gate is created.
+#[derive(Debug)]
+pub struct GateBufferPool {
+    segment_size: usize,
+    max: usize,
+    _reservation: Arc<LocalBufferPool>,
+    state: Mutex<GatePoolState>,
+}
+
+#[derive(Debug, Default)]
+struct GatePoolState {
+    free: Vec<Vec<u8>>,
+    allocated: usize,
+    waiters: VecDeque<Weak<RemoteInputChannel>>,
+}
+
+impl GateBufferPool {
+    pub fn new(reservation: Arc<LocalBufferPool>) -> Arc<Self> {
+        Arc::new(GateBufferPool {
+            segment_size: reservation.segment_size(),
+            max: reservation.max_buffers(),
+            _reservation: reservation,
+            state: Mutex::new(GatePoolState::default()),
+        })
+    }
+
+    fn take(&self) -> Option<Vec<u8>> {
+        let mut st = lock_state(&self.state);
+        if let Some(s) = st.free.pop() {
+            return Some(s);
+        }
+        if st.allocated < self.max {
+            st.allocated += 1;
+            return Some(Vec::with_capacity(self.segment_size));
+        }
+        None
+    }
+
+    fn wait_for_floating(&self, channel: Weak<RemoteInputChannel>) {
+        lock_state(&self.state).waiters.push_back(channel);
+    }
+
+    /// A segment comes back; a channel waiting for floating buffers gets it.
+    fn give_back(&self, mut segment: Vec<u8>) {
+        loop {
+            let waiter = {
+                let mut st = lock_state(&self.state);
+                match st.waiters.pop_front() {
+                    Some(w) => w,
+                    None => {
+                        st.free.push(segment);
+                        return;
+                    }
+                }
+            };
+            if let Some(ch) = waiter.upgrade() {
+                match ch.offer_floating(segment) {
+                    None => return,
+                    Some(back) => segment = back,
+                }
+            }
+        }
+    }
+
+    /// Segments allocated and not free: held by channels or their consumers.
+    pub fn in_use(&self) -> usize {
+        let st = lock_state(&self.state);
+        st.allocated - st.free.len()
+    }
+
+    pub fn max_buffers(&self) -> usize {
+        self.max
+    }
+}
+
+#[derive(Default)]
+struct RemoteState {
+    received: VecDeque<BufferOrEvent>,
+    /// Segments ready to receive into.
+    free: Vec<Vec<u8>>,
+    /// Segments this channel holds (free, or in a buffer the consumer has).
+    owned: usize,
+    /// How many of `owned` are floating.
+    floating: usize,
+    /// `backlog + initial credit` as last reported.
+    required: usize,
+    unannounced: u32,
+    expected_sequence: u32,
+    waiting_for_floating: bool,
+    error: Option<String>,
+    listener: Option<(Arc<dyn AvailabilityListener>, usize)>,
+    released: bool,
+    finished: bool,
+}
+
+/// An input channel fed over TCP.
+pub struct RemoteInputChannel {
+    receiver: ReceiverId,
+    partition: ResultPartitionId,
+    subpartition: u32,
+    peer: SocketAddr,
+    initial_credit: usize,
+    segment_size: usize,
+    pool: Arc<GateBufferPool>,
+    connection: Arc<ClientConnection>,
+    me: Weak<RemoteInputChannel>,
+    state: Mutex<RemoteState>,
+}
+
+impl std::fmt::Debug for RemoteInputChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteInputChannel")
+            .field("partition", &self.partition.to_string())
+            .field("subpartition", &self.subpartition)
+            .field("peer", &self.peer)
+            .finish()
+    }
+}
+
+impl RemoteInputChannel {
+    /// Creates the channel, takes its exclusive segments and sends the
+    /// partition request announcing them as initial credit.
+    pub fn request(
+        connection: &Arc<ClientConnection>,
+        pool: &Arc<GateBufferPool>,
+        partition: ResultPartitionId,
+        subpartition: u32,
+        initial_credit: usize,
+    ) -> Result<Arc<Self>> {
+        let receiver = connection.next_receiver_id();
+        let mut free = Vec::with_capacity(initial_credit);
+        for _ in 0..initial_credit {
+            free.push(pool.take().ok_or_else(|| {
+                FluviaError::Internal("gate buffer pool smaller than its exclusive buffers".into())
+            })?);
+        }
+        let channel = Arc::new_cyclic(|me| RemoteInputChannel {
+            receiver,
+            partition,
+            subpartition,
+            peer: connection.peer,
+            initial_credit,
+            segment_size: pool.segment_size,
+            pool: Arc::clone(pool),
+            connection: Arc::clone(connection),
+            me: me.clone(),
+            state: Mutex::new(RemoteState {
+                owned: initial_credit,
+                required: initial_credit,
+                free,
+                ..Default::default()
+            }),
+        });
+        connection.register(&channel)?;
+        connection.send(Message::PartitionRequest {
+            partition,
+            first_subpartition: subpartition,
+            last_subpartition: subpartition,
+            receiver,
+            initial_credit: initial_credit as u32,
+        })?;
+        Ok(channel)
+    }
+
+    pub fn receiver_id(&self) -> ReceiverId {
+        self.receiver
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "partition {} subpartition {} from {}",
+            self.partition, self.subpartition, self.peer
+        )
+    }
+
+    fn notify(&self, st: std::sync::MutexGuard<'_, RemoteState>, was_empty: bool) {
+        if was_empty && let Some((l, ch)) = &st.listener {
+            let (l, ch) = (Arc::clone(l), *ch);
+            drop(st);
+            l.notify_available(ch);
+        }
+    }
+
+    /// A BufferResponse arrived (reader thread).
+    fn on_buffer(
+        &self,
+        sequence: u32,
+        backlog: u32,
+        data_type: DataType,
+        compressed: bool,
+        payload: &[u8],
+    ) -> std::result::Result<(), String> {
+        let mut st = lock_state(&self.state);
+        if st.released {
+            return Ok(());
+        }
+        if sequence != st.expected_sequence {
+            return Err(format!(
+                "buffer sequence gap on {}: expected {}, got {}",
+                self.describe(),
+                st.expected_sequence,
+                sequence
+            ));
+        }
+        st.expected_sequence = st.expected_sequence.wrapping_add(1);
+        let was_empty = st.received.is_empty();
+        match data_type {
+            DataType::Data => {
+                let Some(mut segment) = st.free.pop() else {
+                    return Err(format!(
+                        "{} sent a buffer without credit",
+                        self.describe()
+                    ));
+                };
+                if compressed {
+                    super::decompress_into(payload, &mut segment, self.segment_size)?;
+                } else {
+                    if payload.len() > self.segment_size {
+                        return Err(format!(
+                            "buffer of {} bytes exceeds the segment size {}",
+                            payload.len(),
+                            self.segment_size
+                        ));
+                    }
+                    segment.clear();
+                    segment.extend_from_slice(payload);
+                }
+                let recycler: Arc<dyn BufferRecycler> = match self.me.upgrade() {
+                    Some(me) => me,
+                    None => return Ok(()),
+                };
+                let mut builder = BufferBuilder::with_recycler(Vec::new(), self.segment_size, recycler);
+                *builder.data_mut() = segment;
+                st.received.push_back(BufferOrEvent::Buffer(builder.finish()));
+            }
+            DataType::EndOfPartition => {
+                st.finished = true;
+                st.received.push_back(BufferOrEvent::Event(Event::EndOfPartition));
+            }
+        }
+        // Borrow floating segments for the announced backlog.
+        st.required = backlog as usize + self.initial_credit;
+        let mut gained = 0;
+        while st.owned < st.required && !st.finished {
+            match self.pool.take() {
+                Some(seg) => {
+                    st.free.push(seg);
+                    st.owned += 1;
+                    st.floating += 1;
+                    gained += 1;
+                }
+                None => {
+                    if !st.waiting_for_floating {
+                        st.waiting_for_floating = true;
+                        self.pool.wait_for_floating(self.me.clone());
+                    }
+                    break;
+                }
+            }
+        }
+        let announce = self.add_credit(&mut st, gained);
+        self.notify(st, was_empty);
+        if announce {
+            self.connection.schedule_credit(self.receiver);
+        }
+        Ok(())
+    }
+
+    /// Adds credit; true if it went from none to some (then announce it).
+    fn add_credit(&self, st: &mut RemoteState, n: u32) -> bool {
+        let before = st.unannounced;
+        st.unannounced += n;
+        before == 0 && st.unannounced > 0
+    }
+
+    /// The gate pool offers a floating segment; returns it if not needed.
+    fn offer_floating(&self, segment: Vec<u8>) -> Option<Vec<u8>> {
+        let mut st = lock_state(&self.state);
+        st.waiting_for_floating = false;
+        if st.released || st.finished || st.owned >= st.required {
+            return Some(segment);
+        }
+        st.free.push(segment);
+        st.owned += 1;
+        st.floating += 1;
+        if st.owned < st.required {
+            st.waiting_for_floating = true;
+            self.pool.wait_for_floating(self.me.clone());
+        }
+        let announce = self.add_credit(&mut st, 1);
+        drop(st);
+        if announce {
+            self.connection.schedule_credit(self.receiver);
+        }
+        None
+    }
+
+    /// Credit not yet sent; resets it (the writer sends it now).
+    fn take_unannounced(&self) -> u32 {
+        std::mem::take(&mut lock_state(&self.state).unannounced)
+    }
+
+    /// The connection failed or the sender reported an error.
+    fn fail(&self, message: String) {
+        let mut st = lock_state(&self.state);
+        if st.error.is_none() && !st.finished {
+            st.error = Some(message);
+            self.notify(st, true);
+        }
+    }
+
+    /// Stops reading: cancels the request and frees the segments.
+    pub fn release(&self) {
+        let segments = {
+            let mut st = lock_state(&self.state);
+            if st.released {
+                return;
+            }
+            st.released = true;
+            st.received.clear();
+            std::mem::take(&mut st.free)
+        };
+        for s in segments {
+            self.pool.give_back(s);
+        }
+        self.connection.unregister(self.receiver);
+    }
+
+    /// Segments the channel holds (free or with its consumer).
+    pub fn owned_buffers(&self) -> usize {
+        lock_state(&self.state).owned
+    }
+}
+
+impl BufferRecycler for RemoteInputChannel {
+    fn recycle(&self, segment: Vec<u8>) {
+        let mut st = lock_state(&self.state);
+        if st.released || (st.floating > 0 && st.owned > st.required) || st.finished {
+            st.owned = st.owned.saturating_sub(1);
+            if st.floating > 0 {
+                st.floating -= 1;
+            }
+            drop(st);
+            self.pool.give_back(segment);
+            return;
+        }
+        st.free.push(segment);
+        let announce = self.add_credit(&mut st, 1);
+        drop(st);
+        if announce {
+            self.connection.schedule_credit(self.receiver);
+        }
+    }
+}
+
+impl InputChannel for RemoteInputChannel {
+    fn set_listener(&self, target: Arc<dyn AvailabilityListener>, channel: usize) {
+        let mut st = lock_state(&self.state);
+        let readable = !st.received.is_empty() || st.error.is_some();
+        st.listener = Some((Arc::clone(&target), channel));
+        drop(st);
+        if readable {
+            target.notify_available(channel);
+        }
+    }
+
+    fn poll(&self) -> Result<Option<(BufferOrEvent, bool)>> {
+        let mut st = lock_state(&self.state);
+        if let Some(e) = &st.error {
+            return Err(FluviaError::Execution(e.clone()));
+        }
+        let next = st.received.pop_front();
+        let more = !st.received.is_empty();
+        Ok(next.map(|n| (n, more)))
+    }
+}
+
+impl Drop for RemoteInputChannel {
+    fn drop(&mut self) {
+        let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        for s in std::mem::take(&mut st.free) {
+            self.pool.give_back(s);
+        }
+    }
+}
+
+struct Outbox {
+    messages: VecDeque<Message>,
+    credit: VecDeque<ReceiverId>,
+    closed: bool,
+}
+
+/// The one connection from this TaskManager to one remote TaskManager.
+pub struct ClientConnection {
+    peer: SocketAddr,
+    stream: TcpStream,
+    channels: Mutex<HashMap<ReceiverId, Weak<RemoteInputChannel>>>,
+    outbox: Mutex<Outbox>,
+    wake: Condvar,
+    next_receiver: AtomicU64,
+    error: Mutex<Option<String>>,
+}
+
+impl std::fmt::Debug for ClientConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientConnection").field("peer", &self.peer).finish()
+    }
+}
+
+impl ClientConnection {
+    /// Connects and starts the reader and writer threads.
+    pub fn connect(peer: SocketAddr) -> Result<Arc<Self>> {
+        let stream = TcpStream::connect(peer)
+            .map_err(|e| FluviaError::io(format!("connecting to TaskManager data port {peer}"), e))?;
+        let _ = stream.set_nodelay(true);
+        let conn = Arc::new(ClientConnection {
+            peer,
+            stream,
+            channels: Mutex::new(HashMap::new()),
+            outbox: Mutex::new(Outbox {
+                messages: VecDeque::new(),
+                credit: VecDeque::new(),
+                closed: false,
+            }),
+            wake: Condvar::new(),
+            next_receiver: AtomicU64::new(1),
+            error: Mutex::new(None),
+        });
+        let (r, w) = (Arc::clone(&conn), Arc::clone(&conn));
+        let read_half = conn
+            .stream
+            .try_clone()
+            .map_err(|e| FluviaError::io(format!("connection to {peer}"), e))?;
+        let write_half = conn
+            .stream
+            .try_clone()
+            .map_err(|e| FluviaError::io(format!("connection to {peer}"), e))?;
+        std::thread::Builder::new()
+            .name(format!("net-client-read {peer}"))
+            .spawn(move || r.read_loop(read_half))
+            .map_err(|e| FluviaError::io("starting a network thread", e))?;
+        std::thread::Builder::new()
+            .name(format!("net-client-write {peer}"))
+            .spawn(move || w.write_loop(write_half))
+            .map_err(|e| FluviaError::io("starting a network thread", e))?;
+        Ok(conn)
+    }
+
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    pub fn is_closed(&self) -> bool {
+        lock_state(&self.outbox).closed
+    }
+
+    fn next_receiver_id(&self) -> ReceiverId {
+        // Unique per connection; the high half tells connections apart in logs.
+        let n = self.next_receiver.fetch_add(1, Ordering::Relaxed) as u128;
+        ((std::process::id() as u128) << 64) | n
+    }
+
+    fn register(&self, channel: &Arc<RemoteInputChannel>) -> Result<()> {
+        if let Some(e) = lock_state(&self.error).clone() {
+            return Err(FluviaError::Execution(e));
+        }
+        lock_state(&self.channels).insert(channel.receiver, Arc::downgrade(channel));
+        Ok(())
+    }
+
+    fn unregister(&self, receiver: ReceiverId) {
+        if lock_state(&self.channels).remove(&receiver).is_some() {
+            let _ = self.send(Message::CancelPartitionRequest { receiver });
+        }
+    }
+
+    fn send(&self, msg: Message) -> Result<()> {
+        let mut out = lock_state(&self.outbox);
+        if out.closed {
+            return Err(FluviaError::Execution(format!(
+                "connection to {} is closed",
+                self.peer
+            )));
+        }
+        out.messages.push_back(msg);
+        drop(out);
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    fn schedule_credit(&self, receiver: ReceiverId) {
+        let mut out = lock_state(&self.outbox);
+        if !out.closed {
+            out.credit.push_back(receiver);
+            drop(out);
+            self.wake.notify_one();
+        }
+    }
+
+    fn channel(&self, receiver: ReceiverId) -> Option<Arc<RemoteInputChannel>> {
+        lock_state(&self.channels).get(&receiver).and_then(Weak::upgrade)
+    }
+
+    /// Fails every channel and closes the connection.
+    fn fail_all(&self, message: String) {
+        {
+            let mut e = lock_state(&self.error);
+            if e.is_none() {
+                *e = Some(message.clone());
+            }
+        }
+        lock_state(&self.outbox).closed = true;
+        self.wake.notify_all();
+        let channels: Vec<_> = lock_state(&self.channels).values().filter_map(Weak::upgrade).collect();
+        for c in channels {
+            c.fail(message.clone());
+        }
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+
+    /// Closes the connection politely.
+    pub fn close(&self) {
+        let _ = self.send(Message::CloseRequest);
+        let mut out = lock_state(&self.outbox);
+        out.closed = true;
+        drop(out);
+        self.wake.notify_all();
+    }
+
+    fn read_loop(self: Arc<Self>, mut stream: TcpStream) {
+        let mut decoder = FrameDecoder::new();
+        const CHUNK: usize = 256 * 1024;
+        loop {
+            let space = decoder.read_space(CHUNK);
+            let n = match stream.read(space) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {
+                    decoder.filled(CHUNK, 0);
+                    continue;
+                }
+                Err(e) => {
+                    decoder.filled(CHUNK, 0);
+                    if !self.is_closed() {
+                        self.fail_all(format!("connection to TaskManager {} failed: {e}", self.peer));
+                    }
+                    return;
+                }
+            };
+            decoder.filled(CHUNK, n);
+            if n == 0 {
+                if !self.is_closed() {
+                    self.fail_all(format!(
+                        "connection to TaskManager {} closed by the peer",
+                        self.peer
+                    ));
+                }
+                return;
+            }
+            loop {
+                match decoder.next_message() {
+                    Ok(Some(msg)) => {
+                        if let Err(e) = self.dispatch(msg) {
+                            self.fail_all(e);
+                            return;
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        self.fail_all(format!("from TaskManager {}: {e}", self.peer));
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    fn dispatch(&self, msg: Message) -> std::result::Result<(), String> {
+        match msg {
+            Message::BufferResponse {
+                receiver,
+                sequence,
+                backlog,
+                data_type,
+                compressed,
+                payload,
+                ..
+            } => {
+                // Unknown receivers were cancelled: their data is dropped.
+                if let Some(ch) = self.channel(receiver)
+                    && let Err(e) = ch.on_buffer(sequence, backlog, data_type, compressed, &payload)
+                {
+                    ch.fail(e);
+                    self.unregister(receiver);
+                }
+                Ok(())
+            }
+            Message::ErrorResponse {
+                receiver: Some(r),
+                message,
+            } => {
+                if let Some(ch) = self.channel(r) {
+                    ch.fail(format!("TaskManager {} reports: {message}", self.peer));
+                }
+                Ok(())
+            }
+            Message::ErrorResponse {
+                receiver: None,
+                message,
+            } => Err(format!("TaskManager {} reports: {message}", self.peer)),
+            other => Err(format!(
+                "TaskManager {} sent a client-bound message id {}",
+                self.peer,
+                other.id()
+            )),
+        }
+    }
+
+    fn write_loop(self: Arc<Self>, stream: TcpStream) {
+        let mut w = std::io::BufWriter::with_capacity(64 * 1024, stream);
+        let mut frame = Vec::with_capacity(256);
+        loop {
+            let (messages, credit, closed) = {
+                let mut out = lock_state(&self.outbox);
+                while out.messages.is_empty() && out.credit.is_empty() && !out.closed {
+                    out = self.wake.wait(out).unwrap_or_else(|e| e.into_inner());
+                }
+                (
+                    std::mem::take(&mut out.messages),
+                    std::mem::take(&mut out.credit),
+                    out.closed,
+                )
+            };
+            frame.clear();
+            for m in &messages {
+                encode(m, &mut frame);
+            }
+            for r in credit {
+                if let Some(ch) = self.channel(r) {
+                    let credit = ch.take_unannounced();
+                    if credit > 0 {
+                        encode(&Message::AddCredit { receiver: r, credit }, &mut frame);
+                    }
+                }
+            }
+            if let Err(e) = w.write_all(&frame).and_then(|_| w.flush()) {
+                if !closed {
+                    self.fail_all(format!("sending to TaskManager {} failed: {e}", self.peer));
+                }
+                return;
+            }
+            if closed {
+                let _ = self.stream.shutdown(Shutdown::Write);
+                return;
+            }
+        }
+    }
+}
+
+/// One [`ClientConnection`] per remote TaskManager, created on first use.
+#[derive(Debug, Default)]
+pub struct ConnectionManager {
+    connections: Mutex<HashMap<SocketAddr, Arc<ClientConnection>>>,
+}
+
+impl ConnectionManager {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The connection to `peer`, connecting if there is none (or the last
+    /// one failed).
+    pub fn connection(&self, peer: SocketAddr) -> Result<Arc<ClientConnection>> {
+        let mut map = lock_state(&self.connections);
+        if let Some(c) = map.get(&peer)
+            && !c.is_closed()
+        {
+            return Ok(Arc::clone(c));
+        }
+        let c = ClientConnection::connect(peer)?;
+        map.insert(peer, Arc::clone(&c));
+        Ok(c)
+    }
+
+    /// Number of open connections (one per remote TaskManager).
+    pub fn num_connections(&self) -> usize {
+        lock_state(&self.connections).values().filter(|c| !c.is_closed()).count()
+    }
+
+    pub fn close_all(&self) {
+        for (_, c) in lock_state(&self.connections).drain() {
+            c.close();
+        }
+    }
+}

@@ -1,0 +1,549 @@
+//! The wire protocol between TaskManagers, shaped after Flink's
+//! `NettyMessage`.
+//!
+//! Every frame is `u32 length | u32 magic 0xBADC0FFE | u8 message id | body`,
+//! big-endian, where `length` counts everything after itself. The decoder is
+//! incremental (frames may arrive in any fragmentation) and total: any byte
+//! sequence yields messages or a [`ProtocolError`], never a panic and never an
+//! allocation larger than [`MAX_FRAME`].
+
+use std::fmt;
+
+pub const MAGIC: u32 = 0xBADC_0FFE;
+/// Largest frame accepted: a buffer payload of up to 16 MiB plus headers.
+pub const MAX_FRAME: usize = 16 * 1024 * 1024 + 1024;
+const HEADER: usize = 4 + 4 + 1;
+
+/// Identifies one produced partition: data set, producing subtask, attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ResultPartitionId {
+    pub data_set: u128,
+    pub producer_subtask: u32,
+    pub attempt: u32,
+}
+
+impl fmt::Display for ResultPartitionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}#{}@{}", self.data_set, self.producer_subtask, self.attempt)
+    }
+}
+
+/// Identifies one consuming input channel on a connection.
+pub type ReceiverId = u128;
+
+/// What a BufferResponse carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataType {
+    /// A buffer of framed records; costs one credit.
+    Data = 0,
+    /// The subpartition ended; free of credit.
+    EndOfPartition = 1,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message {
+    /// id 0, server → client.
+    BufferResponse {
+        receiver: ReceiverId,
+        subpartition: u32,
+        sequence: u32,
+        backlog: u32,
+        data_type: DataType,
+        compressed: bool,
+        payload: Vec<u8>,
+    },
+    /// id 1, server → client: a failure of one channel, or of the whole
+    /// connection when `receiver` is `None`.
+    ErrorResponse {
+        receiver: Option<ReceiverId>,
+        message: String,
+    },
+    /// id 2, client → server.
+    PartitionRequest {
+        partition: ResultPartitionId,
+        first_subpartition: u32,
+        last_subpartition: u32,
+        receiver: ReceiverId,
+        initial_credit: u32,
+    },
+    /// id 4, client → server.
+    CancelPartitionRequest { receiver: ReceiverId },
+    /// id 5, client → server: the client closes the connection.
+    CloseRequest,
+    /// id 6, client → server.
+    AddCredit { receiver: ReceiverId, credit: u32 },
+}
+
+impl Message {
+    pub fn id(&self) -> u8 {
+        match self {
+            Message::BufferResponse { .. } => 0,
+            Message::ErrorResponse { .. } => 1,
+            Message::PartitionRequest { .. } => 2,
+            Message::CancelPartitionRequest { .. } => 4,
+            Message::CloseRequest => 5,
+            Message::AddCredit { .. } => 6,
+        }
+    }
+}
+
+/// A malformed frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProtocolError(pub String);
+
+impl fmt::Display for ProtocolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "protocol error: {}", self.0)
+    }
+}
+
+impl std::error::Error for ProtocolError {}
+
+fn begin(out: &mut Vec<u8>, id: u8) -> usize {
+    let start = out.len();
+    out.extend_from_slice(&[0; 4]);
+    out.extend_from_slice(&MAGIC.to_be_bytes());
+    out.push(id);
+    start
+}
+
+fn end(out: &mut [u8], start: usize) {
+    let len = (out.len() - start - 4) as u32;
+    out[start..start + 4].copy_from_slice(&len.to_be_bytes());
+}
+
+/// Writes the header of a BufferResponse whose `payload_len` bytes follow;
+/// lets the sender write the payload from its own buffer without a copy.
+#[allow(clippy::too_many_arguments)]
+pub fn encode_buffer_response_header(
+    out: &mut Vec<u8>,
+    receiver: ReceiverId,
+    subpartition: u32,
+    sequence: u32,
+    backlog: u32,
+    data_type: DataType,
+    compressed: bool,
+    payload_len: usize,
+) {
+    let body = 16 + 4 + 4 + 4 + 1 + 1 + 4;
+    let len = (4 + 1 + body + payload_len) as u32;
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(&MAGIC.to_be_bytes());
+    out.push(0);
+    out.extend_from_slice(&receiver.to_be_bytes());
+    out.extend_from_slice(&subpartition.to_be_bytes());
+    out.extend_from_slice(&sequence.to_be_bytes());
+    out.extend_from_slice(&backlog.to_be_bytes());
+    out.push(data_type as u8);
+    out.push(compressed as u8);
+    out.extend_from_slice(&(payload_len as u32).to_be_bytes());
+}
+
+/// Appends the frame of `msg` to `out`.
+pub fn encode(msg: &Message, out: &mut Vec<u8>) {
+    match msg {
+        Message::BufferResponse {
+            receiver,
+            subpartition,
+            sequence,
+            backlog,
+            data_type,
+            compressed,
+            payload,
+        } => {
+            encode_buffer_response_header(
+                out,
+                *receiver,
+                *subpartition,
+                *sequence,
+                *backlog,
+                *data_type,
+                *compressed,
+                payload.len(),
+            );
+            out.extend_from_slice(payload);
+        }
+        Message::ErrorResponse { receiver, message } => {
+            let s = begin(out, 1);
+            match receiver {
+                Some(r) => {
+                    out.push(1);
+                    out.extend_from_slice(&r.to_be_bytes());
+                }
+                None => out.push(0),
+            }
+            out.extend_from_slice(&(message.len() as u32).to_be_bytes());
+            out.extend_from_slice(message.as_bytes());
+            end(out, s);
+        }
+        Message::PartitionRequest {
+            partition,
+            first_subpartition,
+            last_subpartition,
+            receiver,
+            initial_credit,
+        } => {
+            let s = begin(out, 2);
+            out.extend_from_slice(&partition.data_set.to_be_bytes());
+            out.extend_from_slice(&partition.producer_subtask.to_be_bytes());
+            out.extend_from_slice(&partition.attempt.to_be_bytes());
+            out.extend_from_slice(&first_subpartition.to_be_bytes());
+            out.extend_from_slice(&last_subpartition.to_be_bytes());
+            out.extend_from_slice(&receiver.to_be_bytes());
+            out.extend_from_slice(&initial_credit.to_be_bytes());
+            end(out, s);
+        }
+        Message::CancelPartitionRequest { receiver } => {
+            let s = begin(out, 4);
+            out.extend_from_slice(&receiver.to_be_bytes());
+            end(out, s);
+        }
+        Message::CloseRequest => {
+            let s = begin(out, 5);
+            end(out, s);
+        }
+        Message::AddCredit { receiver, credit } => {
+            let s = begin(out, 6);
+            out.extend_from_slice(&credit.to_be_bytes());
+            out.extend_from_slice(&receiver.to_be_bytes());
+            end(out, s);
+        }
+    }
+}
+
+/// Reads fields from a frame body, failing on truncation.
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    what: &'static str,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], ProtocolError> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len()).ok_or_else(|| {
+            ProtocolError(format!(
+                "{} frame truncated: needs {} more bytes at offset {}, has {}",
+                self.what,
+                n,
+                self.pos,
+                self.buf.len().saturating_sub(self.pos)
+            ))
+        })?;
+        let s = &self.buf[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+    fn u8(&mut self) -> Result<u8, ProtocolError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u32(&mut self) -> Result<u32, ProtocolError> {
+        let b = self.take(4)?;
+        Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn u128(&mut self) -> Result<u128, ProtocolError> {
+        let b = self.take(16)?;
+        let mut a = [0u8; 16];
+        a.copy_from_slice(b);
+        Ok(u128::from_be_bytes(a))
+    }
+    fn finish(&self) -> Result<(), ProtocolError> {
+        if self.pos == self.buf.len() {
+            Ok(())
+        } else {
+            Err(ProtocolError(format!(
+                "{} frame has {} trailing bytes",
+                self.what,
+                self.buf.len() - self.pos
+            )))
+        }
+    }
+}
+
+/// Decodes one frame body (after length and magic) with message id `id`.
+fn decode_body(id: u8, body: &[u8]) -> Result<Message, ProtocolError> {
+    let what = match id {
+        0 => "BufferResponse",
+        1 => "ErrorResponse",
+        2 => "PartitionRequest",
+        4 => "CancelPartitionRequest",
+        5 => "CloseRequest",
+        6 => "AddCredit",
+        other => return Err(ProtocolError(format!("unknown message id {other}"))),
+    };
+    let mut r = Reader { buf: body, pos: 0, what };
+    let msg = match id {
+        0 => {
+            let receiver = r.u128()?;
+            let subpartition = r.u32()?;
+            let sequence = r.u32()?;
+            let backlog = r.u32()?;
+            let data_type = match r.u8()? {
+                0 => DataType::Data,
+                1 => DataType::EndOfPartition,
+                t => return Err(ProtocolError(format!("unknown buffer data type {t}"))),
+            };
+            let compressed = match r.u8()? {
+                0 => false,
+                1 => true,
+                c => return Err(ProtocolError(format!("invalid compressed flag {c}"))),
+            };
+            let size = r.u32()? as usize;
+            let payload = r.take(size)?.to_vec();
+            Message::BufferResponse {
+                receiver,
+                subpartition,
+                sequence,
+                backlog,
+                data_type,
+                compressed,
+                payload,
+            }
+        }
+        1 => {
+            let receiver = match r.u8()? {
+                0 => None,
+                1 => Some(r.u128()?),
+                f => return Err(ProtocolError(format!("invalid receiver flag {f}"))),
+            };
+            let len = r.u32()? as usize;
+            let message = String::from_utf8(r.take(len)?.to_vec())
+                .map_err(|_| ProtocolError("error message is not UTF-8".into()))?;
+            Message::ErrorResponse { receiver, message }
+        }
+        2 => {
+            let data_set = r.u128()?;
+            let producer_subtask = r.u32()?;
+            let attempt = r.u32()?;
+            let first_subpartition = r.u32()?;
+            let last_subpartition = r.u32()?;
+            if last_subpartition < first_subpartition {
+                return Err(ProtocolError(format!(
+                    "empty subpartition range {first_subpartition}..={last_subpartition}"
+                )));
+            }
+            Message::PartitionRequest {
+                partition: ResultPartitionId {
+                    data_set,
+                    producer_subtask,
+                    attempt,
+                },
+                first_subpartition,
+                last_subpartition,
+                receiver: r.u128()?,
+                initial_credit: r.u32()?,
+            }
+        }
+        4 => Message::CancelPartitionRequest { receiver: r.u128()? },
+        5 => Message::CloseRequest,
+        _ => {
+            let credit = r.u32()?;
+            if credit == 0 {
+                return Err(ProtocolError("AddCredit with zero credit".into()));
+            }
+            Message::AddCredit {
+                credit,
+                receiver: r.u128()?,
+            }
+        }
+    };
+    r.finish()?;
+    Ok(msg)
+}
+
+/// Incremental frame decoder: feed bytes, take messages.
+#[derive(Debug, Default)]
+pub struct FrameDecoder {
+    buf: Vec<u8>,
+    start: usize,
+}
+
+impl FrameDecoder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends received bytes.
+    pub fn feed(&mut self, bytes: &[u8]) {
+        if self.start > 0 && self.start == self.buf.len() {
+            self.buf.clear();
+            self.start = 0;
+        }
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// Space to read into directly (avoids a copy through `feed`): returns a
+    /// slice of at least `min` bytes; call [`filled`](Self::filled) after.
+    pub fn read_space(&mut self, min: usize) -> &mut [u8] {
+        if self.start > 0 && (self.start == self.buf.len() || self.start > self.buf.len() / 2) {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+        let len = self.buf.len();
+        self.buf.resize(len + min, 0);
+        &mut self.buf[len..]
+    }
+
+    /// Declares how many bytes of the last [`read_space`](Self::read_space)
+    /// were filled.
+    pub fn filled(&mut self, requested: usize, n: usize) {
+        let len = self.buf.len();
+        self.buf.truncate(len - requested + n.min(requested));
+    }
+
+    /// Bytes received and not yet decoded.
+    pub fn pending(&self) -> usize {
+        self.buf.len() - self.start
+    }
+
+    /// The next complete message, if any.
+    pub fn next_message(&mut self) -> Result<Option<Message>, ProtocolError> {
+        let avail = &self.buf[self.start..];
+        if avail.len() < HEADER {
+            return Ok(None);
+        }
+        let len = u32::from_be_bytes([avail[0], avail[1], avail[2], avail[3]]) as usize;
+        if !(5..=MAX_FRAME).contains(&len) {
+            return Err(ProtocolError(format!(
+                "frame length {len} outside 5..={MAX_FRAME}"
+            )));
+        }
+        let magic = u32::from_be_bytes([avail[4], avail[5], avail[6], avail[7]]);
+        if magic != MAGIC {
+            return Err(ProtocolError(format!(
+                "bad magic number {magic:#010x} (expected {MAGIC:#010x})"
+            )));
+        }
+        if avail.len() < 4 + len {
+            return Ok(None);
+        }
+        let id = avail[8];
+        let msg = decode_body(id, &avail[HEADER..4 + len])?;
+        self.start += 4 + len;
+        Ok(Some(msg))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn samples() -> Vec<Message> {
+        vec![
+            Message::BufferResponse {
+                receiver: 7,
+                subpartition: 1,
+                sequence: 42,
+                backlog: 3,
+                data_type: DataType::Data,
+                compressed: true,
+                payload: vec![1, 2, 3],
+            },
+            Message::BufferResponse {
+                receiver: u128::MAX,
+                subpartition: 0,
+                sequence: 0,
+                backlog: 0,
+                data_type: DataType::EndOfPartition,
+                compressed: false,
+                payload: vec![],
+            },
+            Message::ErrorResponse {
+                receiver: Some(9),
+                message: "partition not found".into(),
+            },
+            Message::ErrorResponse {
+                receiver: None,
+                message: "ünïcode".into(),
+            },
+            Message::PartitionRequest {
+                partition: ResultPartitionId {
+                    data_set: 0xabc,
+                    producer_subtask: 3,
+                    attempt: 1,
+                },
+                first_subpartition: 2,
+                last_subpartition: 5,
+                receiver: 99,
+                initial_credit: 2,
+            },
+            Message::CancelPartitionRequest { receiver: 5 },
+            Message::CloseRequest,
+            Message::AddCredit { receiver: 5, credit: 4 },
+        ]
+    }
+
+    #[test]
+    fn every_message_round_trips_in_any_fragmentation() {
+        let mut wire = Vec::new();
+        for m in samples() {
+            encode(&m, &mut wire);
+        }
+        for chunk in [1, 2, 3, 7, 64, wire.len()] {
+            let mut d = FrameDecoder::new();
+            let mut out = Vec::new();
+            for piece in wire.chunks(chunk) {
+                d.feed(piece);
+                while let Some(m) = d.next_message().unwrap() {
+                    out.push(m);
+                }
+            }
+            assert_eq!(out, samples(), "chunk {chunk}");
+            assert_eq!(d.pending(), 0);
+        }
+    }
+
+    #[test]
+    fn malformed_frames_are_errors() {
+        let mut d = FrameDecoder::new();
+        d.feed(&[0, 0, 0, 5, 0xde, 0xad, 0xbe, 0xef, 2]);
+        assert!(d.next_message().unwrap_err().0.contains("bad magic"));
+
+        let mut d = FrameDecoder::new();
+        d.feed(&[0xff, 0xff, 0xff, 0xff, 0xba, 0xdc, 0x0f, 0xfe, 0]);
+        assert!(d.next_message().unwrap_err().0.contains("frame length"));
+
+        // An AddCredit frame cut short inside its body.
+        let mut wire = Vec::new();
+        encode(&Message::AddCredit { receiver: 1, credit: 1 }, &mut wire);
+        wire[3] -= 4;
+        wire.truncate(wire.len() - 4);
+        let mut d = FrameDecoder::new();
+        d.feed(&wire);
+        assert!(d.next_message().unwrap_err().0.contains("truncated"));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let mut d = FrameDecoder::new();
+            d.feed(&bytes);
+            for _ in 0..64 {
+                match d.next_message() {
+                    Ok(Some(_)) => continue,
+                    _ => break,
+                }
+            }
+        }
+
+        #[test]
+        fn valid_frames_with_random_corruption_never_panic(
+            index in 0usize..8,
+            flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..4),
+            cut in any::<usize>(),
+        ) {
+            let mut wire = Vec::new();
+            encode(&samples()[index], &mut wire);
+            for (pos, byte) in flips {
+                let p = pos % wire.len();
+                wire[p] ^= byte;
+            }
+            wire.truncate(cut % (wire.len() + 1));
+            let mut d = FrameDecoder::new();
+            d.feed(&wire);
+            let _ = d.next_message();
+        }
+    }
+}

@@ -1,0 +1,594 @@
+//! The producer side of the TCP data plane (Flink's `PartitionRequestQueue`
+//! and `CreditBasedSequenceNumberingViewReader`).
+//!
+//! Each accepted connection gets a reader thread (partition requests,
+//! credit, cancellations) and a writer thread. A partition request creates a
+//! *reader* over the requested subpartitions with the receiver's initial
+//! credit. Readers that can send — data and credit, or an event — wait in a
+//! queue; the writer takes the first, sends one buffer with the current
+//! backlog, and puts it back at the tail if it can still send: round robin
+//! across all channels of the connection. A reader without credit is simply
+//! not in the queue, so a stalled consumer costs the others nothing.
+
+use super::protocol::{
+    DataType, FrameDecoder, Message, ReceiverId, ResultPartitionId, encode,
+    encode_buffer_response_header,
+};
+use crate::buffer::lock_state;
+use crate::partition::{AvailabilityListener, BufferOrEvent, CreditPoll, NextKind, ResultPartition, Subpartition};
+use fluvia_core::{FluviaError, Result};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+
+/// Finds partitions by id (Flink's `ResultPartitionManager`).
+#[derive(Debug, Default)]
+pub struct ResultPartitionManager {
+    partitions: Mutex<HashMap<ResultPartitionId, Arc<ResultPartition>>>,
+}
+
+impl ResultPartitionManager {
+    pub fn register(&self, id: ResultPartitionId, partition: Arc<ResultPartition>) {
+        lock_state(&self.partitions).insert(id, partition);
+    }
+
+    pub fn release(&self, id: &ResultPartitionId) {
+        lock_state(&self.partitions).remove(id);
+    }
+
+    pub fn get(&self, id: &ResultPartitionId) -> Option<Arc<ResultPartition>> {
+        lock_state(&self.partitions).get(id).cloned()
+    }
+
+    pub fn len(&self) -> usize {
+        lock_state(&self.partitions).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Sender settings.
+#[derive(Debug, Clone, Copy)]
+pub struct ServerConfig {
+    /// Compress data buffers with LZ4 (when it makes them smaller).
+    pub compression: bool,
+}
+
+/// Counters over all connections of a server.
+#[derive(Debug, Default)]
+pub struct ServerMetrics {
+    pub buffers_sent: AtomicU64,
+    pub bytes_sent: AtomicU64,
+    pub connections_accepted: AtomicU64,
+}
+
+/// Listens for partition requests from other TaskManagers.
+pub struct PartitionRequestServer {
+    address: SocketAddr,
+    shutdown: Arc<AtomicBool>,
+    connections: Arc<Mutex<Vec<Weak<ServerConnection>>>>,
+    metrics: Arc<ServerMetrics>,
+}
+
+impl std::fmt::Debug for PartitionRequestServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PartitionRequestServer")
+            .field("address", &self.address)
+            .finish()
+    }
+}
+
+impl PartitionRequestServer {
+    /// Binds `bind` (port 0 picks a free one) and starts accepting.
+    pub fn start(
+        bind: SocketAddr,
+        partitions: Arc<ResultPartitionManager>,
+        config: ServerConfig,
+    ) -> Result<Self> {
+        let listener = TcpListener::bind(bind)
+            .map_err(|e| FluviaError::io(format!("binding the data port {bind}"), e))?;
+        let address = listener
+            .local_addr()
+            .map_err(|e| FluviaError::io("reading the data port", e))?;
+        let shutdown = Arc::new(AtomicBool::new(false));
+        let connections: Arc<Mutex<Vec<Weak<ServerConnection>>>> = Arc::default();
+        let metrics = Arc::new(ServerMetrics::default());
+        let (stop, conns, m) = (Arc::clone(&shutdown), Arc::clone(&connections), Arc::clone(&metrics));
+        std::thread::Builder::new()
+            .name(format!("net-server {address}"))
+            .spawn(move || {
+                for stream in listener.incoming() {
+                    if stop.load(Ordering::Acquire) {
+                        break;
+                    }
+                    let Ok(stream) = stream else { continue };
+                    m.connections_accepted.fetch_add(1, Ordering::Relaxed);
+                    match ServerConnection::start(stream, Arc::clone(&partitions), config, Arc::clone(&m)) {
+                        Ok(c) => lock_state(&conns).push(Arc::downgrade(&c)),
+                        Err(e) => tracing::warn!("accepting a data connection failed: {e}"),
+                    }
+                }
+            })
+            .map_err(|e| FluviaError::io("starting the data server", e))?;
+        Ok(PartitionRequestServer {
+            address,
+            shutdown,
+            connections,
+            metrics,
+        })
+    }
+
+    pub fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    pub fn metrics(&self) -> &ServerMetrics {
+        &self.metrics
+    }
+
+    /// Stops accepting and closes every connection.
+    pub fn shutdown(&self) {
+        self.shutdown.store(true, Ordering::Release);
+        // Wake the accept loop.
+        let _ = TcpStream::connect(self.address);
+        for c in lock_state(&self.connections).drain(..) {
+            if let Some(c) = c.upgrade() {
+                c.close();
+            }
+        }
+    }
+}
+
+impl Drop for PartitionRequestServer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+struct Reader {
+    partition: ResultPartitionId,
+    subpartitions: Vec<Arc<Subpartition>>,
+    first_subpartition: u32,
+    finished: Vec<bool>,
+    next: usize,
+    credit: u32,
+    sequence: u32,
+}
+
+#[derive(Default)]
+struct ConnState {
+    readers: HashMap<ReceiverId, Reader>,
+    available: VecDeque<ReceiverId>,
+    queued: HashSet<ReceiverId>,
+    control: VecDeque<Message>,
+    closed: bool,
+}
+
+struct ServerConnection {
+    peer: SocketAddr,
+    stream: TcpStream,
+    partitions: Arc<ResultPartitionManager>,
+    config: ServerConfig,
+    metrics: Arc<ServerMetrics>,
+    state: Mutex<ConnState>,
+    wake: Condvar,
+    me: Weak<ServerConnection>,
+}
+
+/// Tells the connection that a reader's subpartition has data.
+struct ReaderListener {
+    connection: Weak<ServerConnection>,
+    receiver: ReceiverId,
+}
+
+impl AvailabilityListener for ReaderListener {
+    fn notify_available(&self, _channel: usize) {
+        if let Some(c) = self.connection.upgrade() {
+            let mut st = lock_state(&c.state);
+            c.enqueue(&mut st, self.receiver);
+        }
+    }
+}
+
+/// One element to send, taken under the lock and written outside it.
+enum Outgoing {
+    Data {
+        receiver: ReceiverId,
+        subpartition: u32,
+        sequence: u32,
+        backlog: u32,
+        buffer: crate::buffer::Buffer,
+    },
+    End {
+        receiver: ReceiverId,
+        subpartition: u32,
+        sequence: u32,
+    },
+    Control(Message),
+}
+
+impl ServerConnection {
+    fn start(
+        stream: TcpStream,
+        partitions: Arc<ResultPartitionManager>,
+        config: ServerConfig,
+        metrics: Arc<ServerMetrics>,
+    ) -> Result<Arc<Self>> {
+        let peer = stream
+            .peer_addr()
+            .map_err(|e| FluviaError::io("reading a peer address", e))?;
+        let _ = stream.set_nodelay(true);
+        let read_half = stream
+            .try_clone()
+            .map_err(|e| FluviaError::io(format!("connection from {peer}"), e))?;
+        let write_half = stream
+            .try_clone()
+            .map_err(|e| FluviaError::io(format!("connection from {peer}"), e))?;
+        let conn = Arc::new_cyclic(|me| ServerConnection {
+            peer,
+            stream,
+            partitions,
+            config,
+            metrics,
+            state: Mutex::new(ConnState::default()),
+            wake: Condvar::new(),
+            me: me.clone(),
+        });
+        let (r, w) = (Arc::clone(&conn), Arc::clone(&conn));
+        std::thread::Builder::new()
+            .name(format!("net-server-read {peer}"))
+            .spawn(move || r.read_loop(read_half))
+            .map_err(|e| FluviaError::io("starting a network thread", e))?;
+        std::thread::Builder::new()
+            .name(format!("net-server-write {peer}"))
+            .spawn(move || w.write_loop(write_half))
+            .map_err(|e| FluviaError::io("starting a network thread", e))?;
+        Ok(conn)
+    }
+
+    fn enqueue(&self, st: &mut ConnState, receiver: ReceiverId) {
+        if st.readers.contains_key(&receiver) && st.queued.insert(receiver) {
+            st.available.push_back(receiver);
+            self.wake.notify_one();
+        }
+    }
+
+    fn close(&self) {
+        lock_state(&self.state).closed = true;
+        self.wake.notify_all();
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+
+    fn send_control(&self, msg: Message) {
+        let mut st = lock_state(&self.state);
+        st.control.push_back(msg);
+        drop(st);
+        self.wake.notify_one();
+    }
+
+    fn read_loop(self: Arc<Self>, mut stream: TcpStream) {
+        let mut decoder = FrameDecoder::new();
+        const CHUNK: usize = 16 * 1024;
+        loop {
+            let space = decoder.read_space(CHUNK);
+            let n = match stream.read(space) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {
+                    decoder.filled(CHUNK, 0);
+                    continue;
+                }
+                Err(_) => 0,
+            };
+            decoder.filled(CHUNK, n);
+            if n == 0 {
+                self.close();
+                return;
+            }
+            loop {
+                match decoder.next_message() {
+                    Ok(Some(msg)) => {
+                        if !self.handle(msg) {
+                            self.close();
+                            return;
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::warn!("closing data connection from {}: {e}", self.peer);
+                        self.send_control(Message::ErrorResponse {
+                            receiver: None,
+                            message: e.to_string(),
+                        });
+                        // Give the writer a moment to send the error, then close.
+                        std::thread::sleep(std::time::Duration::from_millis(50));
+                        self.close();
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Handles one request; false closes the connection.
+    fn handle(&self, msg: Message) -> bool {
+        match msg {
+            Message::PartitionRequest {
+                partition,
+                first_subpartition,
+                last_subpartition,
+                receiver,
+                initial_credit,
+            } => {
+                let Some(p) = self.partitions.get(&partition) else {
+                    self.send_control(Message::ErrorResponse {
+                        receiver: Some(receiver),
+                        message: format!("partition {partition} not found"),
+                    });
+                    return true;
+                };
+                if last_subpartition as usize >= p.num_subpartitions() {
+                    self.send_control(Message::ErrorResponse {
+                        receiver: Some(receiver),
+                        message: format!(
+                            "subpartitions {first_subpartition}..={last_subpartition} requested \
+                             from partition {partition}, which has {}",
+                            p.num_subpartitions()
+                        ),
+                    });
+                    return true;
+                }
+                let subpartitions: Vec<Arc<Subpartition>> = (first_subpartition..=last_subpartition)
+                    .map(|i| Arc::clone(p.subpartition(i as usize)))
+                    .collect();
+                let n = subpartitions.len();
+                {
+                    let mut st = lock_state(&self.state);
+                    st.readers.insert(
+                        receiver,
+                        Reader {
+                            partition,
+                            subpartitions: subpartitions.clone(),
+                            first_subpartition,
+                            finished: vec![false; n],
+                            next: 0,
+                            credit: initial_credit,
+                            sequence: 0,
+                        },
+                    );
+                }
+                for sp in &subpartitions {
+                    sp.set_listener(
+                        Arc::new(ReaderListener {
+                            connection: self.me.clone(),
+                            receiver,
+                        }),
+                        0,
+                    );
+                }
+                true
+            }
+            Message::AddCredit { receiver, credit } => {
+                let mut st = lock_state(&self.state);
+                if let Some(r) = st.readers.get_mut(&receiver) {
+                    r.credit = r.credit.saturating_add(credit);
+                    self.enqueue(&mut st, receiver);
+                }
+                true
+            }
+            Message::CancelPartitionRequest { receiver } => {
+                let mut st = lock_state(&self.state);
+                st.readers.remove(&receiver);
+                st.queued.remove(&receiver);
+                true
+            }
+            Message::CloseRequest => false,
+            other => {
+                self.send_control(Message::ErrorResponse {
+                    receiver: None,
+                    message: format!("unexpected server-bound message id {}", other.id()),
+                });
+                false
+            }
+        }
+    }
+
+    /// Takes the next thing to send, waiting if there is none; `None` when
+    /// the connection is closed. `idle` is called (unlocked) before waiting.
+    fn next_outgoing(&self, idle: &mut dyn FnMut()) -> Result<Option<Outgoing>> {
+        let mut st = lock_state(&self.state);
+        loop {
+            if st.closed {
+                return Ok(None);
+            }
+            if let Some(m) = st.control.pop_front() {
+                return Ok(Some(Outgoing::Control(m)));
+            }
+            let Some(receiver) = st.available.pop_front() else {
+                drop(st);
+                idle();
+                st = lock_state(&self.state);
+                if st.available.is_empty() && st.control.is_empty() && !st.closed {
+                    st = self.wake.wait(st).unwrap_or_else(|e| e.into_inner());
+                }
+                continue;
+            };
+            st.queued.remove(&receiver);
+            let Some(reader) = st.readers.get_mut(&receiver) else {
+                continue;
+            };
+            let n = reader.subpartitions.len();
+            let mut taken = None;
+            for k in 0..n {
+                let i = (reader.next + k) % n;
+                if reader.finished[i] {
+                    continue;
+                }
+                match reader.subpartitions[i].poll_with_credit(reader.credit > 0)? {
+                    CreditPoll::Item { item, next } => {
+                        taken = Some((i, item, next));
+                        break;
+                    }
+                    CreditPoll::Nothing | CreditPoll::NeedsCredit => {}
+                }
+            }
+            let Some((i, item, next)) = taken else {
+                continue; // nothing sendable: wait for data or credit
+            };
+            reader.next = (i + 1) % n;
+            let subpartition = reader.first_subpartition + i as u32;
+            let sequence = reader.sequence;
+            reader.sequence = reader.sequence.wrapping_add(1);
+            let out = match item {
+                BufferOrEvent::Buffer(buffer) => {
+                    reader.credit -= 1;
+                    let backlog: usize = reader
+                        .subpartitions
+                        .iter()
+                        .zip(&reader.finished)
+                        .filter(|(_, f)| !**f)
+                        .map(|(s, _)| s.backlog())
+                        .sum();
+                    let resend = match next {
+                        NextKind::Event => true,
+                        NextKind::Data => reader.credit > 0,
+                        // Another subpartition of the range may have data.
+                        NextKind::Nothing => n > 1 && reader.credit > 0,
+                    };
+                    let out = Outgoing::Data {
+                        receiver,
+                        subpartition,
+                        sequence,
+                        backlog: backlog as u32,
+                        buffer,
+                    };
+                    if resend {
+                        self.enqueue(&mut st, receiver);
+                    }
+                    out
+                }
+                BufferOrEvent::Event(_) => {
+                    reader.finished[i] = true;
+                    if reader.finished.iter().all(|f| *f) {
+                        let partition = reader.partition;
+                        st.readers.remove(&receiver);
+                        tracing::debug!("partition {partition} fully sent to {}", self.peer);
+                        Outgoing::End {
+                            receiver,
+                            subpartition,
+                            sequence,
+                        }
+                    } else {
+                        // The range continues: this subpartition's end is
+                        // not told to the receiver, nor numbered.
+                        reader.sequence = sequence;
+                        self.enqueue(&mut st, receiver);
+                        continue;
+                    }
+                }
+            };
+            return Ok(Some(out));
+        }
+    }
+
+    fn write_loop(self: Arc<Self>, stream: TcpStream) {
+        let mut w = std::io::BufWriter::with_capacity(256 * 1024, stream);
+        let mut header = Vec::with_capacity(64);
+        let mut flush_error: Option<std::io::Error> = None;
+        loop {
+            let mut idle = || {
+                if let Err(e) = w.flush() {
+                    flush_error.get_or_insert(e);
+                }
+            };
+            let next = match self.next_outgoing(&mut idle) {
+                Ok(Some(n)) => n,
+                Ok(None) => {
+                    let _ = w.flush();
+                    return;
+                }
+                Err(e) => {
+                    tracing::error!("reading a partition for {} failed: {e}", self.peer);
+                    header.clear();
+                    encode(
+                        &Message::ErrorResponse {
+                            receiver: None,
+                            message: e.to_string(),
+                        },
+                        &mut header,
+                    );
+                    let _ = w.write_all(&header).and_then(|_| w.flush());
+                    self.close();
+                    return;
+                }
+            };
+            if flush_error.is_some() {
+                self.close();
+                return;
+            }
+            header.clear();
+            let result = match next {
+                Outgoing::Data {
+                    receiver,
+                    subpartition,
+                    sequence,
+                    backlog,
+                    buffer,
+                } => {
+                    let compressed = if self.config.compression {
+                        let c = super::compress(buffer.as_slice());
+                        (c.len() < buffer.len()).then_some(c)
+                    } else {
+                        None
+                    };
+                    let payload: &[u8] = compressed.as_deref().unwrap_or(buffer.as_slice());
+                    encode_buffer_response_header(
+                        &mut header,
+                        receiver,
+                        subpartition,
+                        sequence,
+                        backlog,
+                        DataType::Data,
+                        compressed.is_some(),
+                        payload.len(),
+                    );
+                    self.metrics.buffers_sent.fetch_add(1, Ordering::Relaxed);
+                    self.metrics
+                        .bytes_sent
+                        .fetch_add(payload.len() as u64, Ordering::Relaxed);
+                    w.write_all(&header).and_then(|_| w.write_all(payload))
+                    // `buffer` drops here: the segment returns to its producer.
+                }
+                Outgoing::End {
+                    receiver,
+                    subpartition,
+                    sequence,
+                } => {
+                    encode_buffer_response_header(
+                        &mut header,
+                        receiver,
+                        subpartition,
+                        sequence,
+                        0,
+                        DataType::EndOfPartition,
+                        false,
+                        0,
+                    );
+                    w.write_all(&header)
+                }
+                Outgoing::Control(m) => {
+                    encode(&m, &mut header);
+                    w.write_all(&header)
+                }
+            };
+            if let Err(e) = result {
+                tracing::debug!("data connection to {} closed: {e}", self.peer);
+                self.close();
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,267 @@
+//! The TCP data plane between two network environments in one process (the
+//! two-process test lives in the runtime crate): delivery, ordering, credit
+//! isolation, compression and failures.
+
+#![allow(clippy::unwrap_used)]
+
+use fluvia_network::gate::{GateEvent, InputChannel, InputChannelSpec};
+use fluvia_network::net::environment::{NetworkConfig, NetworkEnvironment, RemoteChannelSpec};
+use fluvia_network::net::protocol::ResultPartitionId;
+use fluvia_network::{CancelToken, InputGate, PartitionWriter, RecordDeserializer, ResultPartition, Target};
+use std::io::Write;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn loopback() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+fn env(compression: bool) -> Arc<NetworkEnvironment> {
+    NetworkEnvironment::start(
+        NetworkConfig {
+            compression,
+            ..NetworkConfig::default()
+        },
+        loopback(),
+    )
+    .unwrap()
+}
+
+fn pid(i: u32) -> ResultPartitionId {
+    ResultPartitionId {
+        data_set: 0xfeed,
+        producer_subtask: i,
+        attempt: 0,
+    }
+}
+
+/// Registers a pipelined partition with `n` subpartitions on `producer` and
+/// returns a writer for it.
+fn producer_partition(producer: &NetworkEnvironment, id: ResultPartitionId, n: usize) -> (PartitionWriter, Arc<fluvia_network::LocalBufferPool>) {
+    let partition = Arc::new(ResultPartition::pipelined("p", n, 32 * 1024));
+    producer.register_partition(id, Arc::clone(&partition));
+    let pool = producer.buffer_pool().create_local_pool(n * 2 + 8).unwrap();
+    (PartitionWriter::new(partition, Arc::clone(&pool), CancelToken::new(), None), pool)
+}
+
+/// Records are (subpartition, sequence) pairs, 16 bytes plus `pad`.
+fn record(sp: u32, seq: u64, pad: usize) -> Vec<u8> {
+    let mut r = Vec::with_capacity(12 + pad);
+    r.extend_from_slice(&sp.to_le_bytes());
+    r.extend_from_slice(&seq.to_le_bytes());
+    r.resize(12 + pad, (seq % 251) as u8);
+    r
+}
+
+fn exchange(compression: bool) {
+    let (a, b) = (env(compression), env(false));
+    const N: u64 = 200_000;
+    let (mut w, _pool) = producer_partition(&a, pid(0), 2);
+    let specs: Vec<_> = (0..2)
+        .map(|sp| RemoteChannelSpec {
+            peer: a.data_address(),
+            partition: pid(0),
+            subpartition: sp,
+        })
+        .collect();
+    let (_gate_pool, channels) = b.open_remote_channels(&specs).unwrap();
+    let writer = std::thread::spawn(move || {
+        for seq in 0..N {
+            for sp in 0..2u32 {
+                w.emit(Target::One(sp as usize), &record(sp, seq, (seq % 50) as usize)).unwrap();
+            }
+        }
+        w.finish().unwrap();
+    });
+    let mut gate = InputGate::new(
+        channels
+            .iter()
+            .map(|c| InputChannelSpec {
+                channel: Arc::clone(c) as Arc<dyn InputChannel>,
+                input_index: 0,
+            })
+            .collect(),
+    );
+    let mut next = [0u64; 2];
+    let mut deser = [RecordDeserializer::new(), RecordDeserializer::new()];
+    let cancel = CancelToken::new();
+    while let Some(ev) = gate.get_next(&cancel).unwrap() {
+        if let GateEvent::Buffer { channel, buffer } = ev {
+            deser[channel]
+                .feed(buffer.as_slice(), |r| {
+                    let sp = u32::from_le_bytes(r[0..4].try_into().unwrap());
+                    let seq = u64::from_le_bytes(r[4..12].try_into().unwrap());
+                    assert_eq!(sp as usize, channel);
+                    assert_eq!(seq, next[channel], "in order, exactly once");
+                    assert_eq!(r.len(), 12 + (seq % 50) as usize);
+                    next[channel] += 1;
+                    Ok(())
+                })
+                .unwrap();
+        }
+    }
+    writer.join().unwrap();
+    assert_eq!(next, [N, N]);
+    assert_eq!(b.connections().num_connections(), 1, "both channels share one connection");
+}
+
+#[test]
+fn records_cross_tcp_exactly_once_and_in_order() {
+    exchange(false);
+}
+
+#[test]
+fn compressed_buffers_arrive_intact() {
+    exchange(true);
+}
+
+#[test]
+fn a_stalled_channel_does_not_slow_the_others_on_its_connection() {
+    let (a, b) = (env(false), env(false));
+    // Two partitions with one subpartition each, read over one connection.
+    let (mut slow_w, slow_pool) = producer_partition(&a, pid(0), 1);
+    let (mut fast_w, fast_pool) = producer_partition(&a, pid(1), 1);
+    let specs = [0, 1].map(|i| RemoteChannelSpec {
+        peer: a.data_address(),
+        partition: pid(i),
+        subpartition: 0,
+    });
+    let (gate_pool, channels) = b.open_remote_channels(&specs).unwrap();
+    assert_eq!(b.connections().num_connections(), 1);
+
+    // The slow producer writes until back-pressured (its consumer never reads).
+    let slow = std::thread::spawn(move || {
+        let mut n = 0u64;
+        // Writes block once credit and the pool are exhausted; give up after a while.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline && n < 10_000_000 {
+            if slow_w.pool().in_use() >= slow_w.pool().max_buffers() {
+                std::thread::sleep(Duration::from_millis(5));
+                continue;
+            }
+            slow_w.emit(Target::One(0), &record(0, n, 100)).unwrap();
+            n += 1;
+        }
+        n
+    });
+    const FAST: u64 = 300_000;
+    let fast = std::thread::spawn(move || {
+        for seq in 0..FAST {
+            fast_w.emit(Target::One(0), &record(0, seq, 100)).unwrap();
+        }
+        fast_w.finish().unwrap();
+    });
+    // Read only the fast channel.
+    let fast_channel = Arc::clone(&channels[1]);
+    let mut gate = InputGate::new(vec![InputChannelSpec {
+        channel: fast_channel as Arc<dyn InputChannel>,
+        input_index: 0,
+    }]);
+    let mut d = RecordDeserializer::new();
+    let mut got = 0u64;
+    let cancel = CancelToken::new();
+    let started = Instant::now();
+    while let Some(ev) = gate.get_next(&cancel).unwrap() {
+        if let GateEvent::Buffer { buffer, .. } = ev {
+            d.feed(buffer.as_slice(), |_| {
+                got += 1;
+                Ok(())
+            })
+            .unwrap();
+        }
+        assert!(gate_pool.in_use() <= gate_pool.max_buffers());
+    }
+    fast.join().unwrap();
+    assert_eq!(got, FAST, "the fast channel completed while the other is stalled");
+    assert!(started.elapsed() < Duration::from_secs(30));
+    let slow_written = slow.join().unwrap();
+    // The stalled channel holds only its credit worth of buffers; the
+    // producer stopped at its pool limit instead of buffering more.
+    assert!(channels[0].owned_buffers() <= 2 + 8, "{}", channels[0].owned_buffers());
+    assert_eq!(slow_pool.max_in_use(), slow_pool.max_buffers());
+    assert!(fast_pool.max_in_use() <= fast_pool.max_buffers());
+    let per_buffer = 32 * 1024 / (4 + 112);
+    assert!(
+        slow_written <= ((slow_pool.max_buffers() + 10 + 1) * per_buffer) as u64,
+        "slow producer wrote {slow_written} records"
+    );
+}
+
+#[test]
+fn a_peer_that_dies_mid_stream_fails_the_channel_naming_it() {
+    let (a, b) = (env(false), env(false));
+    let (mut w, _pool) = producer_partition(&a, pid(0), 1);
+    let (_gp, channels) = b
+        .open_remote_channels(&[RemoteChannelSpec {
+            peer: a.data_address(),
+            partition: pid(0),
+            subpartition: 0,
+        }])
+        .unwrap();
+    for seq in 0..1000 {
+        w.emit(Target::One(0), &record(0, seq, 10)).unwrap();
+    }
+    w.flush_all().unwrap();
+    let peer = a.data_address();
+    let mut gate = InputGate::new(vec![InputChannelSpec {
+        channel: Arc::clone(&channels[0]) as Arc<dyn InputChannel>,
+        input_index: 0,
+    }]);
+    let cancel = CancelToken::new();
+    // Read what was sent, then the producer's TaskManager goes away.
+    assert!(matches!(gate.get_next(&cancel).unwrap(), Some(GateEvent::Buffer { .. })));
+    a.shutdown();
+    let err = loop {
+        match gate.get_next(&cancel) {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the channel ended cleanly without its producer"),
+            Err(e) => break e.to_string(),
+        }
+    };
+    assert!(err.contains(&peer.to_string()), "{err}");
+}
+
+#[test]
+fn a_peer_sending_garbage_fails_the_channel_with_a_protocol_error() {
+    let listener = std::net::TcpListener::bind(loopback()).unwrap();
+    let peer = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        s.write_all(&[0, 0, 0, 9, 1, 2, 3, 4, 0, 0, 0, 0, 0]).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+    });
+    let b = env(false);
+    let (_gp, channels) = b
+        .open_remote_channels(&[RemoteChannelSpec {
+            peer,
+            partition: pid(0),
+            subpartition: 0,
+        }])
+        .unwrap();
+    let mut gate = InputGate::new(vec![InputChannelSpec {
+        channel: Arc::clone(&channels[0]) as Arc<dyn InputChannel>,
+        input_index: 0,
+    }]);
+    let err = gate.get_next(&CancelToken::new()).unwrap_err().to_string();
+    assert!(err.contains("bad magic") && err.contains(&peer.to_string()), "{err}");
+    server.join().unwrap();
+}
+
+#[test]
+fn requesting_an_unknown_partition_is_a_clear_error() {
+    let (a, b) = (env(false), env(false));
+    let (_gp, channels) = b
+        .open_remote_channels(&[RemoteChannelSpec {
+            peer: a.data_address(),
+            partition: pid(42),
+            subpartition: 0,
+        }])
+        .unwrap();
+    let mut gate = InputGate::new(vec![InputChannelSpec {
+        channel: Arc::clone(&channels[0]) as Arc<dyn InputChannel>,
+        input_index: 0,
+    }]);
+    let err = gate.get_next(&CancelToken::new()).unwrap_err().to_string();
+    assert!(err.contains("not found") && err.contains("#42@0"), "{err}");
+}
