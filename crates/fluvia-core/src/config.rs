@@ -82,6 +82,31 @@ pub mod options {
         default: 8,
         description: "Extra buffers shared by all channels of a partition or gate.",
     };
+    pub const COMPRESSION_CODEC: ConfigOption<&'static str> = ConfigOption {
+        key: "taskmanager.network.compression.codec",
+        fallback_keys: &[],
+        default: "NONE",
+        description: "Compression of network buffers between TaskManagers: NONE or LZ4.",
+    };
+    pub const ADAPTIVE_PARTITIONER: ConfigOption<bool> = ConfigOption {
+        key: "taskmanager.network.adaptive-partitioner.enabled",
+        fallback_keys: &[],
+        default: false,
+        description: "Rebalance and rescale prefer the subpartition with the smallest backlog.",
+    };
+    pub const ADAPTIVE_PARTITIONER_TRAVERSE: ConfigOption<usize> = ConfigOption {
+        key: "taskmanager.network.adaptive-partitioner.max-traverse-size",
+        fallback_keys: &[],
+        default: 4,
+        description: "How many subpartitions the load-aware partitioner compares per record.",
+    };
+    pub const LOCAL_TASK_MANAGERS: ConfigOption<usize> = ConfigOption {
+        key: "local.number-taskmanager",
+        fallback_keys: &[],
+        default: 1,
+        description: "TaskManagers of the embedded mini-cluster; with more than one, \
+                      exchanges between them go over TCP on loopback.",
+    };
     pub const TMP_DIRS: ConfigOption<&'static str> = ConfigOption {
         key: "io.tmp.dirs",
         fallback_keys: &[],

@@ -142,6 +142,35 @@ fn word_count_matches_a_plain_rust_count_in_every_variant() {
 }
 
 #[test]
+fn word_count_is_the_same_across_task_managers_over_tcp() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = input_files(dir.path());
+    let expected = reference_counts(&files);
+    for (parallelism, task_managers, codec, mode) in [
+        (2, 2, "NONE", RuntimeMode::Streaming),
+        (4, 2, "LZ4", RuntimeMode::Streaming),
+        (3, 3, "NONE", RuntimeMode::Batch),
+        (4, 2, "LZ4", RuntimeMode::Batch),
+    ] {
+        let env = StreamExecutionEnvironment::new();
+        env.set_parallelism(parallelism)
+            .set_runtime_mode(mode)
+            .set_config("local.number-taskmanager", &task_managers.to_string())
+            .set_config("taskmanager.network.compression.codec", codec);
+        let (_, handle) = env
+            .read_text_files(files.clone())
+            .flat_map(|line: String, out| tokenize(&line).for_each(|w| out.collect((w, 1i64))))
+            .rebalance()
+            .map(|x| x)
+            .key_by(|(w, _): &(String, i64)| w.clone())
+            .sum(|(_, n)| n)
+            .collect();
+        env.execute("word count over TCP").unwrap();
+        assert_eq!(final_counts(handle.take()), expected, "p{parallelism} on {task_managers} TMs, {codec}, {mode}");
+    }
+}
+
+#[test]
 fn keyed_state_stays_with_the_key_group_owner_at_any_parallelism() {
     let data: Vec<(u32, i64)> = (0..20_000u32).map(|i| (i % 997, i as i64)).collect();
     let mut results = Vec::new();

@@ -18,6 +18,9 @@ use fluvia_core::config::options;
 use fluvia_core::{Configuration, FluviaError, JobId, Result, ResultPartitionType};
 use fluvia_graph::JobGraph;
 use fluvia_network::gate::InputChannel;
+use fluvia_network::net::environment::{NetworkConfig, NetworkEnvironment, RemoteChannelSpec};
+use fluvia_network::net::protocol::ResultPartitionId;
+use std::net::SocketAddr;
 use fluvia_network::{
     CancelToken, InputChannelSpec, LocalBufferPool, NetworkBufferPool, ResultPartition,
 };
@@ -89,6 +92,17 @@ impl JobExecutionResult {
     }
 }
 
+/// Shuts the mini-cluster's network down however `execute` returns.
+struct ShutdownOnDrop<'a>(&'a [Arc<NetworkEnvironment>]);
+
+impl Drop for ShutdownOnDrop<'_> {
+    fn drop(&mut self) {
+        for env in self.0 {
+            env.shutdown();
+        }
+    }
+}
+
 /// Runs jobs in this process.
 #[derive(Debug, Clone, Default)]
 pub struct LocalExecutor {
@@ -124,8 +138,45 @@ impl LocalExecutor {
         let buffer_timeout = self.config.get(&options::BUFFER_TIMEOUT)?;
         let tmp_dir = self.config.get(&options::TMP_DIRS)?;
 
+        let compression = match self.config.get(&options::COMPRESSION_CODEC)?.to_ascii_uppercase().as_str() {
+            "NONE" => false,
+            "LZ4" => true,
+            other => {
+                return Err(FluviaError::Config(format!(
+                    "unknown {} '{other}': expected NONE or LZ4",
+                    options::COMPRESSION_CODEC.key
+                )));
+            }
+        };
+        let num_task_managers = self.config.get(&options::LOCAL_TASK_MANAGERS)?.max(1);
+
         let mut eg = ExecutionGraph::from_job_graph(&job)?;
-        let global = NetworkBufferPool::new(network_memory, segment_size)?;
+        // One TaskManager: everything is local and no socket is opened. More:
+        // each gets its own network environment, and exchanges between them
+        // go through their data servers on loopback.
+        let cluster = if num_task_managers > 1 {
+            let net = NetworkConfig {
+                segment_size,
+                total_memory: network_memory,
+                buffers_per_channel,
+                floating_buffers_per_gate: floating,
+                compression,
+            };
+            (0..num_task_managers)
+                .map(|_| NetworkEnvironment::start(net, SocketAddr::from(([127, 0, 0, 1], 0))))
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            Vec::new()
+        };
+        let _shutdown = ShutdownOnDrop(&cluster);
+        let single_pool = NetworkBufferPool::new(network_memory, segment_size)?;
+        // Subtask i of every vertex runs on TaskManager i mod N, so forward
+        // edges stay local, as with Flink's slot sharing.
+        let task_manager_of = |subtask: usize| subtask % num_task_managers;
+        let pool_of = |subtask: usize| match cluster.get(task_manager_of(subtask)) {
+            Some(env) => Arc::clone(env.buffer_pool()),
+            None => Arc::clone(&single_pool),
+        };
         let spill_dir = if eg
             .results
             .iter()
@@ -170,10 +221,18 @@ impl LocalExecutor {
                         n * buffers_per_channel + floating,
                     ),
                 };
-                per_producer.push((
-                    Arc::new(partition),
-                    global.create_local_pool(pool_size.max(n + 1))?,
-                ));
+                let partition = Arc::new(partition);
+                if let Some(env) = cluster.get(task_manager_of(p)) {
+                    env.register_partition(
+                        ResultPartitionId {
+                            data_set: r.data_set.0,
+                            producer_subtask: p as u32,
+                            attempt: 0,
+                        },
+                        Arc::clone(&partition),
+                    );
+                }
+                per_producer.push((partition, pool_of(p).create_local_pool(pool_size.max(n + 1))?));
             }
             partitions.push(per_producer);
         }
@@ -201,17 +260,44 @@ impl LocalExecutor {
         for (vi, ejv) in eg.vertices.iter_mut().enumerate() {
             let jv = &job.vertices[vi];
             for ev in &mut ejv.subtasks {
-                let inputs = ev
-                    .consumed
-                    .iter()
-                    .flat_map(|cp| {
-                        let partition = &partitions[cp.result][cp.producer_subtask].0;
-                        cp.subpartitions.iter().map(move |sp| InputChannelSpec {
-                            channel: Arc::clone(partition.subpartition(sp)) as Arc<dyn InputChannel>,
-                            input_index: cp.type_number as usize,
-                        })
-                    })
-                    .collect();
+                let mut inputs = Vec::new();
+                let mut remote = Vec::new();
+                let consumer_tm = task_manager_of(ev.subtask_index);
+                for cp in &ev.consumed {
+                    let partition = &partitions[cp.result][cp.producer_subtask].0;
+                    for sp in cp.subpartitions.iter() {
+                        let producer_tm = task_manager_of(cp.producer_subtask);
+                        if producer_tm == consumer_tm {
+                            inputs.push(InputChannelSpec {
+                                channel: Arc::clone(partition.subpartition(sp)) as Arc<dyn InputChannel>,
+                                input_index: cp.type_number as usize,
+                            });
+                        } else {
+                            remote.push((
+                                cp.type_number as usize,
+                                RemoteChannelSpec {
+                                    peer: cluster[producer_tm].data_address(),
+                                    partition: ResultPartitionId {
+                                        data_set: results[cp.result].data_set.0,
+                                        producer_subtask: cp.producer_subtask as u32,
+                                        attempt: 0,
+                                    },
+                                    subpartition: sp as u32,
+                                },
+                            ));
+                        }
+                    }
+                }
+                if !remote.is_empty() {
+                    let specs: Vec<RemoteChannelSpec> = remote.iter().map(|(_, s)| *s).collect();
+                    let (_gate_pool, channels) = cluster[consumer_tm].open_remote_channels(&specs)?;
+                    for ((input_index, _), ch) in remote.iter().zip(channels) {
+                        inputs.push(InputChannelSpec {
+                            channel: ch as Arc<dyn InputChannel>,
+                            input_index: *input_index,
+                        });
+                    }
+                }
                 let outputs = jv
                     .produced_data_sets
                     .iter()
