@@ -13,6 +13,7 @@
 
 pub mod client;
 pub mod environment;
+pub mod peer;
 pub mod protocol;
 pub mod server;
 

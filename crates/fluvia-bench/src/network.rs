@@ -1,0 +1,269 @@
+//! `fluvia-bench network`: the data plane beside its baselines.
+//!
+//! - remote channel (credit-based, over TCP between two network
+//!   environments) vs a raw TCP copy loop on loopback, both moving 32 KiB
+//!   buffers from one thread to another;
+//! - local channel (pipelined subpartition read in place) vs a memcpy loop;
+//! - a keyed exchange of small records: the `count` pipeline job with its
+//!   exchange local (one TaskManager), over TCP between two TaskManagers in
+//!   one process, and the same record stream between two processes.
+
+use anyhow::{Context, Result, anyhow};
+use fluvia_cli::examples::pipeline::{self, PipelineJob};
+use fluvia_core::RuntimeMode;
+use fluvia_datastream::StreamExecutionEnvironment;
+use fluvia_network::gate::{GateEvent, InputChannel, InputChannelSpec};
+use fluvia_network::net::environment::{NetworkConfig, NetworkEnvironment, RemoteChannelSpec};
+use fluvia_network::net::protocol::ResultPartitionId;
+use fluvia_network::{CancelToken, InputGate, PartitionWriter, ResultPartition, Target};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const SEGMENT: usize = 32 * 1024;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Bytes moved per buffer-throughput run.
+    #[arg(long, default_value_t = 4 << 30)]
+    bytes: u64,
+    /// Rows of the keyed-exchange job.
+    #[arg(long, default_value_t = 20_000_000)]
+    rows: u64,
+    /// Runs per case; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Internal: act as one side of the two-process exchange.
+    #[arg(long, hide = true, num_args = 1.., allow_hyphen_values = true)]
+    peer: Option<Vec<String>>,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn loopback() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 0))
+}
+
+/// A sender thread writes `bytes` in 32 KiB writes; the receiver reads them.
+fn raw_tcp(bytes: u64) -> Result<Duration> {
+    let listener = TcpListener::bind(loopback())?;
+    let addr = listener.local_addr()?;
+    let sender = std::thread::spawn(move || -> std::io::Result<()> {
+        let mut s = TcpStream::connect(addr)?;
+        s.set_nodelay(true)?;
+        let buf = vec![7u8; SEGMENT];
+        let mut left = bytes;
+        while left > 0 {
+            let n = left.min(SEGMENT as u64) as usize;
+            s.write_all(&buf[..n])?;
+            left -= n as u64;
+        }
+        Ok(())
+    });
+    let (mut r, _) = listener.accept()?;
+    let started = Instant::now();
+    let mut buf = vec![0u8; SEGMENT];
+    let mut got = 0u64;
+    while got < bytes {
+        let n = r.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        got += n as u64;
+    }
+    let t = started.elapsed();
+    sender.join().map_err(|_| anyhow!("sender panicked"))??;
+    anyhow::ensure!(got == bytes, "raw TCP moved {got} of {bytes} bytes");
+    Ok(t)
+}
+
+/// Records that fill one buffer each, so the writer hands over whole buffers.
+fn buffer_record() -> Vec<u8> {
+    vec![3u8; SEGMENT - 4]
+}
+
+/// Consumes every buffer of `gate`, returning the payload bytes.
+fn drain(gate: &mut InputGate) -> Result<u64> {
+    let cancel = CancelToken::new();
+    let mut bytes = 0;
+    while let Some(ev) = gate.get_next(&cancel)? {
+        if let GateEvent::Buffer { buffer, .. } = ev {
+            bytes += buffer.len() as u64;
+        }
+    }
+    Ok(bytes)
+}
+
+fn remote_channel(bytes: u64, compression: bool) -> Result<Duration> {
+    let config = NetworkConfig {
+        compression,
+        ..NetworkConfig::default()
+    };
+    let producer = NetworkEnvironment::start(config, loopback())?;
+    let consumer = NetworkEnvironment::start(config, loopback())?;
+    let id = ResultPartitionId {
+        data_set: 1,
+        producer_subtask: 0,
+        attempt: 0,
+    };
+    let partition = Arc::new(ResultPartition::pipelined("bench", 1, SEGMENT));
+    producer.register_partition(id, Arc::clone(&partition));
+    let pool = producer.buffer_pool().create_local_pool(10)?;
+    let mut writer = PartitionWriter::new(partition, pool, CancelToken::new(), None);
+    let (_gate_pool, channels) = consumer.open_remote_channels(&[RemoteChannelSpec {
+        peer: producer.data_address(),
+        partition: id,
+        subpartition: 0,
+    }])?;
+    let mut gate = InputGate::new(vec![InputChannelSpec {
+        channel: Arc::clone(&channels[0]) as Arc<dyn InputChannel>,
+        input_index: 0,
+    }]);
+    let started = Instant::now();
+    let n = bytes / SEGMENT as u64;
+    let sender = std::thread::spawn(move || -> fluvia_core::Result<()> {
+        let rec = buffer_record();
+        for _ in 0..n {
+            writer.emit(Target::One(0), &rec)?;
+        }
+        writer.finish()
+    });
+    let got = drain(&mut gate)?;
+    let t = started.elapsed();
+    sender.join().map_err(|_| anyhow!("sender panicked"))??;
+    anyhow::ensure!(got == n * SEGMENT as u64, "remote channel moved {got} bytes");
+    producer.shutdown();
+    consumer.shutdown();
+    Ok(t)
+}
+
+fn local_channel(bytes: u64) -> Result<Duration> {
+    let global = fluvia_network::NetworkBufferPool::new(64 << 20, SEGMENT)?;
+    let partition = Arc::new(ResultPartition::pipelined("bench", 1, SEGMENT));
+    let mut writer = PartitionWriter::new(
+        Arc::clone(&partition),
+        global.create_local_pool(10)?,
+        CancelToken::new(),
+        None,
+    );
+    let mut gate = InputGate::new(vec![InputChannelSpec {
+        channel: Arc::clone(partition.subpartition(0)) as Arc<dyn InputChannel>,
+        input_index: 0,
+    }]);
+    let n = bytes / SEGMENT as u64;
+    let started = Instant::now();
+    let sender = std::thread::spawn(move || -> fluvia_core::Result<()> {
+        let rec = buffer_record();
+        for _ in 0..n {
+            writer.emit(Target::One(0), &rec)?;
+        }
+        writer.finish()
+    });
+    let got = drain(&mut gate)?;
+    let t = started.elapsed();
+    sender.join().map_err(|_| anyhow!("sender panicked"))??;
+    anyhow::ensure!(got == n * SEGMENT as u64);
+    Ok(t)
+}
+
+fn memcpy_loop(bytes: u64) -> Duration {
+    let src = vec![5u8; SEGMENT];
+    let mut dst = vec![0u8; SEGMENT];
+    let started = Instant::now();
+    for _ in 0..bytes / SEGMENT as u64 {
+        dst.copy_from_slice(std::hint::black_box(&src));
+        std::hint::black_box(&mut dst);
+    }
+    started.elapsed()
+}
+
+fn keyed_job(rows: u64, task_managers: usize) -> Result<Duration> {
+    let env = StreamExecutionEnvironment::new();
+    env.set_parallelism(2)
+        .set_runtime_mode(RuntimeMode::Streaming)
+        .set_config("local.number-taskmanager", &task_managers.to_string());
+    pipeline::build(&env, rows, PipelineJob::Count);
+    Ok(env.execute("keyed exchange")?.duration)
+}
+
+/// 2 producer and 2 consumer threads in two processes (this binary started
+/// twice), 24-byte records, each checked for order and completeness.
+fn two_processes(rows: u64) -> Result<Duration> {
+    let me = std::env::current_exe()?;
+    let per_channel = (rows / 4).to_string();
+    let common = ["--producers", "2", "--consumers", "2", "--records", &per_channel, "--size", "24"];
+    let mut producer = Command::new(&me)
+        .args(["network", "--peer", "produce"])
+        .args(common)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let mut line = String::new();
+    BufReader::new(producer.stdout.take().context("producer stdout")?).read_line(&mut line)?;
+    let addr = line.trim().strip_prefix("ADDR ").context("producer address")?.to_string();
+    let out = Command::new(&me)
+        .args(["network", "--peer", "consume", "--peer", &addr])
+        .args(common)
+        .output()?;
+    drop(producer.stdin.take());
+    producer.wait()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    anyhow::ensure!(out.status.success(), "consumer failed: {stdout} {}", String::from_utf8_lossy(&out.stderr));
+    let secs: f64 = stdout
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("seconds="))
+        .context("consumer timing")?
+        .parse()?;
+    Ok(Duration::from_secs_f64(secs))
+}
+
+pub fn run(args: Args) -> Result<()> {
+    if let Some(peer) = args.peer {
+        let a = fluvia_network::net::peer::parse(peer).map_err(|e| anyhow!(e))?;
+        return fluvia_network::net::peer::run(&a).map_err(|e| anyhow!(e));
+    }
+    let runs = args.runs.max(1);
+    let gbps = |bytes: u64, t: f64| bytes as f64 / t / 1e9;
+    let measure = |f: &dyn Fn() -> Result<Duration>| -> Result<f64> {
+        let mut v = Vec::new();
+        for _ in 0..runs {
+            v.push(f()?.as_secs_f64());
+        }
+        Ok(median(v))
+    };
+    let b = args.bytes;
+    println!("bytes per buffer run: {b}, rows per job: {}, runs: {runs} (median)\n", args.rows);
+    println!("| case | median s | throughput | ratio |");
+    println!("|---|---|---|---|");
+    let raw = gbps(b, measure(&|| raw_tcp(b))?);
+    println!("| raw TCP loopback, 32 KiB writes | | {raw:.2} GB/s | 1.00 |");
+    let t = measure(&|| remote_channel(b, false))?;
+    let remote = gbps(b, t);
+    println!("| remote channel, credit-based, 32 KiB buffers | {t:.3} | {remote:.2} GB/s | {:.2} of raw TCP |", remote / raw);
+    let t = measure(&|| remote_channel(b, true))?;
+    let lz4 = gbps(b, t);
+    println!("| remote channel, LZ4 (repetitive data) | {t:.3} | {lz4:.2} GB/s | {:.2} of raw TCP |", lz4 / raw);
+    let t = measure(&|| Ok(memcpy_loop(b)))?;
+    let mc = gbps(b, t);
+    println!("| memcpy loop, 32 KiB | {t:.3} | {mc:.2} GB/s | 1.00 |");
+    let t = measure(&|| local_channel(b))?;
+    let local = gbps(b, t);
+    println!("| local channel, 32 KiB buffers | {t:.3} | {local:.2} GB/s | {:.2} of memcpy |", local / mc);
+    let rows = args.rows;
+    let mrps = |t: f64| rows as f64 / t / 1e6;
+    let t = measure(&|| keyed_job(rows, 1))?;
+    let one = mrps(t);
+    println!("| keyed count job p2, one TaskManager (local exchange) | {t:.3} | {one:.2} M rec/s | 1.00 |");
+    let t = measure(&|| keyed_job(rows, 2))?;
+    let two = mrps(t);
+    println!("| keyed count job p2, two TaskManagers, TCP | {t:.3} | {two:.2} M rec/s | {:.2} |", two / one);
+    let t = measure(&|| two_processes(rows))?;
+    let procs = mrps(t);
+    println!("| 24-byte records 2×2 between two processes, TCP | {t:.3} | {procs:.2} M rec/s | {:.2} |", procs / one);
+    Ok(())
+}
