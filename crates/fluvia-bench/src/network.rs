@@ -35,6 +35,9 @@ pub struct Args {
     /// Runs per case; the median is reported.
     #[arg(long, default_value_t = 3)]
     runs: usize,
+    /// Run only the cases whose name contains this text.
+    #[arg(long)]
+    only: Option<String>,
     /// Internal: act as one side of the two-process exchange.
     #[arg(long, hide = true, num_args = 1.., allow_hyphen_values = true)]
     peer: Option<Vec<String>>,
@@ -102,6 +105,7 @@ fn drain(gate: &mut InputGate) -> Result<u64> {
 fn remote_channel(bytes: u64, compression: bool) -> Result<Duration> {
     let config = NetworkConfig {
         compression,
+        floating_buffers_per_gate: std::env::var("BENCH_FLOATING").ok().and_then(|v| v.parse().ok()).unwrap_or(8),
         ..NetworkConfig::default()
     };
     let producer = NetworkEnvironment::start(config, loopback())?;
@@ -113,7 +117,7 @@ fn remote_channel(bytes: u64, compression: bool) -> Result<Duration> {
     };
     let partition = Arc::new(ResultPartition::pipelined("bench", 1, SEGMENT));
     producer.register_partition(id, Arc::clone(&partition));
-    let pool = producer.buffer_pool().create_local_pool(10)?;
+    let pool = producer.buffer_pool().create_local_pool(std::env::var("BENCH_POOL").ok().and_then(|v| v.parse().ok()).unwrap_or(10))?;
     let mut writer = PartitionWriter::new(partition, pool, CancelToken::new(), None);
     let (_gate_pool, channels) = consumer.open_remote_channels(&[RemoteChannelSpec {
         peer: producer.data_address(),
@@ -236,24 +240,35 @@ pub fn run(args: Args) -> Result<()> {
         }
         Ok(median(v))
     };
+    let want = |name: &str| args.only.as_deref().is_none_or(|o| name.contains(o));
     let b = args.bytes;
     println!("bytes per buffer run: {b}, rows per job: {}, runs: {runs} (median)\n", args.rows);
     println!("| case | median s | throughput | ratio |");
     println!("|---|---|---|---|");
+    // Ratios need their baselines, so baselines always run.
     let raw = gbps(b, measure(&|| raw_tcp(b))?);
     println!("| raw TCP loopback, 32 KiB writes | | {raw:.2} GB/s | 1.00 |");
-    let t = measure(&|| remote_channel(b, false))?;
-    let remote = gbps(b, t);
-    println!("| remote channel, credit-based, 32 KiB buffers | {t:.3} | {remote:.2} GB/s | {:.2} of raw TCP |", remote / raw);
-    let t = measure(&|| remote_channel(b, true))?;
-    let lz4 = gbps(b, t);
-    println!("| remote channel, LZ4 (repetitive data) | {t:.3} | {lz4:.2} GB/s | {:.2} of raw TCP |", lz4 / raw);
+    if want("remote") {
+        let t = measure(&|| remote_channel(b, false))?;
+        let remote = gbps(b, t);
+        println!("| remote channel, credit-based, 32 KiB buffers | {t:.3} | {remote:.2} GB/s | {:.2} of raw TCP |", remote / raw);
+    }
+    if want("lz4") {
+        let t = measure(&|| remote_channel(b, true))?;
+        let lz4 = gbps(b, t);
+        println!("| remote channel, LZ4 (repetitive data) | {t:.3} | {lz4:.2} GB/s | {:.2} of raw TCP |", lz4 / raw);
+    }
     let t = measure(&|| Ok(memcpy_loop(b)))?;
     let mc = gbps(b, t);
     println!("| memcpy loop, 32 KiB | {t:.3} | {mc:.2} GB/s | 1.00 |");
-    let t = measure(&|| local_channel(b))?;
-    let local = gbps(b, t);
-    println!("| local channel, 32 KiB buffers | {t:.3} | {local:.2} GB/s | {:.2} of memcpy |", local / mc);
+    if want("local") {
+        let t = measure(&|| local_channel(b))?;
+        let local = gbps(b, t);
+        println!("| local channel, 32 KiB buffers | {t:.3} | {local:.2} GB/s | {:.2} of memcpy |", local / mc);
+    }
+    if !want("keyed") {
+        return Ok(());
+    }
     let rows = args.rows;
     let mrps = |t: f64| rows as f64 / t / 1e6;
     let t = measure(&|| keyed_job(rows, 1))?;

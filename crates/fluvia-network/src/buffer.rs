@@ -93,6 +93,11 @@ struct PoolState {
     max_in_use: usize,
     /// Number of requests that had to wait for a segment.
     waits: u64,
+    /// Threads blocked in `request`: recycling wakes one only then (a
+    /// condition variable signal is a system call even with no waiter).
+    waiting: usize,
+    /// Total time requests spent waiting (back-pressure).
+    waited: std::time::Duration,
 }
 
 /// A bounded pool of segments for one result partition.
@@ -109,28 +114,36 @@ impl LocalBufferPool {
     /// Takes a segment, waiting while all are in use; fails only on cancellation.
     pub fn request(self: &Arc<Self>, cancel: &CancelToken) -> Result<BufferBuilder> {
         let mut st = lock_state(&self.state);
-        let mut waited = false;
+        let mut waited: Option<std::time::Instant> = None;
         loop {
-            if let Some(seg) = st.free.pop() {
-                return Ok(self.hand_out(&mut st, seg));
-            }
-            if st.allocated < self.max {
-                st.allocated += 1;
-                let seg = Vec::with_capacity(self.segment_size);
+            let seg = match st.free.pop() {
+                Some(seg) => Some(seg),
+                None if st.allocated < self.max => {
+                    st.allocated += 1;
+                    Some(Vec::with_capacity(self.segment_size))
+                }
+                None => None,
+            };
+            if let Some(seg) = seg {
+                if let Some(since) = waited {
+                    st.waited += since.elapsed();
+                }
                 return Ok(self.hand_out(&mut st, seg));
             }
             if cancel.is_cancelled() {
                 return Err(FluviaError::Cancelled);
             }
-            if !waited {
+            if waited.is_none() {
                 st.waits += 1;
-                waited = true;
+                waited = Some(std::time::Instant::now());
             }
+            st.waiting += 1;
             st = self
                 .available
                 .wait_timeout(st, CANCEL_POLL)
                 .map(|(g, _)| g)
                 .unwrap_or_else(|e| e.into_inner().0);
+            st.waiting -= 1;
         }
     }
 
@@ -158,8 +171,11 @@ impl LocalBufferPool {
         let mut st = lock_state(&self.state);
         st.in_use -= 1;
         st.free.push(seg);
+        let wake = st.waiting > 0;
         drop(st);
-        self.available.notify_one();
+        if wake {
+            self.available.notify_one();
+        }
     }
 
     pub fn max_buffers(&self) -> usize {
@@ -188,6 +204,11 @@ impl LocalBufferPool {
     /// How many requests found the pool empty and waited (back-pressure).
     pub fn waits(&self) -> u64 {
         lock_state(&self.state).waits
+    }
+
+    /// Total time spent waiting for a segment (back-pressured time).
+    pub fn waited(&self) -> std::time::Duration {
+        lock_state(&self.state).waited
     }
 }
 

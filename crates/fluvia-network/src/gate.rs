@@ -36,6 +36,8 @@ pub struct InputChannelSpec {
 struct NotifierState {
     queue: VecDeque<usize>,
     queued: Vec<bool>,
+    /// Whether the consumer is blocked (only then is it signalled).
+    waiting: bool,
 }
 
 #[derive(Default)]
@@ -50,8 +52,11 @@ impl AvailabilityListener for GateNotifier {
         if !st.queued[channel] {
             st.queued[channel] = true;
             st.queue.push_back(channel);
+            let wake = st.waiting;
             drop(st);
-            self.available.notify_one();
+            if wake {
+                self.available.notify_one();
+            }
         }
     }
 }
@@ -177,13 +182,15 @@ impl InputGate {
             if cancel.is_cancelled() {
                 return Err(FluviaError::Cancelled);
             }
-            let st = lock_state(&self.notifier.state);
+            let mut st = lock_state(&self.notifier.state);
             if st.queue.is_empty() {
-                let _unused = self
+                st.waiting = true;
+                let (mut st, _) = self
                     .notifier
                     .available
                     .wait_timeout(st, CANCEL_POLL)
                     .unwrap_or_else(|e| e.into_inner());
+                st.waiting = false;
             }
         }
     }

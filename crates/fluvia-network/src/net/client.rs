@@ -17,13 +17,13 @@
 //! for them. A slow consumer thus only stops its own channel: the sender has
 //! no credit for it and serves the other channels of the connection.
 
-use super::protocol::{DataType, FrameDecoder, Message, ReceiverId, ResultPartitionId, encode};
+use super::protocol::{DataType, Frame, FrameDecoder, Message, ReceiverId, ResultPartitionId, encode};
 use crate::buffer::{BufferBuilder, BufferRecycler, LocalBufferPool, lock_state};
 use crate::gate::InputChannel;
 use crate::partition::{AvailabilityListener, BufferOrEvent, Event};
 use fluvia_core::{FluviaError, Result};
 use std::collections::{HashMap, VecDeque};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
@@ -420,6 +420,8 @@ struct Outbox {
     messages: VecDeque<Message>,
     credit: VecDeque<ReceiverId>,
     closed: bool,
+    /// Whether the writer is blocked (only then is it signalled).
+    writer_waiting: bool,
 }
 
 /// The one connection from this TaskManager to one remote TaskManager.
@@ -453,6 +455,7 @@ impl ClientConnection {
                 messages: VecDeque::new(),
                 credit: VecDeque::new(),
                 closed: false,
+                writer_waiting: false,
             }),
             wake: Condvar::new(),
             next_receiver: AtomicU64::new(1),
@@ -515,8 +518,11 @@ impl ClientConnection {
             )));
         }
         out.messages.push_back(msg);
+        let wake = out.writer_waiting;
         drop(out);
-        self.wake.notify_one();
+        if wake {
+            self.wake.notify_one();
+        }
         Ok(())
     }
 
@@ -524,8 +530,11 @@ impl ClientConnection {
         let mut out = lock_state(&self.outbox);
         if !out.closed {
             out.credit.push_back(receiver);
+            let wake = out.writer_waiting;
             drop(out);
-            self.wake.notify_one();
+            if wake {
+                self.wake.notify_one();
+            }
         }
     }
 
@@ -561,24 +570,17 @@ impl ClientConnection {
 
     fn read_loop(self: Arc<Self>, mut stream: TcpStream) {
         let mut decoder = FrameDecoder::new();
-        const CHUNK: usize = 256 * 1024;
         loop {
-            let space = decoder.read_space(CHUNK);
-            let n = match stream.read(space) {
+            let n = match decoder.read_from(&mut stream, 64 * 1024) {
                 Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {
-                    decoder.filled(CHUNK, 0);
-                    continue;
-                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => {
-                    decoder.filled(CHUNK, 0);
                     if !self.is_closed() {
                         self.fail_all(format!("connection to TaskManager {} failed: {e}", self.peer));
                     }
                     return;
                 }
             };
-            decoder.filled(CHUNK, n);
             if n == 0 {
                 if !self.is_closed() {
                     self.fail_all(format!(
@@ -589,9 +591,9 @@ impl ClientConnection {
                 return;
             }
             loop {
-                match decoder.next_message() {
-                    Ok(Some(msg)) => {
-                        if let Err(e) = self.dispatch(msg) {
+                match decoder.next_frame() {
+                    Ok(Some(frame)) => {
+                        if let Err(e) = self.dispatch(frame) {
                             self.fail_all(e);
                             return;
                         }
@@ -606,9 +608,9 @@ impl ClientConnection {
         }
     }
 
-    fn dispatch(&self, msg: Message) -> std::result::Result<(), String> {
-        match msg {
-            Message::BufferResponse {
+    fn dispatch(&self, frame: Frame<'_>) -> std::result::Result<(), String> {
+        let msg = match frame {
+            Frame::Buffer {
                 receiver,
                 sequence,
                 backlog,
@@ -619,13 +621,16 @@ impl ClientConnection {
             } => {
                 // Unknown receivers were cancelled: their data is dropped.
                 if let Some(ch) = self.channel(receiver)
-                    && let Err(e) = ch.on_buffer(sequence, backlog, data_type, compressed, &payload)
+                    && let Err(e) = ch.on_buffer(sequence, backlog, data_type, compressed, payload)
                 {
                     ch.fail(e);
                     self.unregister(receiver);
                 }
-                Ok(())
+                return Ok(());
             }
+            Frame::Message(m) => m,
+        };
+        match msg {
             Message::ErrorResponse {
                 receiver: Some(r),
                 message,
@@ -654,7 +659,9 @@ impl ClientConnection {
             let (messages, credit, closed) = {
                 let mut out = lock_state(&self.outbox);
                 while out.messages.is_empty() && out.credit.is_empty() && !out.closed {
+                    out.writer_waiting = true;
                     out = self.wake.wait(out).unwrap_or_else(|e| e.into_inner());
+                    out.writer_waiting = false;
                 }
                 (
                     std::mem::take(&mut out.messages),

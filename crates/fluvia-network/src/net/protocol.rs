@@ -259,8 +259,49 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// A decoded frame. Data buffers borrow their payload from the decoder, so
+/// the receiver copies it once, straight into its own segment.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Frame<'a> {
+    Buffer {
+        receiver: ReceiverId,
+        subpartition: u32,
+        sequence: u32,
+        backlog: u32,
+        data_type: DataType,
+        compressed: bool,
+        payload: &'a [u8],
+    },
+    Message(Message),
+}
+
+impl Frame<'_> {
+    pub fn into_message(self) -> Message {
+        match self {
+            Frame::Buffer {
+                receiver,
+                subpartition,
+                sequence,
+                backlog,
+                data_type,
+                compressed,
+                payload,
+            } => Message::BufferResponse {
+                receiver,
+                subpartition,
+                sequence,
+                backlog,
+                data_type,
+                compressed,
+                payload: payload.to_vec(),
+            },
+            Frame::Message(m) => m,
+        }
+    }
+}
+
 /// Decodes one frame body (after length and magic) with message id `id`.
-fn decode_body(id: u8, body: &[u8]) -> Result<Message, ProtocolError> {
+fn decode_frame(id: u8, body: &[u8]) -> Result<Frame<'_>, ProtocolError> {
     let what = match id {
         0 => "BufferResponse",
         1 => "ErrorResponse",
@@ -288,8 +329,9 @@ fn decode_body(id: u8, body: &[u8]) -> Result<Message, ProtocolError> {
                 c => return Err(ProtocolError(format!("invalid compressed flag {c}"))),
             };
             let size = r.u32()? as usize;
-            let payload = r.take(size)?.to_vec();
-            Message::BufferResponse {
+            let payload = r.take(size)?;
+            r.finish()?;
+            return Ok(Frame::Buffer {
                 receiver,
                 subpartition,
                 sequence,
@@ -297,7 +339,7 @@ fn decode_body(id: u8, body: &[u8]) -> Result<Message, ProtocolError> {
                 data_type,
                 compressed,
                 payload,
-            }
+            });
         }
         1 => {
             let receiver = match r.u8()? {
@@ -347,57 +389,66 @@ fn decode_body(id: u8, body: &[u8]) -> Result<Message, ProtocolError> {
         }
     };
     r.finish()?;
-    Ok(msg)
+    Ok(Frame::Message(msg))
 }
 
-/// Incremental frame decoder: feed bytes, take messages.
+/// Incremental frame decoder: bytes in (from a reader or fed), frames out.
+/// Its buffer is zeroed only when it grows, and consumed frames are
+/// compacted away only when space runs out.
 #[derive(Debug, Default)]
 pub struct FrameDecoder {
     buf: Vec<u8>,
     start: usize,
+    end: usize,
 }
 
 impl FrameDecoder {
+    /// Initial buffer: room for many 32 KiB buffers per read.
+    const INITIAL: usize = 1 << 20;
+
     pub fn new() -> Self {
         Self::default()
     }
 
+    fn ensure_space(&mut self, n: usize) {
+        if self.buf.len() - self.end >= n {
+            return;
+        }
+        if self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        if self.buf.len() - self.end < n {
+            let want = (self.end + n).max(self.buf.len() * 2).max(Self::INITIAL);
+            self.buf.resize(want, 0);
+        }
+    }
+
     /// Appends received bytes.
     pub fn feed(&mut self, bytes: &[u8]) {
-        if self.start > 0 && self.start == self.buf.len() {
-            self.buf.clear();
-            self.start = 0;
-        }
-        self.buf.extend_from_slice(bytes);
+        self.ensure_space(bytes.len());
+        self.buf[self.end..self.end + bytes.len()].copy_from_slice(bytes);
+        self.end += bytes.len();
     }
 
-    /// Space to read into directly (avoids a copy through `feed`): returns a
-    /// slice of at least `min` bytes; call [`filled`](Self::filled) after.
-    pub fn read_space(&mut self, min: usize) -> &mut [u8] {
-        if self.start > 0 && (self.start == self.buf.len() || self.start > self.buf.len() / 2) {
-            self.buf.drain(..self.start);
-            self.start = 0;
-        }
-        let len = self.buf.len();
-        self.buf.resize(len + min, 0);
-        &mut self.buf[len..]
-    }
-
-    /// Declares how many bytes of the last [`read_space`](Self::read_space)
-    /// were filled.
-    pub fn filled(&mut self, requested: usize, n: usize) {
-        let len = self.buf.len();
-        self.buf.truncate(len - requested + n.min(requested));
+    /// Reads once from `r` into free space (at least `min` bytes of it);
+    /// returns what `read` returned.
+    pub fn read_from(&mut self, r: &mut impl std::io::Read, min: usize) -> std::io::Result<usize> {
+        self.ensure_space(min);
+        let n = r.read(&mut self.buf[self.end..])?;
+        self.end += n;
+        Ok(n)
     }
 
     /// Bytes received and not yet decoded.
     pub fn pending(&self) -> usize {
-        self.buf.len() - self.start
+        self.end - self.start
     }
 
-    /// The next complete message, if any.
-    pub fn next_message(&mut self) -> Result<Option<Message>, ProtocolError> {
-        let avail = &self.buf[self.start..];
+    /// The next complete frame, if any.
+    pub fn next_frame(&mut self) -> Result<Option<Frame<'_>>, ProtocolError> {
+        let avail = &self.buf[self.start..self.end];
         if avail.len() < HEADER {
             return Ok(None);
         }
@@ -417,9 +468,22 @@ impl FrameDecoder {
             return Ok(None);
         }
         let id = avail[8];
-        let msg = decode_body(id, &avail[HEADER..4 + len])?;
+        let frame_start = self.start;
         self.start += 4 + len;
-        Ok(Some(msg))
+        if self.start == self.end {
+            // Everything consumed: reuse the buffer from its beginning. The
+            // frame borrowed below still reads the bytes it was decoded from.
+            let (s, e) = (frame_start + HEADER, frame_start + 4 + len);
+            self.start = 0;
+            self.end = 0;
+            return decode_frame(id, &self.buf[s..e]).map(Some);
+        }
+        decode_frame(id, &self.buf[frame_start + HEADER..frame_start + 4 + len]).map(Some)
+    }
+
+    /// The next complete message (owned), if any.
+    pub fn next_message(&mut self) -> Result<Option<Message>, ProtocolError> {
+        Ok(self.next_frame()?.map(Frame::into_message))
     }
 }
 

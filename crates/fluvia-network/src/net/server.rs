@@ -18,7 +18,7 @@ use crate::buffer::lock_state;
 use crate::partition::{AvailabilityListener, BufferOrEvent, CreditPoll, NextKind, ResultPartition, Subpartition};
 use fluvia_core::{FluviaError, Result};
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
@@ -166,6 +166,8 @@ struct ConnState {
     queued: HashSet<ReceiverId>,
     control: VecDeque<Message>,
     closed: bool,
+    /// Whether the writer is blocked (only then is it signalled).
+    writer_waiting: bool,
 }
 
 struct ServerConnection {
@@ -253,7 +255,9 @@ impl ServerConnection {
     fn enqueue(&self, st: &mut ConnState, receiver: ReceiverId) {
         if st.readers.contains_key(&receiver) && st.queued.insert(receiver) {
             st.available.push_back(receiver);
-            self.wake.notify_one();
+            if st.writer_waiting {
+                self.wake.notify_one();
+            }
         }
     }
 
@@ -272,18 +276,12 @@ impl ServerConnection {
 
     fn read_loop(self: Arc<Self>, mut stream: TcpStream) {
         let mut decoder = FrameDecoder::new();
-        const CHUNK: usize = 16 * 1024;
         loop {
-            let space = decoder.read_space(CHUNK);
-            let n = match stream.read(space) {
+            let n = match decoder.read_from(&mut stream, 16 * 1024) {
                 Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {
-                    decoder.filled(CHUNK, 0);
-                    continue;
-                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(_) => 0,
             };
-            decoder.filled(CHUNK, n);
             if n == 0 {
                 self.close();
                 return;
@@ -412,7 +410,9 @@ impl ServerConnection {
                 idle();
                 st = lock_state(&self.state);
                 if st.available.is_empty() && st.control.is_empty() && !st.closed {
+                    st.writer_waiting = true;
                     st = self.wake.wait(st).unwrap_or_else(|e| e.into_inner());
+                    st.writer_waiting = false;
                 }
                 continue;
             };
@@ -559,7 +559,14 @@ impl ServerConnection {
                     self.metrics
                         .bytes_sent
                         .fetch_add(payload.len() as u64, Ordering::Relaxed);
-                    w.write_all(&header).and_then(|_| w.write_all(payload))
+                    // Control frames buffered before this one go first.
+                    let flushed = if w.buffer().is_empty() { Ok(()) } else { w.flush() };
+                    flushed.and_then(|_| {
+                        super::write_all_vectored(
+                            w.get_mut(),
+                            &mut [std::io::IoSlice::new(&header), std::io::IoSlice::new(payload)],
+                        )
+                    })
                     // `buffer` drops here: the segment returns to its producer.
                 }
                 Outgoing::End {
