@@ -35,6 +35,13 @@ pub struct Args {
     /// Runs per case; the median is reported.
     #[arg(long, default_value_t = 3)]
     runs: usize,
+    /// Floating buffers per input gate for the remote-channel case (Flink's default: 8).
+    #[arg(long, default_value_t = 8)]
+    floating: usize,
+    /// Buffers of the producer's partition for the remote-channel case
+    /// (default: 1 subpartition × 2 + 8 floating, as the runtime sizes it).
+    #[arg(long, default_value_t = 10)]
+    partition_buffers: usize,
     /// Run only the cases whose name contains this text.
     #[arg(long)]
     only: Option<String>,
@@ -102,10 +109,10 @@ fn drain(gate: &mut InputGate) -> Result<u64> {
     Ok(bytes)
 }
 
-fn remote_channel(bytes: u64, compression: bool) -> Result<Duration> {
+fn remote_channel(bytes: u64, compression: bool, floating: usize, partition_buffers: usize) -> Result<Duration> {
     let config = NetworkConfig {
         compression,
-        floating_buffers_per_gate: std::env::var("BENCH_FLOATING").ok().and_then(|v| v.parse().ok()).unwrap_or(8),
+        floating_buffers_per_gate: floating,
         ..NetworkConfig::default()
     };
     let producer = NetworkEnvironment::start(config, loopback())?;
@@ -117,7 +124,7 @@ fn remote_channel(bytes: u64, compression: bool) -> Result<Duration> {
     };
     let partition = Arc::new(ResultPartition::pipelined("bench", 1, SEGMENT));
     producer.register_partition(id, Arc::clone(&partition));
-    let pool = producer.buffer_pool().create_local_pool(std::env::var("BENCH_POOL").ok().and_then(|v| v.parse().ok()).unwrap_or(10))?;
+    let pool = producer.buffer_pool().create_local_pool(partition_buffers)?;
     let mut writer = PartitionWriter::new(partition, pool, CancelToken::new(), None);
     let (_gate_pool, channels) = consumer.open_remote_channels(&[RemoteChannelSpec {
         peer: producer.data_address(),
@@ -249,12 +256,12 @@ pub fn run(args: Args) -> Result<()> {
     let raw = gbps(b, measure(&|| raw_tcp(b))?);
     println!("| raw TCP loopback, 32 KiB writes | | {raw:.2} GB/s | 1.00 |");
     if want("remote") {
-        let t = measure(&|| remote_channel(b, false))?;
+        let t = measure(&|| remote_channel(b, false, args.floating, args.partition_buffers))?;
         let remote = gbps(b, t);
         println!("| remote channel, credit-based, 32 KiB buffers | {t:.3} | {remote:.2} GB/s | {:.2} of raw TCP |", remote / raw);
     }
     if want("lz4") {
-        let t = measure(&|| remote_channel(b, true))?;
+        let t = measure(&|| remote_channel(b, true, args.floating, args.partition_buffers))?;
         let lz4 = gbps(b, t);
         println!("| remote channel, LZ4 (repetitive data) | {t:.3} | {lz4:.2} GB/s | {:.2} of raw TCP |", lz4 / raw);
     }

@@ -136,6 +136,16 @@ impl LocalBufferPool {
             if waited.is_none() {
                 st.waits += 1;
                 waited = Some(std::time::Instant::now());
+                // A segment usually comes back within a few yields.
+                drop(st);
+                for _ in 0..crate::gate::SPINS_BEFORE_BLOCKING {
+                    std::thread::yield_now();
+                    if !lock_state(&self.state).free.is_empty() {
+                        break;
+                    }
+                }
+                st = lock_state(&self.state);
+                continue;
             }
             st.waiting += 1;
             st = self

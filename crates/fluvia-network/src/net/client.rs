@@ -117,6 +117,10 @@ struct RemoteState {
     /// `backlog + initial credit` as last reported.
     required: usize,
     unannounced: u32,
+    /// Credit the sender holds: announced minus data buffers received.
+    sender_credit: u32,
+    /// An AddCredit for this channel is queued at the writer.
+    announce_scheduled: bool,
     expected_sequence: u32,
     waiting_for_floating: bool,
     error: Option<String>,
@@ -179,6 +183,7 @@ impl RemoteInputChannel {
             state: Mutex::new(RemoteState {
                 owned: initial_credit,
                 required: initial_credit,
+                sender_credit: initial_credit as u32,
                 free,
                 ..Default::default()
             }),
@@ -238,6 +243,7 @@ impl RemoteInputChannel {
         let was_empty = st.received.is_empty();
         match data_type {
             DataType::Data => {
+                st.sender_credit = st.sender_credit.saturating_sub(1);
                 let Some(mut segment) = st.free.pop() else {
                     return Err(format!(
                         "{} sent a buffer without credit",
@@ -298,11 +304,18 @@ impl RemoteInputChannel {
         Ok(())
     }
 
-    /// Adds credit; true if it went from none to some (then announce it).
+    /// Adds credit; true if an announcement should be scheduled now. Credit
+    /// is announced once the sender is down to half of what the channel
+    /// holds, so one AddCredit carries several buffers' worth instead of one
+    /// message (and two wake-ups) per recycled buffer.
     fn add_credit(&self, st: &mut RemoteState, n: u32) -> bool {
-        let before = st.unannounced;
         st.unannounced += n;
-        before == 0 && st.unannounced > 0
+        let low = (st.sender_credit as usize) * 2 <= st.owned;
+        if st.unannounced > 0 && !st.announce_scheduled && low {
+            st.announce_scheduled = true;
+            return true;
+        }
+        false
     }
 
     /// The gate pool offers a floating segment; returns it if not needed.
@@ -329,7 +342,11 @@ impl RemoteInputChannel {
 
     /// Credit not yet sent; resets it (the writer sends it now).
     fn take_unannounced(&self) -> u32 {
-        std::mem::take(&mut lock_state(&self.state).unannounced)
+        let mut st = lock_state(&self.state);
+        let n = std::mem::take(&mut st.unannounced);
+        st.sender_credit += n;
+        st.announce_scheduled = false;
+        n
     }
 
     /// The connection failed or the sender reported an error.

@@ -408,6 +408,15 @@ impl ServerConnection {
             let Some(receiver) = st.available.pop_front() else {
                 drop(st);
                 idle();
+                // Data or credit usually arrives within a few yields; a
+                // blocked writer costs the waker a system call.
+                for _ in 0..crate::gate::SPINS_BEFORE_BLOCKING {
+                    std::thread::yield_now();
+                    let st = lock_state(&self.state);
+                    if !st.available.is_empty() || !st.control.is_empty() || st.closed {
+                        break;
+                    }
+                }
                 st = lock_state(&self.state);
                 if st.available.is_empty() && st.control.is_empty() && !st.closed {
                     st.writer_waiting = true;
