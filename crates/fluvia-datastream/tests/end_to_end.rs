@@ -503,3 +503,41 @@ fn chained_and_unchained_job_graphs_are_named_like_flink() {
         "Source: lines -> Flat Map -> Filter -> (Map -> Sink: Discard, Sink: Print to Std. Out)"
     );
 }
+
+/// Sleeps on subtask 1 to make it the slow consumer.
+struct SlowOnSecond(usize);
+impl OneInputOperator<String, usize> for SlowOnSecond {
+    fn process_element(&mut self, r: String, out: &mut Collector<'_, usize>) -> Result<(), UserError> {
+        assert_eq!(r.len(), 1000);
+        if self.0 == 1 {
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+        out.collect(self.0);
+        Ok(())
+    }
+}
+
+#[test]
+fn load_aware_rebalance_sends_less_to_a_slow_consumer() {
+    const N: u64 = 6_000;
+    let mut shares = Vec::new();
+    for adaptive in [false, true] {
+        let env = StreamExecutionEnvironment::new();
+        env.set_parallelism(1)
+            .set_runtime_mode(RuntimeMode::Streaming)
+            .set_config("taskmanager.network.adaptive-partitioner.enabled", &adaptive.to_string());
+        let (_, handle) = env
+            .from_generator(N, |i| format!("{i:0>1000}"))
+            .rebalance()
+            .transform("Consume", |ctx: &OperatorContext| SlowOnSecond(ctx.subtask_index))
+            .set_parallelism(2)
+            .collect();
+        env.execute("load-aware rebalance").unwrap();
+        let got = handle.take();
+        assert_eq!(got.len() as u64, N, "nothing lost");
+        let slow = got.iter().filter(|&&s| s == 1).count() as f64 / N as f64;
+        shares.push(slow);
+    }
+    assert!((shares[0] - 0.5).abs() < 0.01, "round robin splits evenly: {shares:?}");
+    assert!(shares[1] < 0.4, "the slow consumer got less: {shares:?}");
+}

@@ -88,6 +88,9 @@ pub struct Subpartition {
     index: usize,
     segment_size: usize,
     state: Mutex<SubpartitionState>,
+    /// Mirror of the backlog, readable without the lock (the load-aware
+    /// partitioner reads it per record).
+    backlog_hint: std::sync::atomic::AtomicUsize,
 }
 
 impl std::fmt::Debug for Subpartition {
@@ -119,6 +122,7 @@ impl Subpartition {
                 listener: None,
                 buffers_backlog: 0,
             }),
+            backlog_hint: Default::default(),
         }
     }
 
@@ -140,6 +144,7 @@ impl Subpartition {
                 listener: None,
                 buffers_backlog: 0,
             }),
+            backlog_hint: Default::default(),
         })
     }
 
@@ -196,6 +201,8 @@ impl Subpartition {
             }
         };
         st.buffers_backlog += 1;
+        self.backlog_hint
+            .store(st.buffers_backlog, std::sync::atomic::Ordering::Relaxed);
         Self::maybe_notify(st, notify);
         Ok(())
     }
@@ -268,6 +275,8 @@ impl Subpartition {
                 };
                 if matches!(item, BufferOrEvent::Buffer(_)) {
                     st.buffers_backlog -= 1;
+                    self.backlog_hint
+                        .store(st.buffers_backlog, std::sync::atomic::Ordering::Relaxed);
                 }
                 Ok(CreditPoll::Item {
                     item,
@@ -320,6 +329,11 @@ impl Subpartition {
                 }
             }
         }
+    }
+
+    /// The backlog as of the last change, without taking the lock.
+    pub fn backlog_hint(&self) -> usize {
+        self.backlog_hint.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Buffers written and not yet consumed (Flink's backlog).

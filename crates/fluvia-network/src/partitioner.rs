@@ -1,8 +1,10 @@
 //! Channel selection: which subpartition(s) a record goes to, per
 //! partitioner kind, as Flink's `StreamPartitioner`s choose.
 
+use crate::partition::ResultPartition;
 use fluvia_core::PartitionerKind;
 use fluvia_core::keygroup::{key_group_for_hash, operator_index_for_key_group};
+use std::sync::Arc;
 
 /// Where one record goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,6 +21,9 @@ pub struct ChannelSelector {
     max_parallelism: usize,
     next: usize,
     rng: u64,
+    /// Load-aware rebalance/rescale: the partition whose backlogs to compare
+    /// and how many candidates to look at per record.
+    load_aware: Option<(Arc<ResultPartition>, usize)>,
 }
 
 impl ChannelSelector {
@@ -36,6 +41,7 @@ impl ChannelSelector {
             max_parallelism: max_parallelism.max(1),
             next: 0,
             rng: seed ^ 0x9e37_79b9_7f4a_7c15,
+            load_aware: None,
         };
         s.next = match kind {
             // Flink starts rebalance at a random channel so that many
@@ -44,6 +50,20 @@ impl ChannelSelector {
             _ => 0,
         };
         s
+    }
+
+    /// Makes rebalance and rescale load-aware (Flink 2.3's adaptive
+    /// partitioner, `taskmanager.network.adaptive-partitioner.enabled`): of
+    /// the next `max_traverse` channels in round-robin order, the one with
+    /// the smallest backlog gets the record, so a slow consumer receives less.
+    pub fn load_aware(mut self, partition: Arc<ResultPartition>, max_traverse: usize) -> Self {
+        if matches!(self.kind, PartitionerKind::Rebalance | PartitionerKind::Rescale)
+            && partition.num_subpartitions() == self.num_channels
+            && max_traverse > 1
+        {
+            self.load_aware = Some((partition, max_traverse.min(self.num_channels)));
+        }
+        self
     }
 
     pub fn kind(&self) -> PartitionerKind {
@@ -70,6 +90,23 @@ impl ChannelSelector {
         match self.kind {
             PartitionerKind::Forward | PartitionerKind::Global => Target::One(0),
             PartitionerKind::Broadcast => Target::All,
+            PartitionerKind::Rebalance | PartitionerKind::Rescale if self.load_aware.is_some() => {
+                let start = self.next;
+                let mut best = start;
+                if let Some((partition, traverse)) = &self.load_aware {
+                    let mut best_backlog = usize::MAX;
+                    for k in 0..*traverse {
+                        let ch = (start + k) % self.num_channels;
+                        let b = partition.subpartition(ch).backlog_hint();
+                        if b < best_backlog {
+                            best_backlog = b;
+                            best = ch;
+                        }
+                    }
+                }
+                self.next = (start + 1) % self.num_channels;
+                Target::One(best)
+            }
             PartitionerKind::Rebalance | PartitionerKind::Rescale => {
                 let ch = self.next;
                 self.next += 1;

@@ -11,6 +11,7 @@
 
 use crate::operator::{AnyOutput, NetworkInput, OperatorContext, OperatorInstance};
 use crate::registry::OperatorRegistry;
+use fluvia_core::config::options;
 use fluvia_core::error::TaskLocation;
 use fluvia_core::{FluviaError, PartitionerKind, Result};
 use fluvia_graph::{JobGraph, JobVertex};
@@ -119,12 +120,17 @@ impl ChainBuilder<'_> {
         }
         for net in &chained.network_outputs {
             let spec = &self.d.outputs[net.data_set];
-            let selector = ChannelSelector::new(
+            let mut selector = ChannelSelector::new(
                 spec.partitioner,
                 spec.partition.num_subpartitions(),
                 spec.consumer_max_parallelism,
                 (self.d.subtask_index as u64) << 32 | net.data_set as u64,
             );
+            let config = &self.d.job.config;
+            if config.get(&options::ADAPTIVE_PARTITIONER)? {
+                let traverse = config.get(&options::ADAPTIVE_PARTITIONER_TRAVERSE)?;
+                selector = selector.load_aware(Arc::clone(&spec.partition), traverse);
+            }
             outs.push(out_type.network_output(
                 Rc::clone(&self.writers[net.data_set]),
                 selector,
