@@ -109,7 +109,12 @@ fn drain(gate: &mut InputGate) -> Result<u64> {
     Ok(bytes)
 }
 
-fn remote_channel(bytes: u64, compression: bool, floating: usize, partition_buffers: usize) -> Result<Duration> {
+fn remote_channel(
+    bytes: u64,
+    compression: bool,
+    floating: usize,
+    partition_buffers: usize,
+) -> Result<Duration> {
     let config = NetworkConfig {
         compression,
         floating_buffers_per_gate: floating,
@@ -124,7 +129,9 @@ fn remote_channel(bytes: u64, compression: bool, floating: usize, partition_buff
     };
     let partition = Arc::new(ResultPartition::pipelined("bench", 1, SEGMENT));
     producer.register_partition(id, Arc::clone(&partition));
-    let pool = producer.buffer_pool().create_local_pool(partition_buffers)?;
+    let pool = producer
+        .buffer_pool()
+        .create_local_pool(partition_buffers)?;
     let mut writer = PartitionWriter::new(partition, pool, CancelToken::new(), None);
     let (_gate_pool, channels) = consumer.open_remote_channels(&[RemoteChannelSpec {
         peer: producer.data_address(),
@@ -147,7 +154,10 @@ fn remote_channel(bytes: u64, compression: bool, floating: usize, partition_buff
     let got = drain(&mut gate)?;
     let t = started.elapsed();
     sender.join().map_err(|_| anyhow!("sender panicked"))??;
-    anyhow::ensure!(got == n * SEGMENT as u64, "remote channel moved {got} bytes");
+    anyhow::ensure!(
+        got == n * SEGMENT as u64,
+        "remote channel moved {got} bytes"
+    );
     producer.shutdown();
     consumer.shutdown();
     Ok(t)
@@ -207,7 +217,16 @@ fn keyed_job(rows: u64, task_managers: usize) -> Result<Duration> {
 fn two_processes(rows: u64) -> Result<Duration> {
     let me = std::env::current_exe()?;
     let per_channel = (rows / 4).to_string();
-    let common = ["--producers", "2", "--consumers", "2", "--records", &per_channel, "--size", "24"];
+    let common = [
+        "--producers",
+        "2",
+        "--consumers",
+        "2",
+        "--records",
+        &per_channel,
+        "--size",
+        "24",
+    ];
     let mut producer = Command::new(&me)
         .args(["network", "--peer", "produce"])
         .args(common)
@@ -216,7 +235,11 @@ fn two_processes(rows: u64) -> Result<Duration> {
         .spawn()?;
     let mut line = String::new();
     BufReader::new(producer.stdout.take().context("producer stdout")?).read_line(&mut line)?;
-    let addr = line.trim().strip_prefix("ADDR ").context("producer address")?.to_string();
+    let addr = line
+        .trim()
+        .strip_prefix("ADDR ")
+        .context("producer address")?
+        .to_string();
     let out = Command::new(&me)
         .args(["network", "--peer", "consume", "--peer", &addr])
         .args(common)
@@ -224,7 +247,11 @@ fn two_processes(rows: u64) -> Result<Duration> {
     drop(producer.stdin.take());
     producer.wait()?;
     let stdout = String::from_utf8_lossy(&out.stdout);
-    anyhow::ensure!(out.status.success(), "consumer failed: {stdout} {}", String::from_utf8_lossy(&out.stderr));
+    anyhow::ensure!(
+        out.status.success(),
+        "consumer failed: {stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let secs: f64 = stdout
         .split_whitespace()
         .find_map(|w| w.strip_prefix("seconds="))
@@ -249,7 +276,10 @@ pub fn run(args: Args) -> Result<()> {
     };
     let want = |name: &str| args.only.as_deref().is_none_or(|o| name.contains(o));
     let b = args.bytes;
-    println!("bytes per buffer run: {b}, rows per job: {}, runs: {runs} (median)\n", args.rows);
+    println!(
+        "bytes per buffer run: {b}, rows per job: {}, runs: {runs} (median)\n",
+        args.rows
+    );
     println!("| case | median s | throughput | ratio |");
     println!("|---|---|---|---|");
     // Ratios need their baselines, so baselines always run.
@@ -258,12 +288,18 @@ pub fn run(args: Args) -> Result<()> {
     if want("remote") {
         let t = measure(&|| remote_channel(b, false, args.floating, args.partition_buffers))?;
         let remote = gbps(b, t);
-        println!("| remote channel, credit-based, 32 KiB buffers | {t:.3} | {remote:.2} GB/s | {:.2} of raw TCP |", remote / raw);
+        println!(
+            "| remote channel, credit-based, 32 KiB buffers | {t:.3} | {remote:.2} GB/s | {:.2} of raw TCP |",
+            remote / raw
+        );
     }
     if want("lz4") {
         let t = measure(&|| remote_channel(b, true, args.floating, args.partition_buffers))?;
         let lz4 = gbps(b, t);
-        println!("| remote channel, LZ4 (repetitive data) | {t:.3} | {lz4:.2} GB/s | {:.2} of raw TCP |", lz4 / raw);
+        println!(
+            "| remote channel, LZ4 (repetitive data) | {t:.3} | {lz4:.2} GB/s | {:.2} of raw TCP |",
+            lz4 / raw
+        );
     }
     let t = measure(&|| Ok(memcpy_loop(b)))?;
     let mc = gbps(b, t);
@@ -271,7 +307,10 @@ pub fn run(args: Args) -> Result<()> {
     if want("local") {
         let t = measure(&|| local_channel(b))?;
         let local = gbps(b, t);
-        println!("| local channel, 32 KiB buffers | {t:.3} | {local:.2} GB/s | {:.2} of memcpy |", local / mc);
+        println!(
+            "| local channel, 32 KiB buffers | {t:.3} | {local:.2} GB/s | {:.2} of memcpy |",
+            local / mc
+        );
     }
     if !want("keyed") {
         return Ok(());
@@ -280,12 +319,20 @@ pub fn run(args: Args) -> Result<()> {
     let mrps = |t: f64| rows as f64 / t / 1e6;
     let t = measure(&|| keyed_job(rows, 1))?;
     let one = mrps(t);
-    println!("| keyed count job p2, one TaskManager (local exchange) | {t:.3} | {one:.2} M rec/s | 1.00 |");
+    println!(
+        "| keyed count job p2, one TaskManager (local exchange) | {t:.3} | {one:.2} M rec/s | 1.00 |"
+    );
     let t = measure(&|| keyed_job(rows, 2))?;
     let two = mrps(t);
-    println!("| keyed count job p2, two TaskManagers, TCP | {t:.3} | {two:.2} M rec/s | {:.2} |", two / one);
+    println!(
+        "| keyed count job p2, two TaskManagers, TCP | {t:.3} | {two:.2} M rec/s | {:.2} |",
+        two / one
+    );
     let t = measure(&|| two_processes(rows))?;
     let procs = mrps(t);
-    println!("| 24-byte records 2×2 between two processes, TCP | {t:.3} | {procs:.2} M rec/s | {:.2} |", procs / one);
+    println!(
+        "| 24-byte records 2×2 between two processes, TCP | {t:.3} | {procs:.2} M rec/s | {:.2} |",
+        procs / one
+    );
     Ok(())
 }

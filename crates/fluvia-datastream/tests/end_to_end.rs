@@ -166,7 +166,11 @@ fn word_count_is_the_same_across_task_managers_over_tcp() {
             .sum(|(_, n)| n)
             .collect();
         env.execute("word count over TCP").unwrap();
-        assert_eq!(final_counts(handle.take()), expected, "p{parallelism} on {task_managers} TMs, {codec}, {mode}");
+        assert_eq!(
+            final_counts(handle.take()),
+            expected,
+            "p{parallelism} on {task_managers} TMs, {codec}, {mode}"
+        );
     }
 }
 
@@ -369,6 +373,27 @@ fn a_slow_sink_back_pressures_the_producer_within_its_buffer_pool() {
     let seen = max_in_flight.load(Ordering::SeqCst);
     assert!(seen <= bound, "in flight {seen} > bound {bound}");
     assert!(seen < RECORDS / 4, "the producer ran ahead: {seen}");
+
+    // Task metrics: the producer spent most of its time back-pressured,
+    // and the counters add up.
+    let source_task = result
+        .task_metrics
+        .iter()
+        .find(|t| t.task.starts_with("Source"))
+        .unwrap();
+    let sink_task = result
+        .task_metrics
+        .iter()
+        .find(|t| t.task.starts_with("Sink"))
+        .unwrap();
+    assert_eq!(source_task.records_out, RECORDS);
+    assert_eq!(sink_task.records_in, RECORDS);
+    assert_eq!(source_task.bytes_out, sink_task.bytes_in);
+    assert!(
+        source_task.back_pressured_ms_per_second > 300.0,
+        "{source_task:?}"
+    );
+    assert!(sink_task.busy_ms_per_second > 300.0, "{sink_task:?}");
 }
 
 #[test]
@@ -507,7 +532,11 @@ fn chained_and_unchained_job_graphs_are_named_like_flink() {
 /// Sleeps on subtask 1 to make it the slow consumer.
 struct SlowOnSecond(usize);
 impl OneInputOperator<String, usize> for SlowOnSecond {
-    fn process_element(&mut self, r: String, out: &mut Collector<'_, usize>) -> Result<(), UserError> {
+    fn process_element(
+        &mut self,
+        r: String,
+        out: &mut Collector<'_, usize>,
+    ) -> Result<(), UserError> {
         assert_eq!(r.len(), 1000);
         if self.0 == 1 {
             std::thread::sleep(std::time::Duration::from_micros(200));
@@ -525,11 +554,16 @@ fn load_aware_rebalance_sends_less_to_a_slow_consumer() {
         let env = StreamExecutionEnvironment::new();
         env.set_parallelism(1)
             .set_runtime_mode(RuntimeMode::Streaming)
-            .set_config("taskmanager.network.adaptive-partitioner.enabled", &adaptive.to_string());
+            .set_config(
+                "taskmanager.network.adaptive-partitioner.enabled",
+                &adaptive.to_string(),
+            );
         let (_, handle) = env
             .from_generator(N, |i| format!("{i:0>1000}"))
             .rebalance()
-            .transform("Consume", |ctx: &OperatorContext| SlowOnSecond(ctx.subtask_index))
+            .transform("Consume", |ctx: &OperatorContext| {
+                SlowOnSecond(ctx.subtask_index)
+            })
             .set_parallelism(2)
             .collect();
         env.execute("load-aware rebalance").unwrap();
@@ -538,6 +572,9 @@ fn load_aware_rebalance_sends_less_to_a_slow_consumer() {
         let slow = got.iter().filter(|&&s| s == 1).count() as f64 / N as f64;
         shares.push(slow);
     }
-    assert!((shares[0] - 0.5).abs() < 0.01, "round robin splits evenly: {shares:?}");
+    assert!(
+        (shares[0] - 0.5).abs() < 0.01,
+        "round robin splits evenly: {shares:?}"
+    );
     assert!(shares[1] < 0.4, "the slow consumer got less: {shares:?}");
 }

@@ -258,7 +258,11 @@ impl BufferBuilder {
     }
 
     /// A builder over `segment` that returns to `recycler` when done with.
-    pub fn with_recycler(mut segment: Vec<u8>, capacity: usize, recycler: Arc<dyn BufferRecycler>) -> Self {
+    pub fn with_recycler(
+        mut segment: Vec<u8>,
+        capacity: usize,
+        recycler: Arc<dyn BufferRecycler>,
+    ) -> Self {
         segment.clear();
         BufferBuilder {
             data: segment,
@@ -349,7 +353,10 @@ impl Buffer {
 
     /// A buffer not owned by any pool.
     pub fn from_vec(data: Vec<u8>) -> Self {
-        Buffer(Arc::new(BufferInner { data, recycler: None }))
+        Buffer(Arc::new(BufferInner {
+            data,
+            recycler: None,
+        }))
     }
 
     /// How many holders share this buffer.

@@ -60,7 +60,8 @@ impl AvailabilityListener for GateNotifier {
         if !st.queued[channel] {
             st.queued[channel] = true;
             st.queue.push_back(channel);
-            self.pending.fetch_add(1, std::sync::atomic::Ordering::Release);
+            self.pending
+                .fetch_add(1, std::sync::atomic::Ordering::Release);
             let wake = st.waiting;
             drop(st);
             if wake {
@@ -196,7 +197,11 @@ impl InputGate {
             }
             let mut spins = 0;
             while spins < SPINS_BEFORE_BLOCKING
-                && self.notifier.pending.load(std::sync::atomic::Ordering::Acquire) == 0
+                && self
+                    .notifier
+                    .pending
+                    .load(std::sync::atomic::Ordering::Acquire)
+                    == 0
             {
                 std::thread::yield_now();
                 spins += 1;

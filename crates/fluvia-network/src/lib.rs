@@ -21,6 +21,7 @@
 pub mod buffer;
 pub mod cancel;
 pub mod gate;
+pub mod metrics;
 pub mod net;
 pub mod partition;
 pub mod partitioner;

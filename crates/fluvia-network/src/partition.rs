@@ -48,7 +48,10 @@ pub enum CreditPoll {
     Nothing,
     /// The next element is data and there is no credit for it.
     NeedsCredit,
-    Item { item: BufferOrEvent, next: NextKind },
+    Item {
+        item: BufferOrEvent,
+        next: NextKind,
+    },
 }
 
 /// Told when a subpartition goes from "nothing to read" to "something to read".

@@ -57,8 +57,10 @@ impl ChannelSelector {
     /// the next `max_traverse` channels in round-robin order, the one with
     /// the smallest backlog gets the record, so a slow consumer receives less.
     pub fn load_aware(mut self, partition: Arc<ResultPartition>, max_traverse: usize) -> Self {
-        if matches!(self.kind, PartitionerKind::Rebalance | PartitionerKind::Rescale)
-            && partition.num_subpartitions() == self.num_channels
+        if matches!(
+            self.kind,
+            PartitionerKind::Rebalance | PartitionerKind::Rescale
+        ) && partition.num_subpartitions() == self.num_channels
             && max_traverse > 1
         {
             self.load_aware = Some((partition, max_traverse.min(self.num_channels)));

@@ -36,6 +36,9 @@ pub struct PartitionWriter {
     bytes_out: u64,
     buffers_out: u64,
     finished: bool,
+    /// Shared counters, published at every buffer hand-over.
+    counters: Option<Arc<crate::metrics::IoCounters>>,
+    published_records: u64,
 }
 
 impl std::fmt::Debug for PartitionWriter {
@@ -68,6 +71,25 @@ impl PartitionWriter {
             bytes_out: 0,
             buffers_out: 0,
             finished: false,
+            counters: None,
+            published_records: 0,
+        }
+    }
+
+    /// Publishes records, bytes and buffers out to `counters` as buffers
+    /// are handed over.
+    pub fn with_counters(mut self, counters: Arc<crate::metrics::IoCounters>) -> Self {
+        self.counters = Some(counters);
+        self
+    }
+
+    fn publish(&mut self, bytes: usize) {
+        if let Some(c) = &self.counters {
+            use crate::metrics::IoCounters;
+            IoCounters::add(&c.bytes_out, bytes as u64);
+            IoCounters::add(&c.buffers_out, 1);
+            IoCounters::add(&c.records_out, self.records_out - self.published_records);
+            self.published_records = self.records_out;
         }
     }
 
@@ -201,6 +223,7 @@ impl PartitionWriter {
             }
             self.bytes_out += b.len() as u64;
             self.buffers_out += 1;
+            self.publish(b.len());
             let buffer = b.finish();
             for sp in 0..self.builders.len() {
                 self.partition.subpartition(sp).add_buffer(buffer.clone())?;
@@ -216,6 +239,7 @@ impl PartitionWriter {
             }
             self.bytes_out += b.len() as u64;
             self.buffers_out += 1;
+            self.publish(b.len());
             self.partition.subpartition(sp).add_buffer(b.finish())?;
         }
         Ok(())
@@ -398,10 +422,18 @@ mod tests {
             }
             assert_eq!(n, 100);
         }
-        assert_eq!(seen[0].ref_count(), 3, "one segment shared by three subpartitions");
+        assert_eq!(
+            seen[0].ref_count(),
+            3,
+            "one segment shared by three subpartitions"
+        );
         assert_eq!(pool.in_use(), 1);
         drop(seen);
-        assert_eq!(pool.in_use(), 0, "the segment returns once the last reader is done");
+        assert_eq!(
+            pool.in_use(),
+            0,
+            "the segment returns once the last reader is done"
+        );
     }
 
     #[test]

@@ -7,7 +7,9 @@
 use fluvia_network::gate::{GateEvent, InputChannel, InputChannelSpec};
 use fluvia_network::net::environment::{NetworkConfig, NetworkEnvironment, RemoteChannelSpec};
 use fluvia_network::net::protocol::ResultPartitionId;
-use fluvia_network::{CancelToken, InputGate, PartitionWriter, RecordDeserializer, ResultPartition, Target};
+use fluvia_network::{
+    CancelToken, InputGate, PartitionWriter, RecordDeserializer, ResultPartition, Target,
+};
 use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -38,11 +40,18 @@ fn pid(i: u32) -> ResultPartitionId {
 
 /// Registers a pipelined partition with `n` subpartitions on `producer` and
 /// returns a writer for it.
-fn producer_partition(producer: &NetworkEnvironment, id: ResultPartitionId, n: usize) -> (PartitionWriter, Arc<fluvia_network::LocalBufferPool>) {
+fn producer_partition(
+    producer: &NetworkEnvironment,
+    id: ResultPartitionId,
+    n: usize,
+) -> (PartitionWriter, Arc<fluvia_network::LocalBufferPool>) {
     let partition = Arc::new(ResultPartition::pipelined("p", n, 32 * 1024));
     producer.register_partition(id, Arc::clone(&partition));
     let pool = producer.buffer_pool().create_local_pool(n * 2 + 8).unwrap();
-    (PartitionWriter::new(partition, Arc::clone(&pool), CancelToken::new(), None), pool)
+    (
+        PartitionWriter::new(partition, Arc::clone(&pool), CancelToken::new(), None),
+        pool,
+    )
 }
 
 /// Records are (subpartition, sequence) pairs, 16 bytes plus `pad`.
@@ -69,7 +78,11 @@ fn exchange(compression: bool) {
     let writer = std::thread::spawn(move || {
         for seq in 0..N {
             for sp in 0..2u32 {
-                w.emit(Target::One(sp as usize), &record(sp, seq, (seq % 50) as usize)).unwrap();
+                w.emit(
+                    Target::One(sp as usize),
+                    &record(sp, seq, (seq % 50) as usize),
+                )
+                .unwrap();
             }
         }
         w.finish().unwrap();
@@ -103,7 +116,11 @@ fn exchange(compression: bool) {
     }
     writer.join().unwrap();
     assert_eq!(next, [N, N]);
-    assert_eq!(b.connections().num_connections(), 1, "both channels share one connection");
+    assert_eq!(
+        b.connections().num_connections(),
+        1,
+        "both channels share one connection"
+    );
 }
 
 #[test]
@@ -173,12 +190,19 @@ fn a_stalled_channel_does_not_slow_the_others_on_its_connection() {
         assert!(gate_pool.in_use() <= gate_pool.max_buffers());
     }
     fast.join().unwrap();
-    assert_eq!(got, FAST, "the fast channel completed while the other is stalled");
+    assert_eq!(
+        got, FAST,
+        "the fast channel completed while the other is stalled"
+    );
     assert!(started.elapsed() < Duration::from_secs(30));
     let slow_written = slow.join().unwrap();
     // The stalled channel holds only its credit worth of buffers; the
     // producer stopped at its pool limit instead of buffering more.
-    assert!(channels[0].owned_buffers() <= 2 + 8, "{}", channels[0].owned_buffers());
+    assert!(
+        channels[0].owned_buffers() <= 2 + 8,
+        "{}",
+        channels[0].owned_buffers()
+    );
     assert_eq!(slow_pool.max_in_use(), slow_pool.max_buffers());
     assert!(fast_pool.max_in_use() <= fast_pool.max_buffers());
     let per_buffer = 32 * 1024 / (4 + 112);
@@ -210,7 +234,10 @@ fn a_peer_that_dies_mid_stream_fails_the_channel_naming_it() {
     }]);
     let cancel = CancelToken::new();
     // Read what was sent, then the producer's TaskManager goes away.
-    assert!(matches!(gate.get_next(&cancel).unwrap(), Some(GateEvent::Buffer { .. })));
+    assert!(matches!(
+        gate.get_next(&cancel).unwrap(),
+        Some(GateEvent::Buffer { .. })
+    ));
     a.shutdown();
     let err = loop {
         match gate.get_next(&cancel) {
@@ -228,7 +255,8 @@ fn a_peer_sending_garbage_fails_the_channel_with_a_protocol_error() {
     let peer = listener.local_addr().unwrap();
     let server = std::thread::spawn(move || {
         let (mut s, _) = listener.accept().unwrap();
-        s.write_all(&[0, 0, 0, 9, 1, 2, 3, 4, 0, 0, 0, 0, 0]).unwrap();
+        s.write_all(&[0, 0, 0, 9, 1, 2, 3, 4, 0, 0, 0, 0, 0])
+            .unwrap();
         std::thread::sleep(Duration::from_millis(200));
     });
     let b = env(false);
@@ -244,7 +272,10 @@ fn a_peer_sending_garbage_fails_the_channel_with_a_protocol_error() {
         input_index: 0,
     }]);
     let err = gate.get_next(&CancelToken::new()).unwrap_err().to_string();
-    assert!(err.contains("bad magic") && err.contains(&peer.to_string()), "{err}");
+    assert!(
+        err.contains("bad magic") && err.contains(&peer.to_string()),
+        "{err}"
+    );
     server.join().unwrap();
 }
 

@@ -12,7 +12,17 @@ fn two_processes_exchange_gigabytes_exactly_once_in_order() {
     // 2 producers × 2 subpartitions × 2.6 M records × 256 bytes ≈ 2.7 GB.
     let (records, size) = ("2600000", "256");
     let mut producer = Command::new(peer)
-        .args(["produce", "--producers", "2", "--consumers", "2", "--records", records, "--size", size])
+        .args([
+            "produce",
+            "--producers",
+            "2",
+            "--consumers",
+            "2",
+            "--records",
+            records,
+            "--size",
+            size,
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -23,13 +33,29 @@ fn two_processes_exchange_gigabytes_exactly_once_in_order() {
         .unwrap();
     let addr = line.trim().strip_prefix("ADDR ").unwrap().to_string();
     let out = Command::new(peer)
-        .args(["consume", "--peer", &addr, "--producers", "2", "--consumers", "2", "--records", records, "--size", size])
+        .args([
+            "consume",
+            "--peer",
+            &addr,
+            "--producers",
+            "2",
+            "--consumers",
+            "2",
+            "--records",
+            records,
+            "--size",
+            size,
+        ])
         .output()
         .unwrap();
     drop(producer.stdin.take());
     let status = producer.wait().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(status.success());
     assert!(stdout.contains("OK records=10400000"), "{stdout}");
     let bytes: u64 = stdout
@@ -39,5 +65,8 @@ fn two_processes_exchange_gigabytes_exactly_once_in_order() {
         .parse()
         .unwrap();
     assert!(bytes > 2_600_000_000, "{bytes} bytes");
-    assert!(stdout.contains("connections=1"), "one TCP connection between the two: {stdout}");
+    assert!(
+        stdout.contains("connections=1"),
+        "one TCP connection between the two: {stdout}"
+    );
 }

@@ -11,6 +11,7 @@
 //! task's error (never "finished" with partial results). A panicking user
 //! function is caught on its task thread and attributed to its operator.
 
+use crate::metrics::{MetricRegistry, TaskMetricGroup, TaskMetricsSnapshot};
 use crate::output::current_operator;
 use crate::registry::OperatorRegistry;
 use crate::task::{OutputSpec, TaskDeployment, TaskMetrics, run_task};
@@ -18,13 +19,14 @@ use fluvia_core::config::options;
 use fluvia_core::{Configuration, FluviaError, JobId, Result, ResultPartitionType};
 use fluvia_graph::JobGraph;
 use fluvia_network::gate::InputChannel;
+use fluvia_network::metrics::IoCounters;
 use fluvia_network::net::environment::{NetworkConfig, NetworkEnvironment, RemoteChannelSpec};
 use fluvia_network::net::protocol::ResultPartitionId;
-use std::net::SocketAddr;
 use fluvia_network::{
     CancelToken, InputChannelSpec, LocalBufferPool, NetworkBufferPool, ResultPartition,
 };
 use fluvia_scheduler::{ExecutionGraph, ExecutionState};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
@@ -43,6 +45,9 @@ pub struct VertexMetrics {
     pub output_buffers_max_in_use: usize,
     pub output_buffers_limit: usize,
     pub backpressure_waits: u64,
+    /// Averages over the subtasks, for the whole run.
+    pub busy_ms_per_second: f64,
+    pub back_pressured_ms_per_second: f64,
 }
 
 /// The outcome of a finished job.
@@ -53,6 +58,8 @@ pub struct JobExecutionResult {
     pub duration: Duration,
     pub vertices: Vec<VertexMetrics>,
     pub execution_graph: ExecutionGraph,
+    /// Every subtask's metrics at the end of the run.
+    pub task_metrics: Vec<TaskMetricsSnapshot>,
 }
 
 impl JobExecutionResult {
@@ -70,8 +77,16 @@ impl JobExecutionResult {
         for v in &self.vertices {
             let _ = writeln!(
                 s,
-                "  {} [parallelism {}]: records in {}, out {}; bytes in {}, out {}",
-                v.name, v.parallelism, v.records_in, v.records_out, v.bytes_in, v.bytes_out
+                "  {} [parallelism {}]: records in {}, out {}; bytes in {}, out {}; \
+                 busy {:.0} ms/s, back-pressured {:.0} ms/s",
+                v.name,
+                v.parallelism,
+                v.records_in,
+                v.records_out,
+                v.bytes_in,
+                v.bytes_out,
+                v.busy_ms_per_second,
+                v.back_pressured_ms_per_second
             );
             if v.operators.len() > 1 {
                 for (name, n) in &v.operators {
@@ -107,6 +122,7 @@ impl Drop for ShutdownOnDrop<'_> {
 #[derive(Debug, Clone, Default)]
 pub struct LocalExecutor {
     config: Configuration,
+    metrics: Arc<MetricRegistry>,
 }
 
 struct Outcome {
@@ -117,7 +133,17 @@ struct Outcome {
 
 impl LocalExecutor {
     pub fn new(config: Configuration) -> Self {
-        LocalExecutor { config }
+        LocalExecutor {
+            config,
+            metrics: Arc::new(MetricRegistry::new()),
+        }
+    }
+
+    /// Reports task metrics into `registry` (which a REST endpoint may read
+    /// while jobs run).
+    pub fn with_metrics(mut self, registry: Arc<MetricRegistry>) -> Self {
+        self.metrics = registry;
+        self
     }
 
     pub fn execute(
@@ -138,7 +164,12 @@ impl LocalExecutor {
         let buffer_timeout = self.config.get(&options::BUFFER_TIMEOUT)?;
         let tmp_dir = self.config.get(&options::TMP_DIRS)?;
 
-        let compression = match self.config.get(&options::COMPRESSION_CODEC)?.to_ascii_uppercase().as_str() {
+        let compression = match self
+            .config
+            .get(&options::COMPRESSION_CODEC)?
+            .to_ascii_uppercase()
+            .as_str()
+        {
             "NONE" => false,
             "LZ4" => true,
             other => {
@@ -232,7 +263,10 @@ impl LocalExecutor {
                         Arc::clone(&partition),
                     );
                 }
-                per_producer.push((partition, pool_of(p).create_local_pool(pool_size.max(n + 1))?));
+                per_producer.push((
+                    partition,
+                    pool_of(p).create_local_pool(pool_size.max(n + 1))?,
+                ));
             }
             partitions.push(per_producer);
         }
@@ -255,6 +289,7 @@ impl LocalExecutor {
         };
 
         let results = eg.results.clone();
+        let mut metric_groups = Vec::new();
         let (tx, rx) = mpsc::channel::<Outcome>();
         let mut handles = Vec::new();
         for (vi, ejv) in eg.vertices.iter_mut().enumerate() {
@@ -269,7 +304,8 @@ impl LocalExecutor {
                         let producer_tm = task_manager_of(cp.producer_subtask);
                         if producer_tm == consumer_tm {
                             inputs.push(InputChannelSpec {
-                                channel: Arc::clone(partition.subpartition(sp)) as Arc<dyn InputChannel>,
+                                channel: Arc::clone(partition.subpartition(sp))
+                                    as Arc<dyn InputChannel>,
                                 input_index: cp.type_number as usize,
                             });
                         } else {
@@ -288,9 +324,12 @@ impl LocalExecutor {
                         }
                     }
                 }
+                let mut input_pools = Vec::new();
                 if !remote.is_empty() {
                     let specs: Vec<RemoteChannelSpec> = remote.iter().map(|(_, s)| *s).collect();
-                    let (_gate_pool, channels) = cluster[consumer_tm].open_remote_channels(&specs)?;
+                    let (gate_pool, channels) =
+                        cluster[consumer_tm].open_remote_channels(&specs)?;
+                    input_pools.push(gate_pool);
                     for ((input_index, _), ch) in remote.iter().zip(channels) {
                         inputs.push(InputChannelSpec {
                             channel: ch as Arc<dyn InputChannel>,
@@ -317,6 +356,20 @@ impl LocalExecutor {
                         })
                     })
                     .collect::<Result<Vec<_>>>()?;
+                let counters = Arc::new(IoCounters::default());
+                metric_groups.push(
+                    self.metrics.register(TaskMetricGroup::new(
+                        job.job_id,
+                        jv.name.clone(),
+                        ev.subtask_index,
+                        Arc::clone(&counters),
+                        outputs
+                            .iter()
+                            .map(|o: &OutputSpec| Arc::clone(&o.pool))
+                            .collect(),
+                        input_pools,
+                    )),
+                );
                 let deployment = TaskDeployment {
                     job: Arc::clone(&job),
                     vertex_index: vi,
@@ -327,6 +380,7 @@ impl LocalExecutor {
                     outputs,
                     cancel: cancel.clone(),
                     flush_epoch: Arc::clone(&flush_epoch),
+                    counters,
                 };
                 ev.current_attempt_mut().state = ExecutionState::Running;
                 let tx = tx.clone();
@@ -401,6 +455,10 @@ impl LocalExecutor {
         timer_stop.store(true, Ordering::Release);
         timer.thread().unpark();
         let _ = timer.join();
+        // Whole-run rates: each group's first snapshot covers its lifetime.
+        let task_metrics: Vec<TaskMetricsSnapshot> =
+            metric_groups.iter().map(|g| g.snapshot()).collect();
+        self.metrics.remove_job(job.job_id);
         if let Some(e) = first_error {
             return Err(e);
         }
@@ -419,6 +477,18 @@ impl LocalExecutor {
                     operators: jv.operators.iter().map(|o| (o.name.clone(), 0)).collect(),
                     ..Default::default()
                 };
+                let snaps: Vec<&TaskMetricsSnapshot> =
+                    task_metrics.iter().filter(|s| s.task == jv.name).collect();
+                if !snaps.is_empty() {
+                    let n = snaps.len() as f64;
+                    m.busy_ms_per_second =
+                        snaps.iter().map(|s| s.busy_ms_per_second).sum::<f64>() / n;
+                    m.back_pressured_ms_per_second = snaps
+                        .iter()
+                        .map(|s| s.back_pressured_ms_per_second)
+                        .sum::<f64>()
+                        / n;
+                }
                 for t in tasks {
                     m.records_in += t.records_in;
                     m.records_out += t.records_out;
@@ -441,6 +511,7 @@ impl LocalExecutor {
             duration: started.elapsed(),
             vertices,
             execution_graph: eg,
+            task_metrics,
         })
     }
 }

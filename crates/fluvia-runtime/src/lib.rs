@@ -15,6 +15,7 @@
 //! everything below (network, scheduler, graph) sees bytes and ids.
 
 pub mod executor;
+pub mod metrics;
 pub mod operator;
 pub mod output;
 pub mod record;
@@ -22,6 +23,7 @@ pub mod registry;
 pub mod task;
 
 pub use executor::{JobExecutionResult, LocalExecutor, VertexMetrics};
+pub use metrics::{MetricRegistry, TaskMetricsSnapshot};
 pub use operator::{
     OneInputOperator, OperatorContext, OperatorFactory, SourceOperator, SourceStatus,
     TwoInputOperator, UserError,

@@ -16,6 +16,7 @@ use fluvia_core::error::TaskLocation;
 use fluvia_core::{FluviaError, PartitionerKind, Result};
 use fluvia_graph::{JobGraph, JobVertex};
 use fluvia_network::gate::GateEvent;
+use fluvia_network::metrics::IoCounters;
 use fluvia_network::{
     CancelToken, ChannelSelector, InputChannelSpec, InputGate, LocalBufferPool, PartitionWriter,
     RecordDeserializer, ResultPartition,
@@ -24,6 +25,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+use std::time::Instant;
 
 /// One produced data set of the subtask: where to write and how to route.
 pub struct OutputSpec {
@@ -46,6 +48,8 @@ pub struct TaskDeployment {
     pub outputs: Vec<OutputSpec>,
     pub cancel: CancelToken,
     pub flush_epoch: Arc<AtomicU64>,
+    /// Live I/O counters, registered in the metric registry.
+    pub counters: Arc<IoCounters>,
 }
 
 impl TaskDeployment {
@@ -190,12 +194,15 @@ pub fn run_task(d: &TaskDeployment) -> Result<TaskMetrics> {
         .outputs
         .iter()
         .map(|o| {
-            Rc::new(RefCell::new(PartitionWriter::new(
-                Arc::clone(&o.partition),
-                Arc::clone(&o.pool),
-                d.cancel.clone(),
-                Some(Arc::clone(&d.flush_epoch)),
-            )))
+            Rc::new(RefCell::new(
+                PartitionWriter::new(
+                    Arc::clone(&o.partition),
+                    Arc::clone(&o.pool),
+                    d.cancel.clone(),
+                    Some(Arc::clone(&d.flush_epoch)),
+                )
+                .with_counters(Arc::clone(&d.counters)),
+            ))
         })
         .collect();
     let builder = ChainBuilder {
@@ -258,6 +265,7 @@ fn run_input_loop(
         .map(|_| RecordDeserializer::new())
         .collect();
     let mut records_in = 0u64;
+    let counters = &d.counters;
     loop {
         let event = match gate.poll_next()? {
             Some(ev) => ev,
@@ -265,7 +273,10 @@ fn run_input_loop(
                 for w in writers {
                     w.borrow_mut().flush_all()?;
                 }
-                match gate.get_next(&d.cancel)? {
+                let idle_since = Instant::now();
+                let next = gate.get_next(&d.cancel)?;
+                IoCounters::add(&counters.idle_nanos, idle_since.elapsed().as_nanos() as u64);
+                match next {
                     Some(ev) => ev,
                     None => break,
                 }
@@ -274,10 +285,14 @@ fn run_input_loop(
         match event {
             GateEvent::Buffer { channel, buffer } => {
                 let input = gate.input_index(channel);
+                let before = records_in;
                 deserializers[channel].feed(buffer.as_slice(), |bytes| {
                     records_in += 1;
                     head.process(input, bytes)
                 })?;
+                IoCounters::add(&counters.records_in, records_in - before);
+                IoCounters::add(&counters.bytes_in, buffer.len() as u64);
+                IoCounters::add(&counters.buffers_in, 1);
                 // `buffer` drops here and returns to the producer's pool.
             }
             GateEvent::ChannelFinished { channel } => {

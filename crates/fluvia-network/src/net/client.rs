@@ -17,7 +17,9 @@
 //! for them. A slow consumer thus only stops its own channel: the sender has
 //! no credit for it and serves the other channels of the connection.
 
-use super::protocol::{DataType, Frame, FrameDecoder, Message, ReceiverId, ResultPartitionId, encode};
+use super::protocol::{
+    DataType, Frame, FrameDecoder, Message, ReceiverId, ResultPartitionId, encode,
+};
 use crate::buffer::{BufferBuilder, BufferRecycler, LocalBufferPool, lock_state};
 use crate::gate::InputChannel;
 use crate::partition::{AvailabilityListener, BufferOrEvent, Event};
@@ -245,10 +247,7 @@ impl RemoteInputChannel {
             DataType::Data => {
                 st.sender_credit = st.sender_credit.saturating_sub(1);
                 let Some(mut segment) = st.free.pop() else {
-                    return Err(format!(
-                        "{} sent a buffer without credit",
-                        self.describe()
-                    ));
+                    return Err(format!("{} sent a buffer without credit", self.describe()));
                 };
                 if compressed {
                     super::decompress_into(payload, &mut segment, self.segment_size)?;
@@ -267,13 +266,16 @@ impl RemoteInputChannel {
                     Some(me) => me,
                     None => return Ok(()),
                 };
-                let mut builder = BufferBuilder::with_recycler(Vec::new(), self.segment_size, recycler);
+                let mut builder =
+                    BufferBuilder::with_recycler(Vec::new(), self.segment_size, recycler);
                 *builder.data_mut() = segment;
-                st.received.push_back(BufferOrEvent::Buffer(builder.finish()));
+                st.received
+                    .push_back(BufferOrEvent::Buffer(builder.finish()));
             }
             DataType::EndOfPartition => {
                 st.finished = true;
-                st.received.push_back(BufferOrEvent::Event(Event::EndOfPartition));
+                st.received
+                    .push_back(BufferOrEvent::Event(Event::EndOfPartition));
             }
         }
         // Borrow floating segments for the announced backlog.
@@ -454,15 +456,18 @@ pub struct ClientConnection {
 
 impl std::fmt::Debug for ClientConnection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientConnection").field("peer", &self.peer).finish()
+        f.debug_struct("ClientConnection")
+            .field("peer", &self.peer)
+            .finish()
     }
 }
 
 impl ClientConnection {
     /// Connects and starts the reader and writer threads.
     pub fn connect(peer: SocketAddr) -> Result<Arc<Self>> {
-        let stream = TcpStream::connect(peer)
-            .map_err(|e| FluviaError::io(format!("connecting to TaskManager data port {peer}"), e))?;
+        let stream = TcpStream::connect(peer).map_err(|e| {
+            FluviaError::io(format!("connecting to TaskManager data port {peer}"), e)
+        })?;
         let _ = stream.set_nodelay(true);
         let conn = Arc::new(ClientConnection {
             peer,
@@ -556,7 +561,9 @@ impl ClientConnection {
     }
 
     fn channel(&self, receiver: ReceiverId) -> Option<Arc<RemoteInputChannel>> {
-        lock_state(&self.channels).get(&receiver).and_then(Weak::upgrade)
+        lock_state(&self.channels)
+            .get(&receiver)
+            .and_then(Weak::upgrade)
     }
 
     /// Fails every channel and closes the connection.
@@ -569,7 +576,10 @@ impl ClientConnection {
         }
         lock_state(&self.outbox).closed = true;
         self.wake.notify_all();
-        let channels: Vec<_> = lock_state(&self.channels).values().filter_map(Weak::upgrade).collect();
+        let channels: Vec<_> = lock_state(&self.channels)
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect();
         for c in channels {
             c.fail(message.clone());
         }
@@ -593,7 +603,10 @@ impl ClientConnection {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     if !self.is_closed() {
-                        self.fail_all(format!("connection to TaskManager {} failed: {e}", self.peer));
+                        self.fail_all(format!(
+                            "connection to TaskManager {} failed: {e}",
+                            self.peer
+                        ));
                     }
                     return;
                 }
@@ -694,7 +707,13 @@ impl ClientConnection {
                 if let Some(ch) = self.channel(r) {
                     let credit = ch.take_unannounced();
                     if credit > 0 {
-                        encode(&Message::AddCredit { receiver: r, credit }, &mut frame);
+                        encode(
+                            &Message::AddCredit {
+                                receiver: r,
+                                credit,
+                            },
+                            &mut frame,
+                        );
                     }
                 }
             }
@@ -739,7 +758,10 @@ impl ConnectionManager {
 
     /// Number of open connections (one per remote TaskManager).
     pub fn num_connections(&self) -> usize {
-        lock_state(&self.connections).values().filter(|c| !c.is_closed()).count()
+        lock_state(&self.connections)
+            .values()
+            .filter(|c| !c.is_closed())
+            .count()
     }
 
     pub fn close_all(&self) {

@@ -108,7 +108,11 @@ impl NetworkEnvironment {
     }
 
     /// Makes a partition readable by remote consumers.
-    pub fn register_partition(&self, id: ResultPartitionId, partition: Arc<crate::ResultPartition>) {
+    pub fn register_partition(
+        &self,
+        id: ResultPartitionId,
+        partition: Arc<crate::ResultPartition>,
+    ) {
         self.partitions.register(id, partition);
     }
 
@@ -119,7 +123,8 @@ impl NetworkEnvironment {
         &self,
         specs: &[RemoteChannelSpec],
     ) -> Result<(Arc<GateBufferPool>, Vec<Arc<RemoteInputChannel>>)> {
-        let size = specs.len() * self.config.buffers_per_channel + self.config.floating_buffers_per_gate;
+        let size =
+            specs.len() * self.config.buffers_per_channel + self.config.floating_buffers_per_gate;
         let pool = GateBufferPool::new(self.global.create_local_pool(size)?);
         let mut channels = Vec::with_capacity(specs.len());
         for s in specs {

@@ -29,13 +29,18 @@ pub(crate) fn decompress_into(payload: &[u8], out: &mut Vec<u8>, max: usize) -> 
     }
     let size = u32::from_le_bytes([payload[0], payload[1], payload[2], payload[3]]) as usize;
     if size > max {
-        return Err(format!("compressed buffer claims {size} bytes, more than a segment ({max})"));
+        return Err(format!(
+            "compressed buffer claims {size} bytes, more than a segment ({max})"
+        ));
     }
     out.clear();
     out.resize(size, 0);
-    let n = lz4_flex::block::decompress_into(&payload[4..], out).map_err(|e| format!("corrupt LZ4 buffer: {e}"))?;
+    let n = lz4_flex::block::decompress_into(&payload[4..], out)
+        .map_err(|e| format!("corrupt LZ4 buffer: {e}"))?;
     if n != size {
-        return Err(format!("LZ4 buffer decompressed to {n} bytes, header says {size}"));
+        return Err(format!(
+            "LZ4 buffer decompressed to {n} bytes, header says {size}"
+        ));
     }
     Ok(())
 }

@@ -33,7 +33,9 @@ pub struct PeerArgs {
 /// Parses `produce|consume [--peer A] [--producers P] [--consumers C] [--records N] [--size B] [--lz4]`.
 pub fn parse(args: impl IntoIterator<Item = String>) -> Result<PeerArgs, String> {
     let mut it = args.into_iter();
-    let mode = it.next().ok_or("usage: fluvia-net-peer produce|consume [options]")?;
+    let mode = it
+        .next()
+        .ok_or("usage: fluvia-net-peer produce|consume [options]")?;
     let mut a = PeerArgs {
         mode,
         peer: None,
@@ -91,13 +93,22 @@ pub fn produce(a: &PeerArgs) -> Result<(), String> {
     let env = start_env(a.compression)?;
     let mut writers = Vec::new();
     for p in 0..a.producers {
-        let partition = Arc::new(ResultPartition::pipelined(format!("producer {p}"), a.consumers, 32 * 1024));
+        let partition = Arc::new(ResultPartition::pipelined(
+            format!("producer {p}"),
+            a.consumers,
+            32 * 1024,
+        ));
         env.register_partition(pid(p), Arc::clone(&partition));
         let pool = env
             .buffer_pool()
             .create_local_pool(a.consumers * 2 + 8)
             .map_err(|e| e.to_string())?;
-        writers.push(PartitionWriter::new(partition, pool, CancelToken::new(), None));
+        writers.push(PartitionWriter::new(
+            partition,
+            pool,
+            CancelToken::new(),
+            None,
+        ));
     }
     println!("ADDR {}", env.data_address());
     std::io::stdout().flush().map_err(|e| e.to_string())?;
@@ -121,7 +132,8 @@ pub fn produce(a: &PeerArgs) -> Result<(), String> {
         })
         .collect();
     for t in threads {
-        t.join().map_err(|_| "producer thread panicked".to_string())??;
+        t.join()
+            .map_err(|_| "producer thread panicked".to_string())??;
     }
     // Keep serving until the consumer is done and closes our stdin.
     let mut line = String::new();
@@ -144,7 +156,9 @@ pub fn consume(a: &PeerArgs) -> Result<(), String> {
                 subpartition: c as u32,
             })
             .collect();
-        let (_pool, channels) = env.open_remote_channels(&specs).map_err(|e| e.to_string())?;
+        let (_pool, channels) = env
+            .open_remote_channels(&specs)
+            .map_err(|e| e.to_string())?;
         let (records, size) = (a.records, a.size);
         threads.push(std::thread::spawn(move || -> Result<(u64, u64), String> {
             let mut gate = InputGate::new(
@@ -191,7 +205,9 @@ pub fn consume(a: &PeerArgs) -> Result<(), String> {
     }
     let (mut records, mut bytes) = (0u64, 0u64);
     for t in threads {
-        let (r, b) = t.join().map_err(|_| "consumer thread panicked".to_string())??;
+        let (r, b) = t
+            .join()
+            .map_err(|_| "consumer thread panicked".to_string())??;
         records += r;
         bytes += b;
     }

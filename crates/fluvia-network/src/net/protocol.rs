@@ -24,7 +24,11 @@ pub struct ResultPartitionId {
 
 impl fmt::Display for ResultPartitionId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:032x}#{}@{}", self.data_set, self.producer_subtask, self.attempt)
+        write!(
+            f,
+            "{:032x}#{}@{}",
+            self.data_set, self.producer_subtask, self.attempt
+        )
     }
 }
 
@@ -220,15 +224,19 @@ struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], ProtocolError> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len()).ok_or_else(|| {
-            ProtocolError(format!(
-                "{} frame truncated: needs {} more bytes at offset {}, has {}",
-                self.what,
-                n,
-                self.pos,
-                self.buf.len().saturating_sub(self.pos)
-            ))
-        })?;
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&e| e <= self.buf.len())
+            .ok_or_else(|| {
+                ProtocolError(format!(
+                    "{} frame truncated: needs {} more bytes at offset {}, has {}",
+                    self.what,
+                    n,
+                    self.pos,
+                    self.buf.len().saturating_sub(self.pos)
+                ))
+            })?;
         let s = &self.buf[self.pos..end];
         self.pos = end;
         Ok(s)
@@ -311,7 +319,11 @@ fn decode_frame(id: u8, body: &[u8]) -> Result<Frame<'_>, ProtocolError> {
         6 => "AddCredit",
         other => return Err(ProtocolError(format!("unknown message id {other}"))),
     };
-    let mut r = Reader { buf: body, pos: 0, what };
+    let mut r = Reader {
+        buf: body,
+        pos: 0,
+        what,
+    };
     let msg = match id {
         0 => {
             let receiver = r.u128()?;
@@ -375,7 +387,9 @@ fn decode_frame(id: u8, body: &[u8]) -> Result<Frame<'_>, ProtocolError> {
                 initial_credit: r.u32()?,
             }
         }
-        4 => Message::CancelPartitionRequest { receiver: r.u128()? },
+        4 => Message::CancelPartitionRequest {
+            receiver: r.u128()?,
+        },
         5 => Message::CloseRequest,
         _ => {
             let credit = r.u32()?;
@@ -533,7 +547,10 @@ mod tests {
             },
             Message::CancelPartitionRequest { receiver: 5 },
             Message::CloseRequest,
-            Message::AddCredit { receiver: 5, credit: 4 },
+            Message::AddCredit {
+                receiver: 5,
+                credit: 4,
+            },
         ]
     }
 
@@ -569,7 +586,13 @@ mod tests {
 
         // An AddCredit frame cut short inside its body.
         let mut wire = Vec::new();
-        encode(&Message::AddCredit { receiver: 1, credit: 1 }, &mut wire);
+        encode(
+            &Message::AddCredit {
+                receiver: 1,
+                credit: 1,
+            },
+            &mut wire,
+        );
         wire[3] -= 4;
         wire.truncate(wire.len() - 4);
         let mut d = FrameDecoder::new();

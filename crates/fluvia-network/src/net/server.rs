@@ -15,7 +15,9 @@ use super::protocol::{
     encode_buffer_response_header,
 };
 use crate::buffer::lock_state;
-use crate::partition::{AvailabilityListener, BufferOrEvent, CreditPoll, NextKind, ResultPartition, Subpartition};
+use crate::partition::{
+    AvailabilityListener, BufferOrEvent, CreditPoll, NextKind, ResultPartition, Subpartition,
+};
 use fluvia_core::{FluviaError, Result};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::Write;
@@ -97,7 +99,11 @@ impl PartitionRequestServer {
         let shutdown = Arc::new(AtomicBool::new(false));
         let connections: Arc<Mutex<Vec<Weak<ServerConnection>>>> = Arc::default();
         let metrics = Arc::new(ServerMetrics::default());
-        let (stop, conns, m) = (Arc::clone(&shutdown), Arc::clone(&connections), Arc::clone(&metrics));
+        let (stop, conns, m) = (
+            Arc::clone(&shutdown),
+            Arc::clone(&connections),
+            Arc::clone(&metrics),
+        );
         std::thread::Builder::new()
             .name(format!("net-server {address}"))
             .spawn(move || {
@@ -107,7 +113,12 @@ impl PartitionRequestServer {
                     }
                     let Ok(stream) = stream else { continue };
                     m.connections_accepted.fetch_add(1, Ordering::Relaxed);
-                    match ServerConnection::start(stream, Arc::clone(&partitions), config, Arc::clone(&m)) {
+                    match ServerConnection::start(
+                        stream,
+                        Arc::clone(&partitions),
+                        config,
+                        Arc::clone(&m),
+                    ) {
                         Ok(c) => lock_state(&conns).push(Arc::downgrade(&c)),
                         Err(e) => tracing::warn!("accepting a data connection failed: {e}"),
                     }
@@ -339,7 +350,8 @@ impl ServerConnection {
                     });
                     return true;
                 }
-                let subpartitions: Vec<Arc<Subpartition>> = (first_subpartition..=last_subpartition)
+                let subpartitions: Vec<Arc<Subpartition>> = (first_subpartition
+                    ..=last_subpartition)
                     .map(|i| Arc::clone(p.subpartition(i as usize)))
                     .collect();
                 let n = subpartitions.len();
@@ -569,11 +581,18 @@ impl ServerConnection {
                         .bytes_sent
                         .fetch_add(payload.len() as u64, Ordering::Relaxed);
                     // Control frames buffered before this one go first.
-                    let flushed = if w.buffer().is_empty() { Ok(()) } else { w.flush() };
+                    let flushed = if w.buffer().is_empty() {
+                        Ok(())
+                    } else {
+                        w.flush()
+                    };
                     flushed.and_then(|_| {
                         super::write_all_vectored(
                             w.get_mut(),
-                            &mut [std::io::IoSlice::new(&header), std::io::IoSlice::new(payload)],
+                            &mut [
+                                std::io::IoSlice::new(&header),
+                                std::io::IoSlice::new(payload),
+                            ],
                         )
                     })
                     // `buffer` drops here: the segment returns to its producer.
