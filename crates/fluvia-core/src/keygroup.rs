@@ -185,6 +185,48 @@ mod tests {
         assert_eq!((1i64 << 32).key_hash(), 1);
     }
 
+    /// Key groups of a table of keys as a JVM computes them: Java's
+    /// `hashCode`, Flink's `MathUtils.murmurHash`, max parallelism 128 and
+    /// parallelism 4 (the rows were produced by a Java program).
+    #[test]
+    fn key_groups_match_a_jvm_for_a_table_of_keys() {
+        let table: &[(&str, &str, i32, usize, usize)] = &[
+        ("i32", "0", 0, 94, 2),
+        ("i32", "1", 1, 86, 2),
+        ("i32", "2", 2, 127, 3),
+        ("i32", "7", 7, 113, 3),
+        ("i32", "42", 42, 29, 0),
+        ("i32", "-1", -1, 80, 2),
+        ("i32", "1000", 1000, 7, 0),
+        ("i32", "123456789", 123456789, 81, 2),
+        ("i32", "-2147483648", -2147483648, 108, 3),
+        ("i32", "2147483647", 2147483647, 62, 1),
+        ("i64", "0", 0, 94, 2),
+        ("i64", "1", 1, 86, 2),
+        ("i64", "-1", 0, 94, 2),
+        ("i64", "4294967296", 1, 86, 2),
+        ("i64", "9007199254740993", 2097153, 3, 0),
+        ("i64", "-9223372036854775808", -2147483648, 108, 3),
+        ("str", "", 0, 94, 2),
+        ("str", "a", 97, 81, 2),
+        ("str", "hello", 99162322, 35, 1),
+        ("str", "Flink", 67968320, 127, 3),
+        ("str", "fluvia", -1271451329, 41, 1),
+        ("str", "ÆØÅ", 197171, 36, 1),
+        ("str", "the quick brown fox", 1302335171, 80, 2),
+        ];
+        for &(kind, key, hash, kg, op) in table {
+            let h = match kind {
+                "i32" => key.parse::<i32>().unwrap().key_hash(),
+                "i64" => key.parse::<i64>().unwrap().key_hash(),
+                _ => key.key_hash(),
+            };
+            assert_eq!(h, hash, "hashCode of {kind} {key}");
+            assert_eq!(key_group_for_hash(h, 128), kg, "key group of {kind} {key}");
+            assert_eq!(operator_index_for_key_group(128, 4, kg), op, "subtask of {kind} {key}");
+        }
+    }
+
     #[test]
     fn murmur_is_non_negative_and_mixes() {
         for k in -1000..1000 {

@@ -578,3 +578,54 @@ fn load_aware_rebalance_sends_less_to_a_slow_consumer() {
     );
     assert!(shares[1] < 0.4, "the slow consumer got less: {shares:?}");
 }
+
+static ENCODES: AtomicU64 = AtomicU64::new(0);
+
+/// A record that counts how often it is serialised.
+#[derive(Debug, Clone, serde::Deserialize)]
+struct Counted(u64);
+
+impl serde::Serialize for Counted {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        ENCODES.fetch_add(1, Ordering::SeqCst);
+        s.serialize_newtype_struct("Counted", &self.0)
+    }
+}
+
+#[test]
+fn broadcast_encodes_each_record_once_and_delivers_it_to_every_consumer() {
+    const N: u64 = 10_000;
+    for task_managers in [1, 3] {
+        ENCODES.store(0, Ordering::SeqCst);
+        let env = StreamExecutionEnvironment::new();
+        env.set_parallelism(1)
+            .set_config("local.number-taskmanager", &task_managers.to_string());
+        let (_, handle) = env
+            .from_generator(N, Counted)
+            .broadcast()
+            .transform("Tag", |ctx: &OperatorContext| CountedTagger(ctx.subtask_index))
+            .set_parallelism(3)
+            .collect();
+        let result = env.execute("broadcast").unwrap();
+        let got = handle.take();
+        assert_eq!(ENCODES.load(Ordering::SeqCst), N, "encoded once per record");
+        assert_eq!(got.len() as u64, 3 * N, "delivered to each of 3 consumers");
+        for s in 0..3 {
+            let mut mine: Vec<u64> = got.iter().filter(|(_, t)| *t == s).map(|(v, _)| *v).collect();
+            mine.sort();
+            assert_eq!(mine, (0..N).collect::<Vec<_>>());
+        }
+        // The source wrote each buffer once, shared by the three subpartitions.
+        let source = &result.vertices[0];
+        let per_consumer: u64 = result.vertices[1].bytes_in / 3;
+        assert_eq!(source.bytes_out, per_consumer, "{task_managers} TMs");
+    }
+}
+
+struct CountedTagger(usize);
+impl OneInputOperator<Counted, (u64, usize)> for CountedTagger {
+    fn process_element(&mut self, r: Counted, out: &mut Collector<'_, (u64, usize)>) -> Result<(), UserError> {
+        out.collect((r.0, self.0));
+        Ok(())
+    }
+}
