@@ -75,6 +75,7 @@ impl NetworkBufferPool {
             max: size,
             state: Mutex::new(PoolState::default()),
             available: Condvar::new(),
+            free_hint: Default::default(),
         }))
     }
 
@@ -108,6 +109,8 @@ pub struct LocalBufferPool {
     max: usize,
     state: Mutex<PoolState>,
     available: Condvar,
+    /// Free segments, readable without the lock (for the brief spin).
+    free_hint: std::sync::atomic::AtomicUsize,
 }
 
 impl LocalBufferPool {
@@ -140,7 +143,7 @@ impl LocalBufferPool {
                 drop(st);
                 for _ in 0..crate::gate::SPINS_BEFORE_BLOCKING {
                     std::thread::yield_now();
-                    if !lock_state(&self.state).free.is_empty() {
+                    if self.free_hint.load(std::sync::atomic::Ordering::Acquire) > 0 {
                         break;
                     }
                 }
@@ -173,6 +176,8 @@ impl LocalBufferPool {
     fn hand_out(self: &Arc<Self>, st: &mut PoolState, seg: Vec<u8>) -> BufferBuilder {
         st.in_use += 1;
         st.max_in_use = st.max_in_use.max(st.in_use);
+        self.free_hint
+            .store(st.free.len(), std::sync::atomic::Ordering::Release);
         let recycler: Arc<dyn BufferRecycler> = Arc::clone(self) as Arc<dyn BufferRecycler>;
         BufferBuilder::with_recycler(seg, self.segment_size, recycler)
     }
@@ -181,6 +186,8 @@ impl LocalBufferPool {
         let mut st = lock_state(&self.state);
         st.in_use -= 1;
         st.free.push(seg);
+        self.free_hint
+            .store(st.free.len(), std::sync::atomic::Ordering::Release);
         let wake = st.waiting > 0;
         drop(st);
         if wake {

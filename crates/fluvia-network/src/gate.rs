@@ -52,7 +52,7 @@ struct GateNotifier {
 /// Blocking and waking cost a system call on each side (several
 /// microseconds in a VM); a producer that is about to hand over a buffer
 /// usually does so within a few yields.
-pub(crate) const SPINS_BEFORE_BLOCKING: usize = 64;
+pub(crate) const SPINS_BEFORE_BLOCKING: usize = 16;
 
 impl AvailabilityListener for GateNotifier {
     fn notify_available(&self, channel: usize) {

@@ -190,6 +190,8 @@ struct ServerConnection {
     state: Mutex<ConnState>,
     wake: Condvar,
     me: Weak<ServerConnection>,
+    /// Readers queued plus control messages, readable without the lock.
+    work_hint: AtomicU64,
 }
 
 /// Tells the connection that a reader's subpartition has data.
@@ -250,6 +252,7 @@ impl ServerConnection {
             state: Mutex::new(ConnState::default()),
             wake: Condvar::new(),
             me: me.clone(),
+            work_hint: AtomicU64::new(0),
         });
         let (r, w) = (Arc::clone(&conn), Arc::clone(&conn));
         std::thread::Builder::new()
@@ -266,6 +269,7 @@ impl ServerConnection {
     fn enqueue(&self, st: &mut ConnState, receiver: ReceiverId) {
         if st.readers.contains_key(&receiver) && st.queued.insert(receiver) {
             st.available.push_back(receiver);
+            self.work_hint.store(st.available.len() as u64, Ordering::Release);
             if st.writer_waiting {
                 self.wake.notify_one();
             }
@@ -281,6 +285,7 @@ impl ServerConnection {
     fn send_control(&self, msg: Message) {
         let mut st = lock_state(&self.state);
         st.control.push_back(msg);
+        self.work_hint.store((st.available.len() + st.control.len()) as u64, Ordering::Release);
         drop(st);
         self.wake.notify_one();
     }
@@ -417,15 +422,17 @@ impl ServerConnection {
             if let Some(m) = st.control.pop_front() {
                 return Ok(Some(Outgoing::Control(m)));
             }
-            let Some(receiver) = st.available.pop_front() else {
+            let popped = st.available.pop_front();
+            self.work_hint
+                .store((st.available.len() + st.control.len()) as u64, Ordering::Release);
+            let Some(receiver) = popped else {
                 drop(st);
                 idle();
                 // Data or credit usually arrives within a few yields; a
                 // blocked writer costs the waker a system call.
                 for _ in 0..crate::gate::SPINS_BEFORE_BLOCKING {
                     std::thread::yield_now();
-                    let st = lock_state(&self.state);
-                    if !st.available.is_empty() || !st.control.is_empty() || st.closed {
+                    if self.work_hint.load(Ordering::Acquire) > 0 {
                         break;
                     }
                 }
