@@ -603,7 +603,9 @@ fn broadcast_encodes_each_record_once_and_delivers_it_to_every_consumer() {
         let (_, handle) = env
             .from_generator(N, Counted)
             .broadcast()
-            .transform("Tag", |ctx: &OperatorContext| CountedTagger(ctx.subtask_index))
+            .transform("Tag", |ctx: &OperatorContext| {
+                CountedTagger(ctx.subtask_index)
+            })
             .set_parallelism(3)
             .collect();
         let result = env.execute("broadcast").unwrap();
@@ -611,7 +613,11 @@ fn broadcast_encodes_each_record_once_and_delivers_it_to_every_consumer() {
         assert_eq!(ENCODES.load(Ordering::SeqCst), N, "encoded once per record");
         assert_eq!(got.len() as u64, 3 * N, "delivered to each of 3 consumers");
         for s in 0..3 {
-            let mut mine: Vec<u64> = got.iter().filter(|(_, t)| *t == s).map(|(v, _)| *v).collect();
+            let mut mine: Vec<u64> = got
+                .iter()
+                .filter(|(_, t)| *t == s)
+                .map(|(v, _)| *v)
+                .collect();
             mine.sort();
             assert_eq!(mine, (0..N).collect::<Vec<_>>());
         }
@@ -624,7 +630,11 @@ fn broadcast_encodes_each_record_once_and_delivers_it_to_every_consumer() {
 
 struct CountedTagger(usize);
 impl OneInputOperator<Counted, (u64, usize)> for CountedTagger {
-    fn process_element(&mut self, r: Counted, out: &mut Collector<'_, (u64, usize)>) -> Result<(), UserError> {
+    fn process_element(
+        &mut self,
+        r: Counted,
+        out: &mut Collector<'_, (u64, usize)>,
+    ) -> Result<(), UserError> {
         out.collect((r.0, self.0));
         Ok(())
     }

@@ -269,7 +269,8 @@ impl ServerConnection {
     fn enqueue(&self, st: &mut ConnState, receiver: ReceiverId) {
         if st.readers.contains_key(&receiver) && st.queued.insert(receiver) {
             st.available.push_back(receiver);
-            self.work_hint.store(st.available.len() as u64, Ordering::Release);
+            self.work_hint
+                .store(st.available.len() as u64, Ordering::Release);
             if st.writer_waiting {
                 self.wake.notify_one();
             }
@@ -285,7 +286,10 @@ impl ServerConnection {
     fn send_control(&self, msg: Message) {
         let mut st = lock_state(&self.state);
         st.control.push_back(msg);
-        self.work_hint.store((st.available.len() + st.control.len()) as u64, Ordering::Release);
+        self.work_hint.store(
+            (st.available.len() + st.control.len()) as u64,
+            Ordering::Release,
+        );
         drop(st);
         self.wake.notify_one();
     }
@@ -423,8 +427,10 @@ impl ServerConnection {
                 return Ok(Some(Outgoing::Control(m)));
             }
             let popped = st.available.pop_front();
-            self.work_hint
-                .store((st.available.len() + st.control.len()) as u64, Ordering::Release);
+            self.work_hint.store(
+                (st.available.len() + st.control.len()) as u64,
+                Ordering::Release,
+            );
             let Some(receiver) = popped else {
                 drop(st);
                 idle();
