@@ -6,4 +6,5 @@
 //!
 //! [`StreamExecutionEnvironment`]: fluvia_datastream::StreamExecutionEnvironment
 
+pub mod catalog;
 pub mod examples;

@@ -1,15 +1,19 @@
-//! `fluvia`: one binary for every role. For now it runs and explains the
-//! built-in example jobs on the embedded runtime.
+//! `fluvia`: one binary for every role — the JobManager and TaskManager
+//! processes, and the client commands that run, explain, list and cancel
+//! jobs (on a cluster with `--jobmanager`, else on the embedded runtime).
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, anyhow, bail};
 use clap::{Args, Parser, Subcommand};
-use fluvia_cli::examples::{self, pipeline, wordcount};
+use fluvia_cli::catalog::{Example, ExampleCatalog};
+use fluvia_cli::examples;
+use fluvia_cluster::client::ClusterClient;
+use fluvia_cluster::config as cluster_config;
+use fluvia_cluster::program::ProgramSpec;
 use fluvia_core::config::options;
-use fluvia_core::{Configuration, RuntimeMode};
-use fluvia_datastream::StreamExecutionEnvironment;
 use fluvia_graph::plan;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 #[derive(Parser)]
 #[command(
@@ -24,8 +28,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run an example job on the embedded runtime and print a summary.
+    /// Run an example job (on the embedded runtime, or on a cluster with --jobmanager).
     Run {
+        /// Submit to the JobManager at HOST:PORT instead of running embedded.
+        #[arg(long, value_name = "HOST:PORT")]
+        jobmanager: Option<String>,
         #[command(subcommand)]
         example: Example,
     },
@@ -40,6 +47,54 @@ enum Command {
     Examples,
     /// List the configuration keys Fluvia reads, with their defaults.
     Config,
+    /// Start a JobManager (RPC, REST API, scheduler) and run until stopped.
+    Jobmanager {
+        #[command(flatten)]
+        conf: ConfigArgs,
+    },
+    /// Start a TaskManager that registers with a JobManager.
+    Taskmanager {
+        /// The JobManager's RPC address.
+        #[arg(long, value_name = "HOST:PORT")]
+        jobmanager: String,
+        /// Number of task slots (taskmanager.numberOfTaskSlots).
+        #[arg(long)]
+        slots: Option<usize>,
+        #[command(flatten)]
+        conf: ConfigArgs,
+    },
+    /// List the jobs of a cluster.
+    List {
+        #[arg(long, value_name = "HOST:PORT")]
+        jobmanager: String,
+        #[command(flatten)]
+        conf: ConfigArgs,
+    },
+    /// Cancel a job on a cluster.
+    Cancel {
+        #[arg(long, value_name = "HOST:PORT")]
+        jobmanager: String,
+        job_id: String,
+        #[command(flatten)]
+        conf: ConfigArgs,
+    },
+}
+
+/// Configuration of a process: a file plus `-D` overrides.
+#[derive(Args, Clone)]
+struct ConfigArgs {
+    /// Configuration file: flat YAML (`key: value`) or TOML.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// A configuration key, as key=value (repeatable).
+    #[arg(short = 'D', value_name = "KEY=VALUE")]
+    dynamic: Vec<String>,
+}
+
+impl ConfigArgs {
+    fn load(&self) -> Result<fluvia_core::Configuration> {
+        Ok(cluster_config::load(self.config.as_deref(), &self.dynamic)?)
+    }
 }
 
 #[derive(Args, Clone, Copy)]
@@ -52,100 +107,7 @@ struct PlanFormat {
     dot: bool,
 }
 
-/// Settings every example takes.
-#[derive(Args, Clone)]
-struct Common {
-    /// Default parallelism of the job's operators.
-    #[arg(short, long)]
-    parallelism: Option<usize>,
-    /// Run every operator as its own task (pipeline.operator-chaining.enabled=false).
-    #[arg(long)]
-    disable_chaining: bool,
-    /// Hand records to chained operators without copying them (pipeline.object-reuse=true).
-    #[arg(long)]
-    object_reuse: bool,
-    /// Runtime mode: streaming, batch or automatic.
-    #[arg(long, value_parser = parse_mode)]
-    mode: Option<RuntimeMode>,
-    /// A configuration key, as key=value (repeatable).
-    #[arg(short = 'D', value_name = "KEY=VALUE")]
-    dynamic: Vec<String>,
-}
-
-fn parse_mode(s: &str) -> Result<RuntimeMode, String> {
-    RuntimeMode::parse(s)
-        .ok_or_else(|| format!("unknown mode '{s}' (streaming, batch or automatic)"))
-}
-
-#[derive(Subcommand, Clone)]
-enum Example {
-    /// Count words in text files; output lines are `word,count`, sorted by word.
-    Wordcount {
-        /// Input text file(s).
-        #[arg(long, required = true, num_args = 1..)]
-        input: Vec<PathBuf>,
-        /// Output file (default: standard output).
-        #[arg(long)]
-        output: Option<PathBuf>,
-        #[command(flatten)]
-        common: Common,
-    },
-    /// Throughput job over generated rows; prints rows/s.
-    Pipeline {
-        /// Number of generated rows.
-        #[arg(long, default_value_t = 50_000_000)]
-        rows: u64,
-        /// filter (chained filter + map) or count (keyed running count).
-        #[arg(long, default_value = "filter")]
-        job: pipeline::PipelineJob,
-        #[command(flatten)]
-        common: Common,
-    },
-}
-
-impl Example {
-    fn common(&self) -> &Common {
-        match self {
-            Example::Wordcount { common, .. } | Example::Pipeline { common, .. } => common,
-        }
-    }
-
-    fn name(&self) -> &'static str {
-        match self {
-            Example::Wordcount { .. } => "wordcount",
-            Example::Pipeline { .. } => "pipeline",
-        }
-    }
-
-    /// Builds the job on a fresh environment configured from the flags.
-    fn environment(&self) -> Result<StreamExecutionEnvironment> {
-        let common = self.common();
-        let mut config = Configuration::new();
-        config.apply_dynamic(&common.dynamic)?;
-        if let Some(p) = common.parallelism {
-            config.set_option(&options::PARALLELISM, p);
-        }
-        if common.disable_chaining {
-            config.set_option(&options::CHAINING_ENABLED, false);
-        }
-        if common.object_reuse {
-            config.set_option(&options::OBJECT_REUSE, true);
-        }
-        if let Some(mode) = common.mode {
-            config.set(options::RUNTIME_MODE.key, mode.to_string());
-        }
-        let env = StreamExecutionEnvironment::with_config(config)?;
-        match self {
-            Example::Wordcount { input, output, .. } => {
-                wordcount::build(&env, input.clone(), output.clone())
-            }
-            Example::Pipeline { rows, job, .. } => pipeline::build(&env, *rows, *job),
-        }
-        Ok(env)
-    }
-}
-
-fn run(example: Example) -> Result<()> {
+fn run_embedded(example: Example) -> Result<()> {
     let env = example.environment()?;
     let result = env
         .execute(example.name())
@@ -161,6 +123,64 @@ fn run(example: Example) -> Result<()> {
     Ok(())
 }
 
+/// The example's own arguments, as typed after its name.
+fn program_spec(example: &Example) -> ProgramSpec {
+    let args: Vec<String> = std::env::args().collect();
+    let name = example.name();
+    let after = args
+        .iter()
+        .position(|a| a == name)
+        .map(|i| args[i + 1..].to_vec())
+        .unwrap_or_default();
+    ProgramSpec {
+        name: name.to_string(),
+        args: after,
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+fn run_on_cluster(jobmanager: &str, example: Example) -> Result<()> {
+    let spec = program_spec(&example);
+    let env = example.environment()?;
+    let graph = env.job_graph(example.name())?;
+    let secret = cluster_config::cluster_secret(&graph.config)?;
+    runtime()?.block_on(async {
+        let mut client = ClusterClient::connect(jobmanager, secret).await?;
+        let job_id = client.submit(&spec, &graph).await?;
+        eprintln!("Job {job_id} submitted to {jobmanager}");
+        let status = client.wait(&job_id).await?;
+        let details: serde_json::Value =
+            serde_json::from_str(&status.details_json).unwrap_or_default();
+        eprintln!(
+            "Job '{}' ({job_id}) {} in {:.3} s after {} restarts",
+            status.name,
+            status.state,
+            details["duration"].as_u64().unwrap_or(0) as f64 / 1000.0,
+            details["restarts"]
+        );
+        for v in details["vertices"].as_array().into_iter().flatten() {
+            eprintln!(
+                "  {} [parallelism {}]: records in {}, out {}",
+                v["name"].as_str().unwrap_or(""),
+                v["parallelism"],
+                v["metrics"]["read-records"],
+                v["metrics"]["write-records"]
+            );
+        }
+        if status.state != "FINISHED" {
+            bail!("job {job_id} {}: {}", status.state, status.error);
+        }
+        Ok(())
+    })
+}
+
 fn explain(example: Example, format: PlanFormat) -> Result<()> {
     let env = example.environment()?;
     let job = env.job_graph(example.name())?;
@@ -174,6 +194,50 @@ fn explain(example: Example, format: PlanFormat) -> Result<()> {
     Ok(())
 }
 
+fn jobmanager(conf: ConfigArgs) -> Result<()> {
+    let config = conf.load()?;
+    runtime()?.block_on(async {
+        let handle = fluvia_cluster::jobmanager::start(config, Arc::new(ExampleCatalog)).await?;
+        // Scripts and tests read these two lines to find the ports.
+        println!("JobManager RPC {}", handle.rpc_address);
+        println!("REST http://{}", handle.rest_address);
+        handle.wait().await?;
+        Ok(())
+    })
+}
+
+fn taskmanager(jobmanager: String, slots: Option<usize>, conf: ConfigArgs) -> Result<()> {
+    let mut config = conf.load()?;
+    if let Some(s) = slots {
+        config.set_option(&cluster_config::SLOTS, s);
+    }
+    runtime()?.block_on(async {
+        fluvia_cluster::taskmanager::run(&jobmanager, config, Arc::new(ExampleCatalog)).await?;
+        Ok(())
+    })
+}
+
+fn list(jobmanager: String, conf: ConfigArgs) -> Result<()> {
+    let secret = cluster_config::cluster_secret(&conf.load()?)?;
+    runtime()?.block_on(async {
+        let mut client = ClusterClient::connect(&jobmanager, secret).await?;
+        for j in client.list().await? {
+            println!("{}  {:<10}  {}", j.job_id, j.state, j.name);
+        }
+        Ok(())
+    })
+}
+
+fn cancel(jobmanager: String, job_id: String, conf: ConfigArgs) -> Result<()> {
+    let secret = cluster_config::cluster_secret(&conf.load()?)?;
+    runtime()?.block_on(async {
+        let mut client = ClusterClient::connect(&jobmanager, secret).await?;
+        client.cancel(&job_id).await.map_err(|e| anyhow!(e))?;
+        println!("Cancelling job {job_id}");
+        Ok(())
+    })
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -184,7 +248,14 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let outcome = match cli.command {
-        Command::Run { example } => run(example),
+        Command::Run {
+            jobmanager: None,
+            example,
+        } => run_embedded(example),
+        Command::Run {
+            jobmanager: Some(jm),
+            example,
+        } => run_on_cluster(&jm, example),
         Command::Explain { format, example } => explain(example, format),
         Command::Examples => {
             for (name, about) in examples::EXAMPLES {
@@ -193,11 +264,23 @@ fn main() -> ExitCode {
             Ok(())
         }
         Command::Config => {
-            for (key, default, about) in options::all() {
+            for (key, default, about) in options::all().into_iter().chain(cluster_config::all()) {
                 println!("{key}\n    default: {default}\n    {about}");
             }
             Ok(())
         }
+        Command::Jobmanager { conf } => jobmanager(conf),
+        Command::Taskmanager {
+            jobmanager,
+            slots,
+            conf,
+        } => taskmanager(jobmanager, slots, conf),
+        Command::List { jobmanager, conf } => list(jobmanager, conf),
+        Command::Cancel {
+            jobmanager,
+            job_id,
+            conf,
+        } => cancel(jobmanager, job_id, conf),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -223,5 +306,9 @@ mod tests {
         assert!(Cli::try_parse_from(["fluvia", "run", "pipeline", "--job", "nope"]).is_err());
         assert!(Cli::try_parse_from(["fluvia", "run", "pipeline", "--mode", "fast"]).is_err());
         assert!(Cli::try_parse_from(["fluvia", "run", "pipeline", "--mode", "batch"]).is_ok());
+        assert!(
+            Cli::try_parse_from(["fluvia", "taskmanager"]).is_err(),
+            "needs --jobmanager"
+        );
     }
 }

@@ -281,6 +281,53 @@ impl Configuration {
         self.values.get(key).map(String::as_str)
     }
 
+    /// Loads Flink's `key: value` lines (`flink-conf.yaml` style, `#`
+    /// comments). Errors name file and line.
+    pub fn load_file(path: &std::path::Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            FluviaError::Config(format!(
+                "cannot read configuration file '{}': {e}",
+                path.display()
+            ))
+        })?;
+        let mut c = Configuration::new();
+        for (i, raw) in text.lines().enumerate() {
+            let line = raw.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let Some((k, v)) = line.split_once(':') else {
+                return Err(FluviaError::Config(format!(
+                    "{}:{}: expected 'key: value', found '{line}'",
+                    path.display(),
+                    i + 1
+                )));
+            };
+            let v = v.trim();
+            let v = v
+                .strip_prefix('"')
+                .and_then(|v| v.strip_suffix('"'))
+                .or_else(|| v.strip_prefix('\'').and_then(|v| v.strip_suffix('\'')))
+                .unwrap_or(v);
+            if k.trim().is_empty() {
+                return Err(FluviaError::Config(format!(
+                    "{}:{}: empty key",
+                    path.display(),
+                    i + 1
+                )));
+            }
+            c.set(k.trim(), v);
+        }
+        Ok(c)
+    }
+
+    /// Adds every entry of `other`, replacing existing keys.
+    pub fn merge(&mut self, other: &Configuration) {
+        for (k, v) in other.iter() {
+            self.set(k, v);
+        }
+    }
+
     /// Applies `key=value` strings as given with `-D`.
     pub fn apply_dynamic(&mut self, pairs: &[String]) -> Result<()> {
         for p in pairs {
@@ -338,6 +385,26 @@ mod tests {
         c.set("pipeline.object-reuse", "yes please");
         let err = c.get(&options::OBJECT_REUSE).unwrap_err().to_string();
         assert!(err.contains("pipeline.object-reuse"), "{err}");
+    }
+
+    #[test]
+    fn flat_yaml_files_load_and_errors_name_the_line() {
+        let dir = std::env::temp_dir().join(format!("fluvia-conf-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("good.yaml");
+        std::fs::write(
+            &good,
+            "# comment\nrest.port: 8082\nsecurity.cluster-secret: \"s3cret\"\n",
+        )
+        .unwrap();
+        let c = Configuration::load_file(&good).unwrap();
+        assert_eq!(c.get_raw("rest.port"), Some("8082"));
+        assert_eq!(c.get_raw("security.cluster-secret"), Some("s3cret"));
+        let bad = dir.join("bad.yaml");
+        std::fs::write(&bad, "a: 1\nnonsense\n").unwrap();
+        let err = Configuration::load_file(&bad).unwrap_err().to_string();
+        assert!(err.contains("bad.yaml:2"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -445,6 +445,12 @@ impl ResultPartition {
         &self.subpartitions[i]
     }
 
+    /// Subpartition `i`, or `None` if out of range (for indices from the
+    /// network or a descriptor).
+    pub fn get_subpartition(&self, i: usize) -> Option<&Arc<Subpartition>> {
+        self.subpartitions.get(i)
+    }
+
     /// Ends every subpartition.
     pub fn finish(&self) -> Result<()> {
         for s in &self.subpartitions {

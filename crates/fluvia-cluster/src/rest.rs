@@ -1,0 +1,245 @@
+//! The JobManager's REST API, in the shape of Flink's: `/overview`, `/jobs`,
+//! `/jobs/:id`, `/jobs/:id/plan`, `/jobs/:id/vertices/:vid`,
+//! `/taskmanagers`, and Prometheus `/metrics`. Cancelling
+//! (`PATCH /jobs/:id?mode=cancel`) is a mutation and needs the cluster secret
+//! in the `X-Fluvia-Secret` header when one is configured.
+
+use crate::jobmanager::{JmShared, JobState, lock};
+use crate::security;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use fluvia_graph::plan::json_plan;
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::fmt::Write;
+use std::sync::Arc;
+
+type Shared = Arc<JmShared>;
+
+fn not_found(what: String) -> Response {
+    (StatusCode::NOT_FOUND, Json(json!({ "errors": [what] }))).into_response()
+}
+
+async fn overview(State(s): State<Shared>) -> Json<Value> {
+    let st = lock(&s.state);
+    let count = |state: JobState| st.jobs.values().filter(|j| j.state == state).count();
+    let total: usize = st.tms.values().map(|t| t.slots).sum();
+    let used: usize = st
+        .jobs
+        .values()
+        .filter(|j| !j.state.is_terminal())
+        .map(|j| {
+            let mut slots = std::collections::BTreeSet::new();
+            for (v, subs) in j.placement.iter().enumerate() {
+                for (i, p) in subs.iter().enumerate() {
+                    if p.is_some() {
+                        slots.insert((j.graph.vertices[v].slot_sharing_group.clone(), i));
+                    }
+                }
+            }
+            slots.len()
+        })
+        .sum();
+    Json(json!({
+        "taskmanagers": st.tms.len(),
+        "slots-total": total,
+        "slots-available": total.saturating_sub(used),
+        "jobs-running": st.jobs.values().filter(|j| !j.state.is_terminal()).count(),
+        "jobs-finished": count(JobState::Finished),
+        "jobs-cancelled": count(JobState::Canceled),
+        "jobs-failed": count(JobState::Failed),
+        "flink-version": format!("fluvia {}", env!("CARGO_PKG_VERSION")),
+    }))
+}
+
+async fn jobs(State(s): State<Shared>) -> Json<Value> {
+    let st = lock(&s.state);
+    let jobs: Vec<Value> = st
+        .job_order
+        .iter()
+        .filter_map(|id| st.jobs.get(id))
+        .map(|j| json!({ "id": j.id, "status": j.state.name() }))
+        .collect();
+    Json(json!({ "jobs": jobs }))
+}
+
+async fn job(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+    let st = lock(&s.state);
+    match st.jobs.get(&id) {
+        Some(j) => Json(s.job_details(&st, j)).into_response(),
+        None => not_found(format!("job {id} not found")),
+    }
+}
+
+async fn plan(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+    let st = lock(&s.state);
+    match st.jobs.get(&id) {
+        Some(j) => Json(json!({ "plan": json_plan(&j.graph) })).into_response(),
+        None => not_found(format!("job {id} not found")),
+    }
+}
+
+async fn vertex(State(s): State<Shared>, Path((id, vid)): Path<(String, String)>) -> Response {
+    let st = lock(&s.state);
+    let Some(j) = st.jobs.get(&id) else {
+        return not_found(format!("job {id} not found"));
+    };
+    let details = s.job_details(&st, j);
+    let found = details["vertices"]
+        .as_array()
+        .and_then(|vs| vs.iter().find(|v| v["id"] == vid.as_str()).cloned());
+    match found {
+        Some(mut v) => {
+            v["now"] = details["now"].clone();
+            Json(v).into_response()
+        }
+        None => not_found(format!("vertex {vid} not found in job {id}")),
+    }
+}
+
+async fn cancel(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    let presented = headers
+        .get(security::SECRET_HEADER)
+        .and_then(|v| v.to_str().ok());
+    if let Err(reason) = security::check(&s.secret, presented, "REST PATCH /jobs/:id") {
+        return (
+            StatusCode::UNAUTHORIZED,
+            Json(json!({ "errors": [reason] })),
+        )
+            .into_response();
+    }
+    if q.get("mode").is_some_and(|m| m != "cancel") {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(json!({ "errors": ["mode must be cancel"] })),
+        )
+            .into_response();
+    }
+    match s.cancel(&id) {
+        Ok(()) => (StatusCode::ACCEPTED, Json(json!({}))).into_response(),
+        Err(e) => (
+            StatusCode::CONFLICT,
+            Json(json!({ "errors": [e.to_string()] })),
+        )
+            .into_response(),
+    }
+}
+
+async fn taskmanagers(State(s): State<Shared>) -> Json<Value> {
+    let st = lock(&s.state);
+    let tms: Vec<Value> = st
+        .tm_order
+        .iter()
+        .filter_map(|id| st.tms.get(id))
+        .map(|t| {
+            json!({
+                "id": t.id,
+                "path": t.rpc_address,
+                "dataAddress": t.data_address,
+                "slotsNumber": t.slots,
+                "timeSinceLastHeartbeat": t.last_heartbeat.elapsed().as_millis() as u64,
+            })
+        })
+        .collect();
+    Json(json!({ "taskmanagers": tms }))
+}
+
+async fn metrics(State(s): State<Shared>) -> Response {
+    let st = lock(&s.state);
+    let mut out = String::new();
+    let total: usize = st.tms.values().map(|t| t.slots).sum();
+    let _ = writeln!(out, "# TYPE fluvia_jobmanager_taskmanagers gauge");
+    let _ = writeln!(out, "fluvia_jobmanager_taskmanagers {}", st.tms.len());
+    let _ = writeln!(out, "# TYPE fluvia_jobmanager_slots_total gauge");
+    let _ = writeln!(out, "fluvia_jobmanager_slots_total {total}");
+    let _ = writeln!(out, "# TYPE fluvia_jobmanager_jobs gauge");
+    for state in [
+        JobState::Running,
+        JobState::Finished,
+        JobState::Failed,
+        JobState::Canceled,
+        JobState::Restarting,
+    ] {
+        let n = st.jobs.values().filter(|j| j.state == state).count();
+        let _ = writeln!(
+            out,
+            "fluvia_jobmanager_jobs{{state=\"{}\"}} {n}",
+            state.name()
+        );
+    }
+    let fields = [
+        ("fluvia_task_records_in_total", "records_in", "counter"),
+        ("fluvia_task_records_out_total", "records_out", "counter"),
+        ("fluvia_task_bytes_in_total", "bytes_in", "counter"),
+        ("fluvia_task_bytes_out_total", "bytes_out", "counter"),
+        (
+            "fluvia_task_busy_time_ms_per_second",
+            "busy_ms_per_second",
+            "gauge",
+        ),
+        (
+            "fluvia_task_back_pressured_time_ms_per_second",
+            "back_pressured_ms_per_second",
+            "gauge",
+        ),
+        (
+            "fluvia_task_idle_time_ms_per_second",
+            "idle_ms_per_second",
+            "gauge",
+        ),
+        ("fluvia_task_out_pool_usage", "out_pool_usage", "gauge"),
+        ("fluvia_task_in_pool_usage", "in_pool_usage", "gauge"),
+    ];
+    let tasks: Vec<(String, Value)> = st
+        .tms
+        .values()
+        .flat_map(|t| {
+            serde_json::from_str::<Vec<Value>>(&t.metrics_json)
+                .unwrap_or_default()
+                .into_iter()
+                .map(move |v| (t.id.clone(), v))
+        })
+        .collect();
+    for (name, key, kind) in fields {
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        for (tm, v) in &tasks {
+            let task = v["task"]
+                .as_str()
+                .unwrap_or("")
+                .replace('\\', "\\\\")
+                .replace('"', "\\\"");
+            let _ = writeln!(
+                out,
+                "{name}{{taskmanager=\"{tm}\",job_id=\"{}\",task=\"{task}\",subtask=\"{}\"}} {}",
+                v["job_id"].as_str().unwrap_or(""),
+                v["subtask"],
+                v[key].as_f64().unwrap_or(0.0)
+            );
+        }
+    }
+    ([("content-type", "text/plain; version=0.0.4")], out).into_response()
+}
+
+/// Serves the REST API until the process stops.
+pub(crate) async fn serve(listener: tokio::net::TcpListener, shared: Arc<JmShared>) {
+    let app = Router::new()
+        .route("/overview", get(overview))
+        .route("/jobs", get(jobs))
+        .route("/jobs/{id}", get(job).patch(cancel))
+        .route("/jobs/{id}/plan", get(plan))
+        .route("/jobs/{id}/vertices/{vid}", get(vertex))
+        .route("/taskmanagers", get(taskmanagers))
+        .route("/metrics", get(metrics))
+        .with_state(shared);
+    if let Err(e) = axum::serve(listener, app).await {
+        tracing::error!("REST server stopped: {e}");
+    }
+}

@@ -1,0 +1,607 @@
+//! The TaskManager process: registers its slots with the JobManager, sends
+//! heartbeats, and runs the subtasks it is given.
+//!
+//! A deployed subtask runs on its own thread with the runtime's task code.
+//! Its output partitions are registered in this TaskManager's network
+//! environment (so other TaskManagers can request them); inputs produced on
+//! this TaskManager are read in place, the others over TCP. The task's end
+//! (finished, failed, cancelled) is reported to the JobManager.
+
+use crate::config::{self as cfg};
+use crate::deployment::TaskDeploymentDescriptor;
+use crate::program::ProgramCatalog;
+use crate::rpc::job_manager_client::JobManagerClient;
+use crate::rpc::task_manager_server::{TaskManager, TaskManagerServer};
+use crate::rpc::{
+    Ack, Empty, JobRequest, RegisterTaskManagerRequest, TaskDeployment as TaskDeploymentMsg,
+    TaskManagerHeartbeat, TaskStateUpdate,
+};
+use crate::security;
+use fluvia_core::config::options;
+use fluvia_core::{Configuration, FluviaError, Result};
+use fluvia_graph::JobGraph;
+use fluvia_network::gate::InputChannel;
+use fluvia_network::metrics::IoCounters;
+use fluvia_network::net::environment::{NetworkConfig, NetworkEnvironment, RemoteChannelSpec};
+use fluvia_network::net::protocol::ResultPartitionId;
+use fluvia_network::{CancelToken, InputChannelSpec, ResultPartition};
+use fluvia_runtime::metrics::TaskMetricGroup;
+use fluvia_runtime::task::{OutputSpec, TaskDeployment, run_task};
+use fluvia_runtime::{MetricRegistry, OperatorRegistry};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tonic::transport::{Channel, Server};
+use tonic::{Request, Response, Status};
+
+struct TmJob {
+    graph: Arc<JobGraph>,
+    registry: Arc<OperatorRegistry>,
+    cancels: Vec<CancelToken>,
+    partitions: Vec<ResultPartitionId>,
+    spill_dir: Option<tempfile_dir::Dir>,
+}
+
+/// A temporary directory removed on drop (blocking partitions spill here).
+mod tempfile_dir {
+    pub struct Dir(pub std::path::PathBuf);
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+struct Shared {
+    id: String,
+    config: Configuration,
+    secret: Option<String>,
+    catalog: Arc<dyn ProgramCatalog>,
+    env: Arc<NetworkEnvironment>,
+    metrics: Arc<MetricRegistry>,
+    jobmanager: JobManagerClient<Channel>,
+    runtime: tokio::runtime::Handle,
+    jobs: Mutex<HashMap<String, TmJob>>,
+    flush_epoch: Arc<AtomicU64>,
+    stopped: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    fn job_for(
+        &self,
+        desc: &TaskDeploymentDescriptor,
+    ) -> Result<(Arc<JobGraph>, Arc<OperatorRegistry>)> {
+        if let Some(j) = lock(&self.jobs).get(&desc.job_id) {
+            return Ok((Arc::clone(&j.graph), Arc::clone(&j.registry)));
+        }
+        let (mut graph, registry) = self.catalog.build(&desc.program)?;
+        if graph.fingerprint != desc.job_fingerprint {
+            return Err(FluviaError::Plan(format!(
+                "program '{}' builds a different job graph on TaskManager {} (fingerprint {} \
+                 instead of {}): the processes run different code",
+                desc.program.name, self.id, graph.fingerprint, desc.job_fingerprint
+            )));
+        }
+        graph.config = desc.config.clone();
+        graph.object_reuse = desc.config.get(&options::OBJECT_REUSE)?;
+        let (graph, registry) = (Arc::new(graph), Arc::new(registry));
+        lock(&self.jobs).insert(
+            desc.job_id.clone(),
+            TmJob {
+                graph: Arc::clone(&graph),
+                registry: Arc::clone(&registry),
+                cancels: Vec::new(),
+                partitions: Vec::new(),
+                spill_dir: None,
+            },
+        );
+        Ok((graph, registry))
+    }
+
+    fn spill_dir(&self, job_id: &str) -> Result<std::path::PathBuf> {
+        let mut jobs = lock(&self.jobs);
+        let job = jobs
+            .get_mut(job_id)
+            .ok_or_else(|| FluviaError::Internal(format!("job {job_id} vanished")))?;
+        if let Some(d) = &job.spill_dir {
+            return Ok(d.0.clone());
+        }
+        let base = self.config.get(&options::TMP_DIRS)?;
+        let base = if base.is_empty() {
+            std::env::temp_dir()
+        } else {
+            std::path::PathBuf::from(base)
+        };
+        let dir = base.join(format!("fluvia-{}-{}", self.id, job_id));
+        std::fs::create_dir_all(&dir).map_err(|e| {
+            FluviaError::io(format!("creating spill directory {}", dir.display()), e)
+        })?;
+        job.spill_dir = Some(tempfile_dir::Dir(dir.clone()));
+        Ok(dir)
+    }
+
+    /// Creates the subtask's partitions and channels and starts its thread.
+    fn deploy(self: &Arc<Self>, desc: TaskDeploymentDescriptor) -> Result<()> {
+        let (graph, registry) = self.job_for(&desc)?;
+        let vertex = graph.vertices.get(desc.vertex_index).ok_or_else(|| {
+            FluviaError::Internal(format!(
+                "job {} has no vertex {}",
+                desc.job_id, desc.vertex_index
+            ))
+        })?;
+        let segment_size = self.env.config().segment_size;
+        let per_channel = self.env.config().buffers_per_channel;
+        let floating = self.env.config().floating_buffers_per_gate;
+        let mut outputs = Vec::new();
+        let mut partition_ids = Vec::new();
+        for (i, o) in desc.outputs.iter().enumerate() {
+            let name = format!(
+                "{} ({}/{}) -> {i}",
+                vertex.name,
+                desc.subtask + 1,
+                vertex.parallelism
+            );
+            let id = ResultPartitionId {
+                data_set: o.data_set,
+                producer_subtask: desc.subtask as u32,
+                attempt: desc.attempt,
+            };
+            let n = o.num_subpartitions;
+            let (partition, pool_size) = if o.blocking {
+                let dir = self.spill_dir(&desc.job_id)?;
+                let prefix = format!("{:032x}-{}-{}", o.data_set, desc.subtask, desc.attempt);
+                (
+                    ResultPartition::blocking(name, n, segment_size, &dir, &prefix)?,
+                    n + 1,
+                )
+            } else {
+                (
+                    ResultPartition::pipelined(name, n, segment_size),
+                    n * per_channel + floating,
+                )
+            };
+            let partition = Arc::new(partition);
+            self.env.register_partition(id, Arc::clone(&partition));
+            partition_ids.push(id);
+            outputs.push(OutputSpec {
+                partition,
+                pool: self
+                    .env
+                    .buffer_pool()
+                    .create_local_pool(pool_size.max(n + 1))?,
+                partitioner: o.partitioner,
+                consumer_max_parallelism: o.consumer_max_parallelism,
+            });
+        }
+        let mut inputs = Vec::new();
+        let mut remote = Vec::new();
+        for input in &desc.inputs {
+            let id: ResultPartitionId = input.partition.into();
+            if input.local {
+                let partition = self.env.partitions().get(&id).ok_or_else(|| {
+                    FluviaError::Execution(format!(
+                        "local partition {id} is not on TaskManager {}",
+                        self.id
+                    ))
+                })?;
+                let sp = partition
+                    .get_subpartition(input.subpartition as usize)
+                    .ok_or_else(|| {
+                        FluviaError::Execution(format!(
+                            "partition {id} has no subpartition {}",
+                            input.subpartition
+                        ))
+                    })?;
+                inputs.push(InputChannelSpec {
+                    channel: Arc::clone(sp) as Arc<dyn InputChannel>,
+                    input_index: input.type_number as usize,
+                });
+            } else {
+                let peer: SocketAddr = input.producer_address.parse().map_err(|e| {
+                    FluviaError::Execution(format!(
+                        "bad producer address '{}': {e}",
+                        input.producer_address
+                    ))
+                })?;
+                remote.push((
+                    input.type_number as usize,
+                    RemoteChannelSpec {
+                        peer,
+                        partition: id,
+                        subpartition: input.subpartition,
+                    },
+                ));
+            }
+        }
+        let mut input_pools = Vec::new();
+        if !remote.is_empty() {
+            let specs: Vec<RemoteChannelSpec> = remote.iter().map(|(_, s)| *s).collect();
+            let (pool, channels) = self.env.open_remote_channels(&specs)?;
+            input_pools.push(pool);
+            for ((t, _), ch) in remote.iter().zip(channels) {
+                inputs.push(InputChannelSpec {
+                    channel: ch as Arc<dyn InputChannel>,
+                    input_index: *t,
+                });
+            }
+        }
+        let counters = Arc::new(IoCounters::default());
+        let job_id =
+            fluvia_core::JobId::try_from(desc.job_id.clone()).map_err(FluviaError::Plan)?;
+        let group = self.metrics.register(TaskMetricGroup::new(
+            job_id,
+            vertex.name.clone(),
+            desc.subtask,
+            Arc::clone(&counters),
+            outputs.iter().map(|o| Arc::clone(&o.pool)).collect(),
+            input_pools,
+        ));
+        let cancel = CancelToken::new();
+        let deployment = TaskDeployment {
+            job: Arc::clone(&graph),
+            vertex_index: desc.vertex_index,
+            subtask_index: desc.subtask,
+            attempt_number: desc.attempt,
+            registry,
+            inputs,
+            outputs,
+            cancel: cancel.clone(),
+            flush_epoch: Arc::clone(&self.flush_epoch),
+            counters,
+        };
+        if let Some(job) = lock(&self.jobs).get_mut(&desc.job_id) {
+            job.cancels.push(cancel);
+            job.partitions.extend(partition_ids);
+        }
+        let shared = Arc::clone(self);
+        let name = deployment.task_name();
+        std::thread::Builder::new()
+            .name(name.clone())
+            .spawn(move || {
+                tracing::info!("task {name} attempt {} started", desc.attempt);
+                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_task(&deployment)))
+                    .unwrap_or_else(|panic| {
+                        let message = panic
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| panic.downcast_ref::<String>().cloned())
+                            .unwrap_or_else(|| "unknown panic".into());
+                        Err(FluviaError::Task {
+                            location: deployment.location_of(fluvia_runtime::output::current_operator()),
+                            message: format!("user function panicked: {message}"),
+                        })
+                    });
+                let (state, error) = match &result {
+                    Ok(_) => ("FINISHED", String::new()),
+                    Err(FluviaError::Cancelled) => ("CANCELED", String::new()),
+                    Err(e @ FluviaError::Task { .. }) => ("FAILED", e.to_string()),
+                    Err(e) => (
+                        "FAILED",
+                        FluviaError::Task {
+                            location: deployment.location_of(fluvia_runtime::output::current_operator()),
+                            message: e.to_string(),
+                        }
+                        .to_string(),
+                    ),
+                };
+                let snapshot = group.snapshot();
+                let metrics_json = serde_json::json!({
+                    "records_in": snapshot.records_in,
+                    "records_out": snapshot.records_out,
+                    "bytes_in": snapshot.bytes_in,
+                    "bytes_out": snapshot.bytes_out,
+                    "operators": result.as_ref().map(|m| m.operator_records.clone()).unwrap_or_default(),
+                })
+                .to_string();
+                tracing::info!("task {name} attempt {} {state} {error}", desc.attempt);
+                shared.report(TaskStateUpdate {
+                    job_id: desc.job_id.clone(),
+                    vertex_index: desc.vertex_index as u32,
+                    subtask: desc.subtask as u32,
+                    attempt: desc.attempt,
+                    state: state.into(),
+                    error,
+                    metrics_json,
+                });
+            })
+            .map_err(|e| FluviaError::io("starting a task thread", e))?;
+        Ok(())
+    }
+
+    /// Sends a task state to the JobManager, retrying for a while.
+    fn report(&self, update: TaskStateUpdate) {
+        for attempt in 0..20 {
+            let mut client = self.jobmanager.clone();
+            let req = security::authorize(update.clone(), &self.secret);
+            match self.runtime.block_on(client.update_task_state(req)) {
+                Ok(_) => return,
+                Err(e) => {
+                    if attempt == 19 || self.stopped.load(Ordering::Acquire) {
+                        tracing::error!("could not report a task state to the JobManager: {e}");
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(250));
+                }
+            }
+        }
+    }
+
+    fn cancel_job(&self, job_id: &str) {
+        if let Some(job) = lock(&self.jobs).get(job_id) {
+            for c in &job.cancels {
+                c.cancel();
+            }
+        }
+    }
+
+    fn release_job(&self, job_id: &str) {
+        if let Some(job) = lock(&self.jobs).remove(job_id) {
+            for c in &job.cancels {
+                c.cancel();
+            }
+            for p in &job.partitions {
+                self.env.partitions().release(p);
+            }
+            if let Ok(id) = fluvia_core::JobId::try_from(job_id.to_string()) {
+                self.metrics.remove_job(id);
+            }
+        }
+    }
+}
+
+struct TmService {
+    shared: Arc<Shared>,
+}
+
+#[tonic::async_trait]
+impl TaskManager for TmService {
+    async fn deploy_task(
+        &self,
+        req: Request<TaskDeploymentMsg>,
+    ) -> std::result::Result<Response<Ack>, Status> {
+        security::check_request(&self.shared.secret, &req, "DeployTask")?;
+        let desc: TaskDeploymentDescriptor =
+            serde_json::from_str(&req.into_inner().descriptor_json)
+                .map_err(|e| Status::invalid_argument(format!("bad deployment descriptor: {e}")))?;
+        let shared = Arc::clone(&self.shared);
+        let outcome = tokio::task::spawn_blocking(move || shared.deploy(desc))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(match outcome {
+            Ok(()) => Ack {
+                ok: true,
+                message: String::new(),
+            },
+            Err(e) => Ack {
+                ok: false,
+                message: e.to_string(),
+            },
+        }))
+    }
+
+    async fn cancel_job_tasks(
+        &self,
+        req: Request<JobRequest>,
+    ) -> std::result::Result<Response<Ack>, Status> {
+        security::check_request(&self.shared.secret, &req, "CancelJobTasks")?;
+        self.shared.cancel_job(&req.into_inner().job_id);
+        Ok(Response::new(Ack {
+            ok: true,
+            message: String::new(),
+        }))
+    }
+
+    async fn release_job(
+        &self,
+        req: Request<JobRequest>,
+    ) -> std::result::Result<Response<Ack>, Status> {
+        security::check_request(&self.shared.secret, &req, "ReleaseJob")?;
+        self.shared.release_job(&req.into_inner().job_id);
+        Ok(Response::new(Ack {
+            ok: true,
+            message: String::new(),
+        }))
+    }
+
+    async fn ping(&self, req: Request<Empty>) -> std::result::Result<Response<Ack>, Status> {
+        security::check_request(&self.shared.secret, &req, "Ping")?;
+        Ok(Response::new(Ack {
+            ok: true,
+            message: self.shared.id.clone(),
+        }))
+    }
+}
+
+/// Runs a TaskManager until the process is stopped. `jobmanager` is the
+/// JobManager's RPC address (`host:port`).
+pub async fn run(
+    jobmanager: &str,
+    config: Configuration,
+    catalog: Arc<dyn ProgramCatalog>,
+) -> Result<()> {
+    let secret = cfg::cluster_secret(&config)?;
+    let host = config.get(&cfg::TASKMANAGER_HOST)?.to_string();
+    let slots = config.get(&cfg::SLOTS)?;
+    if slots == 0 {
+        return Err(FluviaError::Config(format!(
+            "{} must be at least 1",
+            cfg::SLOTS.key
+        )));
+    }
+    let net = NetworkConfig {
+        segment_size: config.get(&options::SEGMENT_SIZE)? as usize,
+        total_memory: config.get(&options::NETWORK_MEMORY)?,
+        buffers_per_channel: config.get(&options::BUFFERS_PER_CHANNEL)?.max(1),
+        floating_buffers_per_gate: config.get(&options::FLOATING_BUFFERS)?,
+        compression: config
+            .get(&options::COMPRESSION_CODEC)?
+            .eq_ignore_ascii_case("LZ4"),
+    };
+    let data_bind: SocketAddr = format!("{host}:{}", config.get(&cfg::TASKMANAGER_DATA_PORT)?)
+        .parse()
+        .map_err(|e| FluviaError::Config(format!("bad {}: {e}", cfg::TASKMANAGER_HOST.key)))?;
+    let env = NetworkEnvironment::start(net, data_bind)?;
+    let listener = tokio::net::TcpListener::bind(format!(
+        "{host}:{}",
+        config.get(&cfg::TASKMANAGER_RPC_PORT)?
+    ))
+    .await
+    .map_err(|e| FluviaError::io("binding the TaskManager RPC port", e))?;
+    let rpc_address = listener
+        .local_addr()
+        .map_err(|e| FluviaError::io("reading the TaskManager RPC port", e))?;
+    let endpoint = format!("http://{jobmanager}");
+    let channel = Channel::from_shared(endpoint.clone())
+        .map_err(|e| FluviaError::Config(format!("bad JobManager address '{jobmanager}': {e}")))?
+        .connect_lazy();
+    let id = format!("tm-{}-{}", rpc_address.port(), std::process::id());
+    let interval = config.get(&cfg::HEARTBEAT_INTERVAL)?;
+    let timeout = config.get(&cfg::HEARTBEAT_TIMEOUT)?;
+    let shared = Arc::new(Shared {
+        id: id.clone(),
+        config: config.clone(),
+        secret: secret.clone(),
+        catalog: Arc::clone(&catalog),
+        env: Arc::clone(&env),
+        metrics: Arc::new(MetricRegistry::new()),
+        jobmanager: JobManagerClient::new(channel),
+        runtime: tokio::runtime::Handle::current(),
+        jobs: Mutex::new(HashMap::new()),
+        flush_epoch: Arc::new(AtomicU64::new(0)),
+        stopped: AtomicBool::new(false),
+    });
+    {
+        let epoch = Arc::clone(&shared.flush_epoch);
+        let every = config
+            .get(&options::BUFFER_TIMEOUT)?
+            .max(Duration::from_millis(1));
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tick.tick().await;
+                epoch.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+    }
+    let service = TaskManagerServer::new(TmService {
+        shared: Arc::clone(&shared),
+    });
+    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    let server = tokio::spawn(
+        Server::builder()
+            .add_service(service)
+            .serve_with_incoming(incoming),
+    );
+    tracing::info!(
+        "TaskManager {id}: {slots} slots, RPC {rpc_address}, data {}",
+        env.data_address()
+    );
+
+    let register = RegisterTaskManagerRequest {
+        task_manager_id: id.clone(),
+        rpc_address: rpc_address.to_string(),
+        data_address: env.data_address().to_string(),
+        slots: slots as u32,
+        program_fingerprint: catalog.fingerprint(),
+    };
+    let mut registered = false;
+    let mut last_contact = Instant::now();
+    loop {
+        if server.is_finished() {
+            return Err(FluviaError::Execution(
+                "the TaskManager RPC server stopped".into(),
+            ));
+        }
+        let mut client = shared.jobmanager.clone();
+        if !registered {
+            match client
+                .register_task_manager(security::authorize(register.clone(), &secret))
+                .await
+            {
+                Ok(r) => {
+                    let r = r.into_inner();
+                    if !r.accepted {
+                        shared.stopped.store(true, Ordering::Release);
+                        env.shutdown();
+                        return Err(FluviaError::Config(format!(
+                            "the JobManager at {jobmanager} refused this TaskManager: {}",
+                            r.reason
+                        )));
+                    }
+                    tracing::info!("registered at JobManager {jobmanager}");
+                    registered = true;
+                    last_contact = Instant::now();
+                }
+                Err(e) if e.code() == tonic::Code::Unauthenticated => {
+                    env.shutdown();
+                    return Err(FluviaError::Config(format!(
+                        "the JobManager at {jobmanager} refused this TaskManager: {}",
+                        e.message()
+                    )));
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "cannot reach the JobManager at {jobmanager}: {}",
+                        e.message()
+                    );
+                }
+            }
+        } else {
+            let metrics_json = serde_json::to_string(
+                &shared
+                    .metrics
+                    .snapshot()
+                    .iter()
+                    .map(|s| {
+                        serde_json::json!({
+                            "job_id": s.job_id.to_string(), "task": s.task, "subtask": s.subtask,
+                            "records_in": s.records_in, "records_out": s.records_out,
+                            "bytes_in": s.bytes_in, "bytes_out": s.bytes_out,
+                            "out_pool_usage": s.out_pool_usage, "in_pool_usage": s.in_pool_usage,
+                            "busy_ms_per_second": s.busy_ms_per_second,
+                            "idle_ms_per_second": s.idle_ms_per_second,
+                            "back_pressured_ms_per_second": s.back_pressured_ms_per_second,
+                        })
+                    })
+                    .collect::<Vec<_>>(),
+            )
+            .unwrap_or_default();
+            let hb = TaskManagerHeartbeat {
+                task_manager_id: id.clone(),
+                metrics_json,
+            };
+            match client.heartbeat(security::authorize(hb, &secret)).await {
+                Ok(r) => {
+                    last_contact = Instant::now();
+                    if !r.into_inner().known {
+                        tracing::warn!("the JobManager forgot this TaskManager; registering again");
+                        registered = false;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!("heartbeat to {jobmanager} failed: {}", e.message());
+                    if last_contact.elapsed() > timeout {
+                        tracing::error!("JobManager lost: cancelling all tasks");
+                        let ids: Vec<String> = lock(&shared.jobs).keys().cloned().collect();
+                        for j in ids {
+                            shared.release_job(&j);
+                        }
+                        registered = false;
+                    }
+                }
+            }
+        }
+        tokio::time::sleep(if registered {
+            interval
+        } else {
+            Duration::from_millis(200)
+        })
+        .await;
+    }
+}
