@@ -102,7 +102,6 @@ pub(crate) struct JobEntry {
     slots_wait_since: Option<Instant>,
     /// TaskManager of each subtask's current attempt.
     pub placement: Vec<Vec<Option<String>>>,
-    deployed: Vec<bool>,
     /// Final metrics of finished subtasks (JSON from the TaskManager).
     pub task_metrics: HashMap<(usize, usize), serde_json::Value>,
     /// Whether the last round's cancel calls were sent.
@@ -209,29 +208,44 @@ impl JmShared {
             self.wake.notify_one();
             return;
         }
-        // The vertices to run again.
+        // The subtasks to run again. Every running task of the job is
+        // cancelled, so all deployed, unfinished subtasks re-run; a streaming
+        // job re-runs everything that was deployed.
         let n = job.graph.vertices.len();
-        let mut rerun: BTreeSet<usize> = match job.graph.job_type {
-            JobType::Streaming => (0..n).collect(),
-            JobType::Batch => (0..n).filter(|&v| !job.vertex_finished(v)).collect(),
-        };
-        if job.graph.job_type == JobType::Batch
-            && let Some(lost) = lost_tm
-        {
-            let on_lost = |job: &JobEntry, v: usize| {
-                job.placement[v].iter().any(|p| p.as_deref() == Some(lost))
-            };
-            // Finished producers whose results died with the TaskManager and
-            // that a re-run vertex still needs.
+        let streaming = job.graph.job_type == JobType::Streaming;
+        let mut rerun: BTreeSet<(usize, usize)> = BTreeSet::new();
+        for v in 0..n {
+            for (i, sub) in job.eg.vertices[v].subtasks.iter().enumerate() {
+                let state = sub.current_attempt().state;
+                let deployed = state != ExecutionState::Created;
+                if deployed && (streaming || state != ExecutionState::Finished) {
+                    rerun.insert((v, i));
+                }
+            }
+        }
+        if !streaming && let Some(lost) = lost_tm {
+            // Finished subtasks whose results died with the TaskManager,
+            // when a consumer still has to read them (transitively).
             loop {
                 let mut added = false;
-                for v in rerun.clone() {
-                    for input in &job.graph.vertices[v].inputs {
-                        if let Some(u) = job.graph.vertex_index(input.source_vertex)
-                            && !rerun.contains(&u)
-                            && on_lost(job, u)
+                for v in 0..n {
+                    let consumers_pending = job.graph.vertices.iter().enumerate().any(|(c, cv)| {
+                        cv.inputs
+                            .iter()
+                            .any(|e| job.graph.vertex_index(e.source_vertex) == Some(v))
+                            && (!job.vertex_finished(c)
+                                || (0..cv.parallelism).any(|i| rerun.contains(&(c, i))))
+                    });
+                    if !consumers_pending {
+                        continue;
+                    }
+                    for i in 0..job.graph.vertices[v].parallelism {
+                        let finished = job.eg.vertices[v].subtasks[i].current_attempt().state
+                            == ExecutionState::Finished;
+                        if finished
+                            && job.placement[v][i].as_deref() == Some(lost)
+                            && rerun.insert((v, i))
                         {
-                            rerun.insert(u);
                             added = true;
                         }
                     }
@@ -241,15 +255,13 @@ impl JmShared {
                 }
             }
         }
-        for &v in &rerun {
-            for sub in &mut job.eg.vertices[v].subtasks {
-                if !sub.current_attempt().state.is_terminal() {
-                    sub.current_attempt_mut().state = ExecutionState::Canceled;
-                }
-                sub.new_attempt();
+        for &(v, i) in &rerun {
+            let sub = &mut job.eg.vertices[v].subtasks[i];
+            if !sub.current_attempt().state.is_terminal() {
+                sub.current_attempt_mut().state = ExecutionState::Canceled;
             }
-            job.deployed[v] = false;
-            job.placement[v].iter_mut().for_each(|p| *p = None);
+            sub.new_attempt();
+            job.placement[v][i] = None;
         }
         if let Some(lost) = lost_tm {
             for p in job.placement.iter_mut().flatten() {
@@ -263,7 +275,7 @@ impl JmShared {
         job.error = Some(reason);
         job.restart_at = Some(Instant::now() + delay);
         tracing::info!(
-            "job {job_id}: restart {} of {attempts} in {delay:?}, re-running vertices {rerun:?}",
+            "job {job_id}: restart {} of {attempts} in {delay:?}, re-running subtasks {rerun:?}",
             job.restarts
         );
         self.wake.notify_one();
@@ -495,9 +507,6 @@ impl JmShared {
         }
         let mut deployable = Vec::new();
         for v in 0..n {
-            if job.deployed[v] {
-                continue;
-            }
             let ready = match job.graph.job_type {
                 JobType::Streaming => true,
                 JobType::Batch => job.graph.vertices[v].inputs.iter().all(|e| {
@@ -506,36 +515,34 @@ impl JmShared {
                         .is_some_and(|u| job.vertex_finished(u))
                 }),
             };
-            if ready {
-                deployable.push(v);
+            if !ready {
+                continue;
+            }
+            for (i, sub) in job.eg.vertices[v].subtasks.iter().enumerate() {
+                if sub.current_attempt().state == ExecutionState::Created {
+                    deployable.push((v, i));
+                }
             }
         }
-        for v in deployable {
+        for (v, i) in deployable {
             let job = &st.jobs[id];
-            let mut descs = Vec::new();
-            for i in 0..job.graph.vertices[v].parallelism {
-                match self.descriptor(st, job, v, i) {
-                    Ok(d) => descs.push(d),
-                    Err(e) => {
-                        let reason = format!("cannot deploy {}: {e}", job.graph.vertices[v].name);
-                        self.fail_job(st, id, reason, None);
-                        return;
-                    }
+            let (tm, d) = match self.descriptor(st, job, v, i) {
+                Ok(x) => x,
+                Err(e) => {
+                    let reason = format!("cannot deploy {}: {e}", job.graph.vertices[v].name);
+                    self.fail_job(st, id, reason, None);
+                    return;
                 }
-            }
+            };
             let job = st.jobs.get_mut(id).expect("job exists");
-            job.deployed[v] = true;
-            for (i, (tm, d)) in descs.into_iter().enumerate() {
-                job.eg.vertices[v].subtasks[i].current_attempt_mut().state =
-                    ExecutionState::Deploying;
-                if let Some(t) = st.tms.get(&tm) {
-                    actions.push(Action::Deploy {
-                        job: id.to_string(),
-                        tm: tm.clone(),
-                        client: t.client.clone(),
-                        descriptor: Box::new(d),
-                    });
-                }
+            job.eg.vertices[v].subtasks[i].current_attempt_mut().state = ExecutionState::Deploying;
+            if let Some(t) = st.tms.get(&tm) {
+                actions.push(Action::Deploy {
+                    job: id.to_string(),
+                    tm: tm.clone(),
+                    client: t.client.clone(),
+                    descriptor: Box::new(d),
+                });
             }
         }
     }
@@ -750,9 +757,13 @@ impl JmShared {
                         .map(|s| s["metrics"][k].as_u64().unwrap_or(0))
                         .sum()
                 };
+                let deployed = job.eg.vertices[v]
+                    .subtasks
+                    .iter()
+                    .any(|s| s.current_attempt().state != ExecutionState::Created);
                 let status = if job.vertex_finished(v) {
                     "FINISHED"
-                } else if job.deployed[v] {
+                } else if deployed {
                     "RUNNING"
                 } else {
                     "CREATED"
@@ -810,7 +821,6 @@ impl JmShared {
         }
         let eg = ExecutionGraph::from_job_graph(&submitted)?;
         let id = submitted.job_id.to_string();
-        let n = submitted.vertices.len();
         let entry = JobEntry {
             id: id.clone(),
             program,
@@ -819,7 +829,6 @@ impl JmShared {
                 .iter()
                 .map(|v| vec![None; v.parallelism])
                 .collect(),
-            deployed: vec![false; n],
             graph: Arc::new(submitted),
             eg,
             state: JobState::Created,
