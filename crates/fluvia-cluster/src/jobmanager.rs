@@ -106,6 +106,9 @@ pub(crate) struct JobEntry {
     pub task_metrics: HashMap<(usize, usize), serde_json::Value>,
     /// Whether the last round's cancel calls were sent.
     cancel_sent: bool,
+    /// A failure happened: check which TaskManagers still answer before
+    /// restarting (a dead one may not have missed its heartbeat yet).
+    probe_pending: bool,
 }
 
 impl JobEntry {
@@ -199,6 +202,13 @@ impl JmShared {
         if job.state.is_terminal() || matches!(job.state, JobState::Cancelling) {
             return;
         }
+        if job.state == JobState::Restarting {
+            // Already restarting: only more results may have been lost.
+            if let Some(lost) = lost_tm {
+                Self::lose_results(job, lost);
+            }
+            return;
+        }
         tracing::warn!("job {job_id} failed: {reason}");
         job.cancel_sent = false;
         if job.restarts >= attempts {
@@ -208,77 +218,110 @@ impl JmShared {
             self.wake.notify_one();
             return;
         }
-        // The subtasks to run again. Every running task of the job is
-        // cancelled, so all deployed, unfinished subtasks re-run; a streaming
-        // job re-runs everything that was deployed.
-        let n = job.graph.vertices.len();
+        // Every running task of the job is cancelled, so all deployed,
+        // unfinished subtasks re-run; a streaming job re-runs everything
+        // that was deployed.
         let streaming = job.graph.job_type == JobType::Streaming;
-        let mut rerun: BTreeSet<(usize, usize)> = BTreeSet::new();
-        for v in 0..n {
-            for (i, sub) in job.eg.vertices[v].subtasks.iter().enumerate() {
+        let mut rerun = Vec::new();
+        for (v, ejv) in job.eg.vertices.iter().enumerate() {
+            for (i, sub) in ejv.subtasks.iter().enumerate() {
                 let state = sub.current_attempt().state;
                 let deployed = state != ExecutionState::Created;
                 if deployed && (streaming || state != ExecutionState::Finished) {
-                    rerun.insert((v, i));
+                    rerun.push((v, i));
                 }
             }
         }
-        if !streaming && let Some(lost) = lost_tm {
-            // Finished subtasks whose results died with the TaskManager,
-            // when a consumer still has to read them (transitively).
-            loop {
-                let mut added = false;
-                for v in 0..n {
-                    let consumers_pending = job.graph.vertices.iter().enumerate().any(|(c, cv)| {
-                        cv.inputs
-                            .iter()
-                            .any(|e| job.graph.vertex_index(e.source_vertex) == Some(v))
-                            && (!job.vertex_finished(c)
-                                || (0..cv.parallelism).any(|i| rerun.contains(&(c, i))))
-                    });
-                    if !consumers_pending {
-                        continue;
-                    }
-                    for i in 0..job.graph.vertices[v].parallelism {
-                        let finished = job.eg.vertices[v].subtasks[i].current_attempt().state
-                            == ExecutionState::Finished;
-                        if finished
-                            && job.placement[v][i].as_deref() == Some(lost)
-                            && rerun.insert((v, i))
-                        {
-                            added = true;
-                        }
-                    }
-                }
-                if !added {
-                    break;
-                }
-            }
-        }
-        for &(v, i) in &rerun {
-            let sub = &mut job.eg.vertices[v].subtasks[i];
-            if !sub.current_attempt().state.is_terminal() {
-                sub.current_attempt_mut().state = ExecutionState::Canceled;
-            }
-            sub.new_attempt();
-            job.placement[v][i] = None;
+        for (v, i) in rerun {
+            Self::new_attempt(job, v, i);
         }
         if let Some(lost) = lost_tm {
-            for p in job.placement.iter_mut().flatten() {
-                if p.as_deref() == Some(lost) {
-                    *p = None;
-                }
-            }
+            Self::lose_results(job, lost);
         }
         job.restarts += 1;
         job.state = JobState::Restarting;
         job.error = Some(reason);
         job.restart_at = Some(Instant::now() + delay);
+        job.probe_pending = true;
         tracing::info!(
-            "job {job_id}: restart {} of {attempts} in {delay:?}, re-running subtasks {rerun:?}",
+            "job {job_id}: restart {} of {attempts} in {delay:?}",
             job.restarts
         );
         self.wake.notify_one();
+    }
+
+    fn new_attempt(job: &mut JobEntry, v: usize, i: usize) {
+        let sub = &mut job.eg.vertices[v].subtasks[i];
+        if !sub.current_attempt().state.is_terminal() {
+            sub.current_attempt_mut().state = ExecutionState::Canceled;
+        }
+        sub.new_attempt();
+        job.placement[v][i] = None;
+    }
+
+    /// A TaskManager is gone: its finished results that a consumer still
+    /// has to read are produced again (transitively), and nothing stays
+    /// placed on it.
+    fn lose_results(job: &mut JobEntry, lost: &str) {
+        let n = job.graph.vertices.len();
+        loop {
+            let mut found = None;
+            'search: for v in 0..n {
+                let consumers_pending = job.graph.vertices.iter().enumerate().any(|(c, cv)| {
+                    cv.inputs
+                        .iter()
+                        .any(|e| job.graph.vertex_index(e.source_vertex) == Some(v))
+                        && !job.vertex_finished(c)
+                });
+                if !consumers_pending {
+                    continue;
+                }
+                for i in 0..job.graph.vertices[v].parallelism {
+                    let finished = job.eg.vertices[v].subtasks[i].current_attempt().state
+                        == ExecutionState::Finished;
+                    if finished && job.placement[v][i].as_deref() == Some(lost) {
+                        found = Some((v, i));
+                        break 'search;
+                    }
+                }
+            }
+            match found {
+                Some((v, i)) => Self::new_attempt(job, v, i),
+                None => break,
+            }
+        }
+        for p in job.placement.iter_mut().flatten() {
+            if p.as_deref() == Some(lost) {
+                *p = None;
+            }
+        }
+    }
+
+    /// Declares a TaskManager lost and fails (or extends the restart of)
+    /// every job that used it.
+    fn lose_task_manager(&self, st: &mut JmState, tm: &str, reason: &str) {
+        let addr = st
+            .tms
+            .get(tm)
+            .map(|t| t.rpc_address.clone())
+            .unwrap_or_default();
+        tracing::warn!("TaskManager {tm} ({addr}) lost: {reason}");
+        st.tms.remove(tm);
+        st.tm_order.retain(|t| t != tm);
+        let affected: Vec<String> = st
+            .jobs
+            .values()
+            .filter(|j| !j.state.is_terminal() && j.uses_tm(tm))
+            .map(|j| j.id.clone())
+            .collect();
+        for j in affected {
+            self.fail_job(
+                st,
+                &j,
+                format!("TaskManager {tm} ({addr}) was lost: {reason}"),
+                Some(tm),
+            );
+        }
     }
 
     /// Decides the next actions for every job.
@@ -293,31 +336,11 @@ impl JmShared {
             .map(|t| t.id.clone())
             .collect();
         for tm in lost {
-            let addr = st
-                .tms
-                .get(&tm)
-                .map(|t| t.rpc_address.clone())
-                .unwrap_or_default();
-            tracing::warn!("TaskManager {tm} ({addr}) lost: no heartbeat for {timeout:?}");
-            st.tms.remove(&tm);
-            st.tm_order.retain(|t| t != &tm);
-            let affected: Vec<String> = st
-                .jobs
-                .values()
-                .filter(|j| !j.state.is_terminal() && j.uses_tm(&tm))
-                .map(|j| j.id.clone())
-                .collect();
-            for j in affected {
-                self.fail_job(
-                    st,
-                    &j,
-                    format!(
-                        "TaskManager {tm} ({addr}) was lost: no heartbeat for {} ms",
-                        timeout.as_millis()
-                    ),
-                    Some(&tm),
-                );
-            }
+            self.lose_task_manager(
+                st,
+                &tm,
+                &format!("no heartbeat for {} ms", timeout.as_millis()),
+            );
         }
 
         let job_ids: Vec<String> = st.job_order.clone();
@@ -390,6 +413,7 @@ impl JmShared {
                     }
                 }
                 if state == JobState::Restarting
+                    && !st.jobs[id].probe_pending
                     && st.jobs[id].restart_at.is_some_and(|t| Instant::now() >= t)
                     && let Some(j) = st.jobs.get_mut(id)
                 {
@@ -712,7 +736,44 @@ impl JmShared {
                 actions
             };
             self.perform(actions).await;
+            self.probe_if_needed().await;
         }
+    }
+
+    /// After a failure, pings every TaskManager; those that do not answer
+    /// are lost now rather than after `heartbeat.timeout`, so the restart
+    /// does not deploy to a dead process.
+    async fn probe_if_needed(self: &Arc<Self>) {
+        let clients: Vec<(String, TaskManagerClient<Channel>)> = {
+            let st = self.state();
+            if !st.jobs.values().any(|j| j.probe_pending) {
+                return;
+            }
+            st.tms
+                .values()
+                .map(|t| (t.id.clone(), t.client.clone()))
+                .collect()
+        };
+        let mut dead = Vec::new();
+        for (id, mut client) in clients {
+            let req = security::authorize(Empty {}, &self.secret);
+            let alive = matches!(
+                tokio::time::timeout(Duration::from_millis(500), client.ping(req)).await,
+                Ok(Ok(_))
+            );
+            if !alive {
+                dead.push(id);
+            }
+        }
+        let mut st = self.state();
+        for tm in dead {
+            self.lose_task_manager(&mut st, &tm, "it does not answer");
+        }
+        for j in st.jobs.values_mut() {
+            j.probe_pending = false;
+        }
+        drop(st);
+        self.wake.notify_one();
     }
 
     /// JSON details of a job, as `GET /jobs/:id` and `fluvia run` show them.
@@ -840,6 +901,7 @@ impl JmShared {
             slots_wait_since: None,
             task_metrics: HashMap::new(),
             cancel_sent: false,
+            probe_pending: false,
         };
         let mut st = self.state();
         if st.jobs.contains_key(&id) {

@@ -76,12 +76,17 @@ enum Storage {
         finished: bool,
         end_delivered: bool,
         bytes_written: u64,
+        buffers_written: usize,
     },
 }
 
 struct SubpartitionState {
     storage: Storage,
     listener: Option<Listener>,
+    /// Incremented when a consumer attaches. A blocking subpartition is
+    /// re-readable (a restarted consumer reads it again from the start);
+    /// polls from an earlier consumer are ignored.
+    generation: u64,
     /// Data (not counting a trailing event) written and not yet read.
     buffers_backlog: usize,
 }
@@ -106,7 +111,7 @@ impl std::fmt::Debug for Subpartition {
 
 impl crate::gate::InputChannel for Subpartition {
     fn set_listener(&self, target: Arc<dyn AvailabilityListener>, channel: usize) {
-        Subpartition::set_listener(self, target, channel)
+        Subpartition::set_listener(self, target, channel);
     }
     fn poll(&self) -> Result<Option<(BufferOrEvent, bool)>> {
         Subpartition::poll(self)
@@ -123,6 +128,7 @@ impl Subpartition {
                     queue: VecDeque::new(),
                 },
                 listener: None,
+                generation: 0,
                 buffers_backlog: 0,
             }),
             backlog_hint: Default::default(),
@@ -143,8 +149,10 @@ impl Subpartition {
                     finished: false,
                     end_delivered: false,
                     bytes_written: 0,
+                    buffers_written: 0,
                 },
                 listener: None,
+                generation: 0,
                 buffers_backlog: 0,
             }),
             backlog_hint: Default::default(),
@@ -155,13 +163,32 @@ impl Subpartition {
         self.index
     }
 
-    /// Registers the consumer. If data is already readable it is told at once.
-    pub fn set_listener(&self, target: Arc<dyn AvailabilityListener>, channel: usize) {
+    /// Registers the consumer and returns its generation. If data is
+    /// already readable it is told at once. A new consumer of a blocking
+    /// subpartition reads it from the start.
+    pub fn set_listener(&self, target: Arc<dyn AvailabilityListener>, channel: usize) -> u64 {
         let mut st = lock_state(&self.state);
-        let readable = match &st.storage {
+        st.generation += 1;
+        let generation = st.generation;
+        let mut reset_backlog = None;
+        let readable = match &mut st.storage {
             Storage::Pipelined { queue } => !queue.is_empty(),
-            Storage::Blocking { finished, .. } => *finished,
+            Storage::Blocking {
+                finished,
+                reader,
+                end_delivered,
+                buffers_written,
+                ..
+            } => {
+                *reader = None;
+                *end_delivered = false;
+                reset_backlog = Some(*buffers_written);
+                *finished
+            }
         };
+        if let Some(b) = reset_backlog {
+            st.buffers_backlog = b;
+        }
         st.listener = Some(Listener {
             target: Arc::clone(&target),
             channel,
@@ -170,6 +197,7 @@ impl Subpartition {
         if readable {
             target.notify_available(channel);
         }
+        generation
     }
 
     /// Adds a filled buffer (producer side).
@@ -184,6 +212,7 @@ impl Subpartition {
                 path,
                 writer,
                 bytes_written,
+                buffers_written,
                 ..
             } => {
                 let Some(w) = writer.as_mut() else {
@@ -199,6 +228,7 @@ impl Subpartition {
                         FluviaError::io(format!("writing spill file {}", path.display()), e)
                     })?;
                 *bytes_written += 4 + len as u64;
+                *buffers_written += 1;
                 // The buffer is recycled here, when it goes out of scope.
                 false
             }
@@ -258,7 +288,16 @@ impl Subpartition {
     /// without credit only an event may be taken. Reports what comes next,
     /// so the sender knows whether to keep this reader in its queue.
     pub fn poll_with_credit(&self, has_credit: bool) -> Result<CreditPoll> {
+        self.poll_as(has_credit, None)
+    }
+
+    /// [`poll_with_credit`](Self::poll_with_credit) for the consumer of
+    /// `generation`; an earlier consumer gets nothing.
+    pub fn poll_as(&self, has_credit: bool, generation: Option<u64>) -> Result<CreditPoll> {
         let mut st = lock_state(&self.state);
+        if generation.is_some_and(|g| g != st.generation) {
+            return Ok(CreditPoll::Nothing);
+        }
         let segment_size = self.segment_size;
         let st = &mut *st;
         match &mut st.storage {
@@ -507,6 +546,36 @@ mod tests {
         assert_eq!(bytes(&b), vec![2]);
         let (e, more) = p.subpartition(0).poll().unwrap().unwrap();
         assert!(matches!(e, BufferOrEvent::Event(Event::EndOfPartition)) && !more);
+    }
+
+    #[test]
+    fn a_blocking_subpartition_can_be_read_again_by_a_new_consumer() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = ResultPartition::blocking("p", 1, 1024, dir.path(), "ds").unwrap();
+        for i in 0..3u8 {
+            p.subpartition(0)
+                .add_buffer(Buffer::from_vec(vec![i]))
+                .unwrap();
+        }
+        p.finish().unwrap();
+        let l = Arc::new(Count(Default::default()));
+        let first = p.subpartition(0).set_listener(l.clone(), 0);
+        let (a, _) = p.subpartition(0).poll().unwrap().unwrap();
+        assert_eq!(bytes(&a), vec![0]);
+        // A restarted consumer attaches: it reads from the start, and the
+        // earlier one gets nothing more.
+        let second = p.subpartition(0).set_listener(l, 0);
+        assert!(matches!(
+            p.subpartition(0).poll_as(true, Some(first)).unwrap(),
+            CreditPoll::Nothing
+        ));
+        let mut got = Vec::new();
+        while let CreditPoll::Item { item, .. } =
+            p.subpartition(0).poll_as(true, Some(second)).unwrap()
+        {
+            got.push(bytes(&item));
+        }
+        assert_eq!(got, vec![vec![0], vec![1], vec![2], vec![]]);
     }
 
     #[test]

@@ -163,6 +163,8 @@ impl Drop for PartitionRequestServer {
 struct Reader {
     partition: ResultPartitionId,
     subpartitions: Vec<Arc<Subpartition>>,
+    /// This reader's generation at each subpartition.
+    generations: Vec<u64>,
     first_subpartition: u32,
     finished: Vec<bool>,
     next: usize,
@@ -371,6 +373,7 @@ impl ServerConnection {
                         Reader {
                             partition,
                             subpartitions: subpartitions.clone(),
+                            generations: vec![0; n],
                             first_subpartition,
                             finished: vec![false; n],
                             next: 0,
@@ -379,14 +382,17 @@ impl ServerConnection {
                         },
                     );
                 }
-                for sp in &subpartitions {
-                    sp.set_listener(
+                for (k, sp) in subpartitions.iter().enumerate() {
+                    let generation = sp.set_listener(
                         Arc::new(ReaderListener {
                             connection: self.me.clone(),
                             receiver,
                         }),
                         0,
                     );
+                    if let Some(r) = lock_state(&self.state).readers.get_mut(&receiver) {
+                        r.generations[k] = generation;
+                    }
                 }
                 true
             }
@@ -461,7 +467,9 @@ impl ServerConnection {
                 if reader.finished[i] {
                     continue;
                 }
-                match reader.subpartitions[i].poll_with_credit(reader.credit > 0)? {
+                match reader.subpartitions[i]
+                    .poll_as(reader.credit > 0, Some(reader.generations[i]))?
+                {
                     CreditPoll::Item { item, next } => {
                         taken = Some((i, item, next));
                         break;

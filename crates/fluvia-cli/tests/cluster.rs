@@ -1,0 +1,601 @@
+//! A real cluster: a JobManager and TaskManagers as separate `fluvia`
+//! processes on loopback, driven through the CLI and the REST API.
+
+#![allow(clippy::unwrap_used)]
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn fluvia() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_fluvia"))
+}
+
+/// Kills its processes when dropped, so a failing test leaves nothing behind.
+struct Cluster {
+    jm: Child,
+    tms: Vec<Child>,
+    rpc: String,
+    rest: String,
+    tm_args: Vec<String>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for c in self.tms.iter_mut().chain(std::iter::once(&mut self.jm)) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+const FAST_HEARTBEATS: [&str; 4] = [
+    "-D",
+    "heartbeat.interval=100",
+    "-D",
+    "heartbeat.timeout=1500",
+];
+
+impl Cluster {
+    fn start(jm_args: &[&str], task_managers: usize, tm_args: &[&str]) -> Cluster {
+        let mut jm = fluvia()
+            .args([
+                "jobmanager",
+                "-D",
+                "jobmanager.rpc.port=0",
+                "-D",
+                "rest.port=0",
+            ])
+            .args(FAST_HEARTBEATS)
+            .args(jm_args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(jm.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        let rpc = line
+            .trim()
+            .strip_prefix("JobManager RPC ")
+            .unwrap()
+            .to_string();
+        line.clear();
+        out.read_line(&mut line).unwrap();
+        let rest = line
+            .trim()
+            .strip_prefix("REST http://")
+            .unwrap()
+            .to_string();
+        let mut c = Cluster {
+            jm,
+            tms: Vec::new(),
+            rpc,
+            rest,
+            tm_args: tm_args.iter().map(|s| s.to_string()).collect(),
+        };
+        for _ in 0..task_managers {
+            c.add_task_manager();
+        }
+        c.wait_for_task_managers(task_managers);
+        c
+    }
+
+    fn add_task_manager(&mut self) {
+        let tm = fluvia()
+            .args(["taskmanager", "--jobmanager", &self.rpc])
+            .args(FAST_HEARTBEATS)
+            .args(&self.tm_args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.tms.push(tm);
+    }
+
+    fn wait_for_task_managers(&self, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if get(&self.rest, "/overview")["taskmanagers"].as_u64() == Some(n as u64) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("{n} TaskManagers did not register");
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        fluvia()
+            .args(["run", "--jobmanager", &self.rpc])
+            .args(args)
+            .output()
+            .unwrap()
+    }
+}
+
+/// A tiny HTTP client: enough for the REST API's JSON.
+fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("Content-Length: 0\r\n\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    let status: u16 = resp[9..12].parse().unwrap();
+    let body = resp
+        .split_once("\r\n\r\n")
+        .map(|x| x.1.to_string())
+        .unwrap_or_default();
+    // Chunked bodies: keep the JSON between the first '{' and the last '}'.
+    let body = match (body.find(['{', '[']), body.rfind(['}', ']'])) {
+        (Some(a), Some(b)) if b >= a && !path.ends_with("metrics") => body[a..=b].to_string(),
+        _ => body,
+    };
+    (status, body)
+}
+
+fn get(addr: &str, path: &str) -> Value {
+    let (status, body) = http(addr, "GET", path, &[]);
+    assert_eq!(status, 200, "GET {path}: {body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
+}
+
+fn write_input(dir: &Path, lines: usize) -> PathBuf {
+    let path = dir.join("in.txt");
+    let mut text = String::with_capacity(lines * 60);
+    let words = [
+        "stream", "batch", "slot", "credit", "barrier", "Fluvia", "flink", "key", "group",
+    ];
+    for i in 0..lines {
+        for j in 0..8 {
+            text.push_str(words[(i * 7 + j * 3 + i / 13) % words.len()]);
+            text.push(' ');
+        }
+        text.push_str(&format!("w{}\n", i % 500));
+    }
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn embedded_counts(input: &Path, out: &Path) -> String {
+    let o = fluvia()
+        .args(["run", "wordcount", "--input"])
+        .arg(input)
+        .arg("--output")
+        .arg(out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    std::fs::read_to_string(out).unwrap()
+}
+
+fn job_id(o: &Output) -> String {
+    let err = String::from_utf8_lossy(&o.stderr);
+    err.split_whitespace()
+        .skip_while(|w| *w != "Job")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no job id in: {err}"))
+        .to_string()
+}
+
+#[test]
+fn word_count_on_a_cluster_matches_the_embedded_run_in_both_modes() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = write_input(dir.path(), 20_000);
+    let expected = embedded_counts(&input, &dir.path().join("embedded.txt"));
+    let cluster = Cluster::start(&[], 2, &["--slots", "2"]);
+    for mode in ["batch", "streaming"] {
+        let out = dir.path().join(format!("{mode}.txt"));
+        let o = cluster.run(&[
+            "wordcount",
+            "--input",
+            input.to_str().unwrap(),
+            "--output",
+            out.to_str().unwrap(),
+            "-p",
+            "3",
+            "--mode",
+            mode,
+        ]);
+        assert!(
+            o.status.success(),
+            "{mode}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), expected, "{mode}");
+        let details = get(&cluster.rest, &format!("/jobs/{}", job_id(&o)));
+        assert_eq!(details["state"], "FINISHED");
+        // Subtasks ran on both TaskManagers.
+        let hosts: std::collections::BTreeSet<String> = details["vertices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|v| v["subtasks"].as_array().unwrap().clone())
+            .map(|s| s["host"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(hosts.len(), 2, "{hosts:?}");
+    }
+}
+
+#[test]
+fn rest_endpoints_have_the_documented_shapes() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = write_input(dir.path(), 2_000);
+    let cluster = Cluster::start(&[], 2, &["--slots", "2"]);
+    let out = dir.path().join("out.txt");
+    let o = cluster.run(&[
+        "wordcount",
+        "--input",
+        input.to_str().unwrap(),
+        "--output",
+        out.to_str().unwrap(),
+        "-p",
+        "2",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let id = job_id(&o);
+
+    let overview = get(&cluster.rest, "/overview");
+    for k in [
+        "taskmanagers",
+        "slots-total",
+        "slots-available",
+        "jobs-running",
+        "jobs-finished",
+        "jobs-failed",
+        "jobs-cancelled",
+    ] {
+        assert!(overview[k].is_u64(), "/overview.{k}: {overview}");
+    }
+    assert_eq!(overview["slots-total"], 4);
+    assert_eq!(overview["jobs-finished"], 1);
+
+    let jobs = get(&cluster.rest, "/jobs");
+    assert_eq!(jobs["jobs"][0]["id"], id.as_str());
+    assert_eq!(jobs["jobs"][0]["status"], "FINISHED");
+
+    let job = get(&cluster.rest, &format!("/jobs/{id}"));
+    for k in [
+        "jid",
+        "name",
+        "state",
+        "start-time",
+        "end-time",
+        "duration",
+        "vertices",
+    ] {
+        assert!(!job[k].is_null(), "/jobs/:id.{k}: {job}");
+    }
+    let vertices = job["vertices"].as_array().unwrap();
+    assert_eq!(vertices.len(), 3);
+    for v in vertices {
+        for k in ["id", "name", "parallelism", "status", "metrics", "subtasks"] {
+            assert!(!v[k].is_null(), "vertex.{k}: {v}");
+        }
+    }
+    assert_eq!(
+        vertices[1]["metrics"]["read-records"],
+        vertices[0]["metrics"]["write-records"]
+    );
+
+    let plan = get(&cluster.rest, &format!("/jobs/{id}/plan"));
+    assert_eq!(plan["plan"]["jid"], id.as_str());
+    let explain = fluvia()
+        .args([
+            "explain",
+            "--json",
+            "wordcount",
+            "--input",
+            input.to_str().unwrap(),
+            "--output",
+            out.to_str().unwrap(),
+            "-p",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    let mut explained: Value = serde_json::from_slice(&explain.stdout).unwrap();
+    explained["jid"] = plan["plan"]["jid"].clone();
+    assert_eq!(
+        plan["plan"], explained,
+        "the plan endpoint shows what explain --json prints"
+    );
+
+    let vid = vertices[1]["id"].as_str().unwrap();
+    let vertex = get(&cluster.rest, &format!("/jobs/{id}/vertices/{vid}"));
+    let subtasks = vertex["subtasks"].as_array().unwrap();
+    assert_eq!(subtasks.len(), 2);
+    for s in subtasks {
+        for k in ["subtask", "attempt", "host", "status", "metrics"] {
+            assert!(!s[k].is_null(), "subtask.{k}: {s}");
+        }
+        assert_eq!(s["status"], "FINISHED");
+    }
+
+    let tms = get(&cluster.rest, "/taskmanagers");
+    let tms = tms["taskmanagers"].as_array().unwrap();
+    assert_eq!(tms.len(), 2);
+    for t in tms {
+        for k in [
+            "id",
+            "path",
+            "dataAddress",
+            "slotsNumber",
+            "timeSinceLastHeartbeat",
+        ] {
+            assert!(!t[k].is_null(), "taskmanager.{k}: {t}");
+        }
+    }
+
+    let (status, metrics) = http(&cluster.rest, "GET", "/metrics", &[]);
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains("fluvia_jobmanager_taskmanagers 2"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("# TYPE fluvia_task_records_in_total counter"),
+        "{metrics}"
+    );
+
+    let (status, _) = http(
+        &cluster.rest,
+        "GET",
+        "/jobs/00000000000000000000000000000000",
+        &[],
+    );
+    assert_eq!(status, 404);
+}
+
+#[test]
+fn a_job_without_enough_slots_fails_after_the_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = write_input(dir.path(), 100);
+    let cluster = Cluster::start(&["-D", "slot.request.timeout=1000"], 1, &["--slots", "1"]);
+    let started = Instant::now();
+    let o = cluster.run(&["wordcount", "--input", input.to_str().unwrap(), "-p", "3"]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("not enough slots"), "{err}");
+    assert!(err.contains("needs 3 slots"), "{err}");
+    assert!(started.elapsed() >= Duration::from_millis(1000));
+}
+
+#[test]
+fn a_wrong_or_missing_secret_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = write_input(dir.path(), 100);
+    let cluster = Cluster::start(
+        &["-D", "security.cluster-secret=right"],
+        1,
+        &["-D", "security.cluster-secret=right"],
+    );
+    // A TaskManager with the wrong secret is refused and exits.
+    let o = fluvia()
+        .args([
+            "taskmanager",
+            "--jobmanager",
+            &cluster.rpc,
+            "-D",
+            "security.cluster-secret=wrong",
+        ])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("wrong cluster secret"));
+    // A client without the secret cannot submit.
+    let o = cluster.run(&["wordcount", "--input", input.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("no cluster secret"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // With it, the job runs.
+    let out = dir.path().join("out.txt");
+    let o = cluster.run(&[
+        "wordcount",
+        "--input",
+        input.to_str().unwrap(),
+        "--output",
+        out.to_str().unwrap(),
+        "-D",
+        "security.cluster-secret=right",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // REST reads are open; mutations need the secret.
+    let id = job_id(&o);
+    let (status, body) = http(
+        &cluster.rest,
+        "PATCH",
+        &format!("/jobs/{id}?mode=cancel"),
+        &[],
+    );
+    assert_eq!(status, 401, "{body}");
+    let (status, body) = http(
+        &cluster.rest,
+        "PATCH",
+        &format!("/jobs/{id}?mode=cancel"),
+        &[("X-Fluvia-Secret", "right")],
+    );
+    assert_eq!(status, 409, "a finished job cannot be cancelled: {body}");
+}
+
+/// Waits until the job has finished subtasks of its first vertex but the
+/// job is still running, then kills the TaskManager running `victim_vertex`'s
+/// first subtask.
+fn kill_during(cluster: &mut Cluster, id: &str, ready: impl Fn(&Value) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "the job never reached the kill point"
+        );
+        let (status, body) = http(&cluster.rest, "GET", &format!("/jobs/{id}"), &[]);
+        if status == 200 {
+            let job: Value = serde_json::from_str(&body).unwrap();
+            assert_ne!(
+                job["state"], "FINISHED",
+                "the job finished before the kill: make it longer"
+            );
+            if ready(&job) {
+                let victim = job["vertices"][1]["subtasks"][0]["taskmanager-id"]
+                    .as_str()
+                    .unwrap()
+                    .to_string();
+                let port: u16 = victim.split('-').nth(1).unwrap().parse().unwrap();
+                // The TaskManager id carries its RPC port; find that process.
+                let tms = get(&cluster.rest, "/taskmanagers");
+                let path = tms["taskmanagers"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|t| t["id"] == victim.as_str())
+                    .unwrap()["path"]
+                    .as_str()
+                    .unwrap()
+                    .to_string();
+                assert!(path.ends_with(&format!(":{port}")));
+                let pid: u32 = victim.rsplit('-').next().unwrap().parse().unwrap();
+                let child = cluster.tms.iter_mut().find(|c| c.id() == pid).unwrap();
+                child.kill().unwrap(); // SIGKILL
+                let _ = child.wait();
+                return victim;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn killing_a_task_manager_during_a_batch_job_reruns_only_the_affected_subtasks() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = write_input(dir.path(), 600_000);
+    let expected = embedded_counts(&input, &dir.path().join("embedded.txt"));
+    let mut cluster = Cluster::start(
+        &[
+            "-D",
+            "restart-strategy.type=fixed-delay",
+            "-D",
+            "restart-strategy.fixed-delay.attempts=2",
+            "-D",
+            "restart-strategy.fixed-delay.delay=100",
+        ],
+        3,
+        &["--slots", "2"],
+    );
+    let out = dir.path().join("out.txt");
+    let rpc = cluster.rpc.clone();
+    let runner = std::thread::spawn({
+        let (input, out) = (input.clone(), out.clone());
+        move || {
+            fluvia()
+                .args(["run", "--jobmanager", &rpc, "wordcount", "--input"])
+                .arg(&input)
+                .arg("--output")
+                .arg(&out)
+                .args(["-p", "4", "--mode", "batch"])
+                .output()
+                .unwrap()
+        }
+    });
+    // Find the job id from the REST API.
+    let id = loop {
+        let jobs = get(&cluster.rest, "/jobs");
+        if let Some(j) = jobs["jobs"].as_array().and_then(|a| a.first()) {
+            break j["id"].as_str().unwrap().to_string();
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    // Kill once the source vertex finished and the aggregation runs.
+    let victim = kill_during(&mut cluster, &id, |job| {
+        job["vertices"][0]["status"] == "FINISHED" && job["vertices"][1]["status"] == "RUNNING"
+    });
+    let o = runner.join().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap(),
+        expected,
+        "nothing lost or duplicated"
+    );
+    let job = get(&cluster.rest, &format!("/jobs/{id}"));
+    assert_eq!(job["restarts"], 1);
+    let attempts = |v: usize| -> Vec<u64> {
+        job["vertices"][v]["subtasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["attempt"].as_u64().unwrap())
+            .collect()
+    };
+    // Source subtasks re-ran only where their results were lost with the
+    // TaskManager; the aggregation (running at the time) re-ran everywhere;
+    // the sink had not started and ran once.
+    let source = attempts(0);
+    assert!(
+        source.contains(&0) && source.contains(&1),
+        "source attempts {source:?} ({victim} killed)"
+    );
+    assert_eq!(attempts(1), vec![1, 1, 1, 1]);
+    assert_eq!(attempts(2), vec![0]);
+}
+
+#[test]
+fn killing_a_task_manager_during_a_streaming_job_restarts_it_to_a_correct_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = write_input(dir.path(), 600_000);
+    let expected = embedded_counts(&input, &dir.path().join("embedded.txt"));
+    let mut cluster = Cluster::start(
+        &[
+            "-D",
+            "restart-strategy.type=fixed-delay",
+            "-D",
+            "restart-strategy.fixed-delay.delay=100",
+        ],
+        3,
+        &["--slots", "2"],
+    );
+    let out = dir.path().join("out.txt");
+    let rpc = cluster.rpc.clone();
+    let runner = std::thread::spawn({
+        let (input, out) = (input.clone(), out.clone());
+        move || {
+            fluvia()
+                .args(["run", "--jobmanager", &rpc, "wordcount", "--input"])
+                .arg(&input)
+                .arg("--output")
+                .arg(&out)
+                .args(["-p", "4", "--mode", "streaming"])
+                .output()
+                .unwrap()
+        }
+    });
+    let id = loop {
+        let jobs = get(&cluster.rest, "/jobs");
+        if let Some(j) = jobs["jobs"].as_array().and_then(|a| a.first()) {
+            break j["id"].as_str().unwrap().to_string();
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    kill_during(&mut cluster, &id, |job| {
+        job["vertices"][1]["subtasks"][0]["metrics"].is_object()
+            && job["vertices"][1]["status"] == "RUNNING"
+            && job["vertices"][1]["subtasks"][0]["taskmanager-id"].is_string()
+    });
+    let o = runner.join().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), expected);
+    let job = get(&cluster.rest, &format!("/jobs/{id}"));
+    assert_eq!(job["restarts"], 1);
+    for v in job["vertices"].as_array().unwrap() {
+        for s in v["subtasks"].as_array().unwrap() {
+            assert_eq!(s["attempt"], 1, "a streaming job restarts every task: {v}");
+        }
+    }
+}
