@@ -599,3 +599,45 @@ fn killing_a_task_manager_during_a_streaming_job_restarts_it_to_a_correct_result
         }
     }
 }
+
+#[test]
+fn list_and_cancel_a_running_job() {
+    let cluster = Cluster::start(&[], 1, &["--slots", "2"]);
+    let rpc = cluster.rpc.clone();
+    let runner = std::thread::spawn(move || {
+        fluvia()
+            .args(["run", "--jobmanager", &rpc, "pipeline", "--rows", "1000000000000", "--job", "count"])
+            .args(["-p", "2", "--mode", "streaming"])
+            .output()
+            .unwrap()
+    });
+    let id = loop {
+        let jobs = get(&cluster.rest, "/jobs");
+        if let Some(j) = jobs["jobs"].as_array().and_then(|a| a.first())
+            && j["status"] == "RUNNING"
+        {
+            break j["id"].as_str().unwrap().to_string();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let list = fluvia().args(["list", "--jobmanager", &cluster.rpc]).output().unwrap();
+    let listed = String::from_utf8_lossy(&list.stdout);
+    assert!(listed.contains(&id) && listed.contains("RUNNING"), "{listed}");
+
+    let cancel = fluvia().args(["cancel", "--jobmanager", &cluster.rpc, &id]).output().unwrap();
+    assert!(cancel.status.success(), "{}", String::from_utf8_lossy(&cancel.stderr));
+    let o = runner.join().unwrap();
+    assert!(!o.status.success(), "a cancelled job is not a success");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("CANCELED"));
+    assert_eq!(get(&cluster.rest, &format!("/jobs/{id}"))["state"], "CANCELED");
+
+    let again = fluvia().args(["cancel", "--jobmanager", &cluster.rpc, &id]).output().unwrap();
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("CANCELED already"));
+
+    // The slots are free again: another job runs.
+    let dir = tempfile::tempdir().unwrap();
+    let input = write_input(dir.path(), 100);
+    let o = cluster.run(&["wordcount", "--input", input.to_str().unwrap(), "-p", "2"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
