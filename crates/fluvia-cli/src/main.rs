@@ -107,18 +107,61 @@ struct PlanFormat {
     dot: bool,
 }
 
+/// Runs on the embedded mini-cluster: a JobManager and TaskManagers in
+/// this process, over loopback.
 fn run_embedded(example: Example) -> Result<()> {
+    let spec = program_spec(&example);
     let env = example.environment()?;
-    let result = env
-        .execute(example.name())
-        .with_context(|| format!("job '{}' failed", example.name()))?;
-    eprint!("{}", result.summary());
-    if let Example::Pipeline { rows, .. } = example {
-        let secs = result.duration.as_secs_f64();
-        println!(
-            "{rows} rows in {secs:.3} s: {:.2} M rows/s",
-            rows as f64 / secs / 1e6
+    let graph = env.job_graph(example.name())?;
+    fluvia_runtime::executor::validate_job(&graph, &env.registry())?;
+    let status = runtime()?.block_on(fluvia_cluster::minicluster::run_job(
+        &graph.config,
+        Arc::new(ExampleCatalog),
+        &spec,
+        &graph,
+    ))?;
+    report(&status, &graph, Some(&example))
+}
+
+/// Prints a finished job's summary (stderr) and, for the pipeline, rows/s.
+fn report(status: &fluvia_cluster::rpc::JobStatus, graph: &fluvia_graph::JobGraph, example: Option<&Example>) -> Result<()> {
+    let details: serde_json::Value = serde_json::from_str(&status.details_json).unwrap_or_default();
+    let secs = details["duration"].as_u64().unwrap_or(0) as f64 / 1000.0;
+    if status.state == "FINISHED" {
+        eprintln!("Job '{}' ({}) finished in {secs:.3} s", status.name, status.job_id);
+    } else {
+        eprintln!("Job '{}' ({}) {} after {secs:.3} s", status.name, status.job_id, status.state);
+    }
+    if details["restarts"].as_u64().unwrap_or(0) > 0 {
+        eprintln!("  restarts: {}", details["restarts"]);
+    }
+    for (v, jv) in details["vertices"].as_array().into_iter().flatten().zip(&graph.vertices) {
+        eprintln!(
+            "  {} [parallelism {}]: records in {}, out {}; bytes in {}, out {}",
+            jv.name,
+            jv.parallelism,
+            v["metrics"]["read-records"],
+            v["metrics"]["write-records"],
+            v["metrics"]["read-bytes"],
+            v["metrics"]["write-bytes"]
         );
+        if jv.operators.len() > 1 {
+            for (k, op) in jv.operators.iter().enumerate() {
+                let n: u64 = v["subtasks"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|s| s["operator-records"][k].as_u64().unwrap_or(0))
+                    .sum();
+                eprintln!("      {}: {n} records", op.name);
+            }
+        }
+    }
+    if status.state != "FINISHED" {
+        bail!("job {} {}: {}", status.job_id, status.state, status.error);
+    }
+    if let Some(Example::Pipeline { rows, .. }) = example {
+        println!("{rows} rows in {secs:.3} s: {:.2} M rows/s", *rows as f64 / secs.max(1e-9) / 1e6);
     }
     Ok(())
 }
@@ -150,35 +193,15 @@ fn run_on_cluster(jobmanager: &str, example: Example) -> Result<()> {
     let spec = program_spec(&example);
     let env = example.environment()?;
     let graph = env.job_graph(example.name())?;
+    fluvia_runtime::executor::validate_job(&graph, &env.registry())?;
     let secret = cluster_config::cluster_secret(&graph.config)?;
-    runtime()?.block_on(async {
+    let status = runtime()?.block_on(async {
         let mut client = ClusterClient::connect(jobmanager, secret).await?;
         let job_id = client.submit(&spec, &graph).await?;
         eprintln!("Job {job_id} submitted to {jobmanager}");
-        let status = client.wait(&job_id).await?;
-        let details: serde_json::Value =
-            serde_json::from_str(&status.details_json).unwrap_or_default();
-        eprintln!(
-            "Job '{}' ({job_id}) {} in {:.3} s after {} restarts",
-            status.name,
-            status.state,
-            details["duration"].as_u64().unwrap_or(0) as f64 / 1000.0,
-            details["restarts"]
-        );
-        for v in details["vertices"].as_array().into_iter().flatten() {
-            eprintln!(
-                "  {} [parallelism {}]: records in {}, out {}",
-                v["name"].as_str().unwrap_or(""),
-                v["parallelism"],
-                v["metrics"]["read-records"],
-                v["metrics"]["write-records"]
-            );
-        }
-        if status.state != "FINISHED" {
-            bail!("job {job_id} {}: {}", status.state, status.error);
-        }
-        Ok(())
-    })
+        client.wait(&job_id).await
+    })?;
+    report(&status, &graph, Some(&example))
 }
 
 fn explain(example: Example, format: PlanFormat) -> Result<()> {

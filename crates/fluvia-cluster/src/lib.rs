@@ -20,6 +20,7 @@ pub mod client;
 pub mod config;
 pub mod deployment;
 pub mod jobmanager;
+pub mod minicluster;
 pub mod program;
 pub mod rest;
 pub mod security;

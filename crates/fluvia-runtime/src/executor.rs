@@ -118,6 +118,17 @@ impl Drop for ShutdownOnDrop<'_> {
     }
 }
 
+/// The checks made before a job runs: every operator has user code, and
+/// each factory's own checks pass (input files exist, ...).
+pub fn validate_job(job: &JobGraph, registry: &OperatorRegistry) -> Result<()> {
+    for v in &job.vertices {
+        for op in &v.operators {
+            registry.factory(op.node_id)?.validate()?;
+        }
+    }
+    Ok(())
+}
+
 /// Runs jobs in this process.
 #[derive(Debug, Clone, Default)]
 pub struct LocalExecutor {
@@ -152,11 +163,7 @@ impl LocalExecutor {
         registry: Arc<OperatorRegistry>,
     ) -> Result<JobExecutionResult> {
         let started = Instant::now();
-        for v in &job.vertices {
-            for op in &v.operators {
-                registry.factory(op.node_id)?.validate()?;
-            }
-        }
+        validate_job(&job, &registry)?;
         let segment_size = self.config.get(&options::SEGMENT_SIZE)? as usize;
         let network_memory = self.config.get(&options::NETWORK_MEMORY)?;
         let buffers_per_channel = self.config.get(&options::BUFFERS_PER_CHANNEL)?.max(1);

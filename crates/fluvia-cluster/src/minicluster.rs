@@ -1,0 +1,63 @@
+//! The embedded mini-cluster: a JobManager and TaskManagers in this process,
+//! talking over loopback exactly as separate processes do (Flink's
+//! `MiniCluster`). `fluvia run` without `--jobmanager` runs its job here.
+
+use crate::client::ClusterClient;
+use crate::config as cfg;
+use crate::program::{ProgramCatalog, ProgramSpec};
+use crate::rpc::JobStatus;
+use fluvia_core::config::options;
+use fluvia_core::{Configuration, Result};
+use fluvia_graph::JobGraph;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Slots a job needs: per slot sharing group, its largest parallelism.
+pub fn required_slots(graph: &JobGraph) -> usize {
+    let mut per_group: BTreeMap<&str, usize> = BTreeMap::new();
+    for v in &graph.vertices {
+        let e = per_group.entry(v.slot_sharing_group.as_str()).or_insert(0);
+        *e = (*e).max(v.parallelism);
+    }
+    per_group.values().sum::<usize>().max(1)
+}
+
+/// Starts a JobManager and `local.number-taskmanager` TaskManagers with
+/// enough slots for `graph`, runs the job to its end and returns its status.
+pub async fn run_job(
+    config: &Configuration,
+    catalog: Arc<dyn ProgramCatalog>,
+    program: &ProgramSpec,
+    graph: &JobGraph,
+) -> Result<JobStatus> {
+    let task_managers = config.get(&options::LOCAL_TASK_MANAGERS)?.max(1);
+    let slots = required_slots(graph).div_ceil(task_managers);
+    let mut c = config.clone();
+    for (k, v) in [
+        ("jobmanager.rpc.address", "127.0.0.1"),
+        ("jobmanager.rpc.port", "0"),
+        ("rest.address", "127.0.0.1"),
+        ("rest.port", "0"),
+        ("taskmanager.host", "127.0.0.1"),
+        ("heartbeat.interval", "100 ms"),
+    ] {
+        if config.get_raw(k).is_none() || k.ends_with("port") || k.ends_with("address") {
+            c.set(k, v);
+        }
+    }
+    c.set_option(&cfg::SLOTS, slots);
+    let jm = crate::jobmanager::start(c.clone(), Arc::clone(&catalog)).await?;
+    let address = jm.rpc_address.to_string();
+    for _ in 0..task_managers {
+        let (address, c, catalog) = (address.clone(), c.clone(), Arc::clone(&catalog));
+        tokio::spawn(async move {
+            if let Err(e) = crate::taskmanager::run(&address, c, catalog).await {
+                tracing::error!("embedded TaskManager stopped: {e}");
+            }
+        });
+    }
+    let secret = cfg::cluster_secret(&c)?;
+    let mut client = ClusterClient::connect(&address, secret).await?;
+    let id = client.submit(program, graph).await?;
+    client.wait(&id).await
+}
