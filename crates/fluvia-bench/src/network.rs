@@ -120,7 +120,7 @@ fn remote_channel(
         floating_buffers_per_gate: floating,
         ..NetworkConfig::default()
     };
-    let producer = NetworkEnvironment::start(config, loopback())?;
+    let producer = NetworkEnvironment::start(config.clone(), loopback())?;
     let consumer = NetworkEnvironment::start(config, loopback())?;
     let id = ResultPartitionId {
         data_set: 1,

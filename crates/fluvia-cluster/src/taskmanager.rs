@@ -442,6 +442,7 @@ pub async fn run(
         compression: config
             .get(&options::COMPRESSION_CODEC)?
             .eq_ignore_ascii_case("LZ4"),
+        secret: secret.clone(),
     };
     let data_bind: SocketAddr = format!("{host}:{}", config.get(&cfg::TASKMANAGER_DATA_PORT)?)
         .parse()

@@ -300,3 +300,58 @@ fn requesting_an_unknown_partition_is_a_clear_error() {
     let err = gate.get_next(&CancelToken::new()).unwrap_err().to_string();
     assert!(err.contains("not found") && err.contains("#42@0"), "{err}");
 }
+
+fn env_with_secret(secret: Option<&str>) -> Arc<NetworkEnvironment> {
+    NetworkEnvironment::start(
+        NetworkConfig {
+            secret: secret.map(str::to_string),
+            ..NetworkConfig::default()
+        },
+        loopback(),
+    )
+    .unwrap()
+}
+
+/// Reads one partition of `producer` from `consumer`; returns the records or
+/// the error.
+fn read_one(producer: &NetworkEnvironment, consumer: &NetworkEnvironment, id: ResultPartitionId) -> Result<u64, String> {
+    let specs = [RemoteChannelSpec {
+        peer: producer.data_address(),
+        partition: id,
+        subpartition: 0,
+    }];
+    let (_gp, channels) = consumer.open_remote_channels(&specs).map_err(|e| e.to_string())?;
+    let mut gate = InputGate::new(vec![InputChannelSpec {
+        channel: Arc::clone(&channels[0]) as Arc<dyn InputChannel>,
+        input_index: 0,
+    }]);
+    let mut n = 0;
+    let mut d = RecordDeserializer::new();
+    while let Some(ev) = gate.get_next(&CancelToken::new()).map_err(|e| e.to_string())? {
+        if let GateEvent::Buffer { buffer, .. } = ev {
+            d.feed(buffer.as_slice(), |_| {
+                n += 1;
+                Ok(())
+            })
+            .unwrap();
+        }
+    }
+    Ok(n)
+}
+
+#[test]
+fn data_connections_must_present_the_cluster_secret() {
+    let producer = env_with_secret(Some("right"));
+    for (i, _) in [(); 3].iter().enumerate() {
+        let (mut w, _pool) = producer_partition(&producer, pid(i as u32), 1);
+        for seq in 0..100 {
+            w.emit(Target::One(0), &record(0, seq, 4)).unwrap();
+        }
+        w.finish().unwrap();
+    }
+    let wrong = read_one(&producer, &env_with_secret(Some("wrong")), pid(0)).unwrap_err();
+    assert!(wrong.contains("wrong cluster secret"), "{wrong}");
+    let missing = read_one(&producer, &env_with_secret(None), pid(1)).unwrap_err();
+    assert!(missing.contains("no cluster secret"), "{missing}");
+    assert_eq!(read_one(&producer, &env_with_secret(Some("right")), pid(2)).unwrap(), 100);
+}

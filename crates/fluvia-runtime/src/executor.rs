@@ -199,9 +199,10 @@ impl LocalExecutor {
                 buffers_per_channel,
                 floating_buffers_per_gate: floating,
                 compression,
+                secret: None,
             };
             (0..num_task_managers)
-                .map(|_| NetworkEnvironment::start(net, SocketAddr::from(([127, 0, 0, 1], 0))))
+                .map(|_| NetworkEnvironment::start(net.clone(), SocketAddr::from(([127, 0, 0, 1], 0))))
                 .collect::<Result<Vec<_>>>()?
         } else {
             Vec::new()

@@ -463,8 +463,8 @@ impl std::fmt::Debug for ClientConnection {
 }
 
 impl ClientConnection {
-    /// Connects and starts the reader and writer threads.
-    pub fn connect(peer: SocketAddr) -> Result<Arc<Self>> {
+    /// Connects, presents `secret` and starts the reader and writer threads.
+    pub fn connect(peer: SocketAddr, secret: Option<&str>) -> Result<Arc<Self>> {
         let stream = TcpStream::connect(peer).map_err(|e| {
             FluviaError::io(format!("connecting to TaskManager data port {peer}"), e)
         })?;
@@ -474,7 +474,9 @@ impl ClientConnection {
             stream,
             channels: Mutex::new(HashMap::new()),
             outbox: Mutex::new(Outbox {
-                messages: VecDeque::new(),
+                messages: VecDeque::from([Message::Hello {
+                    secret: secret.unwrap_or("").to_string(),
+                }]),
                 credit: VecDeque::new(),
                 closed: false,
                 writer_waiting: false,
@@ -735,11 +737,15 @@ impl ClientConnection {
 #[derive(Debug, Default)]
 pub struct ConnectionManager {
     connections: Mutex<HashMap<SocketAddr, Arc<ClientConnection>>>,
+    secret: Option<String>,
 }
 
 impl ConnectionManager {
-    pub fn new() -> Self {
-        Self::default()
+    pub fn new(secret: Option<String>) -> Self {
+        ConnectionManager {
+            connections: Mutex::default(),
+            secret,
+        }
     }
 
     /// The connection to `peer`, connecting if there is none (or the last
@@ -751,7 +757,7 @@ impl ConnectionManager {
         {
             return Ok(Arc::clone(c));
         }
-        let c = ClientConnection::connect(peer)?;
+        let c = ClientConnection::connect(peer, self.secret.as_deref())?;
         map.insert(peer, Arc::clone(&c));
         Ok(c)
     }

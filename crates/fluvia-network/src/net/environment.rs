@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 /// Network settings of a TaskManager (Flink's keys in parentheses).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct NetworkConfig {
     /// `taskmanager.memory.segment-size`
     pub segment_size: usize,
@@ -23,6 +23,8 @@ pub struct NetworkConfig {
     pub floating_buffers_per_gate: usize,
     /// `taskmanager.network.compression.codec` = LZ4
     pub compression: bool,
+    /// The cluster secret every data connection must present.
+    pub secret: Option<String>,
 }
 
 impl Default for NetworkConfig {
@@ -33,6 +35,7 @@ impl Default for NetworkConfig {
             buffers_per_channel: 2,
             floating_buffers_per_gate: 8,
             compression: false,
+            secret: None,
         }
     }
 }
@@ -65,20 +68,22 @@ impl NetworkEnvironment {
     /// Creates the buffer budget and starts the data server on `bind`.
     pub fn start(config: NetworkConfig, bind: SocketAddr) -> Result<Arc<Self>> {
         let global = NetworkBufferPool::new(config.total_memory, config.segment_size)?;
+        let config_for_env = config.clone();
         let partitions = Arc::new(ResultPartitionManager::default());
         let server = PartitionRequestServer::start(
             bind,
             Arc::clone(&partitions),
             ServerConfig {
                 compression: config.compression,
+                secret: config.secret.clone(),
             },
         )?;
         Ok(Arc::new(NetworkEnvironment {
-            config,
+            config: config_for_env,
             global,
             partitions,
             server,
-            connections: ConnectionManager::new(),
+            connections: ConnectionManager::new(config.secret.clone()),
         }))
     }
 

@@ -76,6 +76,9 @@ pub enum Message {
     CloseRequest,
     /// id 6, client → server.
     AddCredit { receiver: ReceiverId, credit: u32 },
+    /// id 7, client → server, first on every connection: the cluster secret
+    /// (empty when the cluster has none).
+    Hello { secret: String },
 }
 
 impl Message {
@@ -87,6 +90,7 @@ impl Message {
             Message::CancelPartitionRequest { .. } => 4,
             Message::CloseRequest => 5,
             Message::AddCredit { .. } => 6,
+            Message::Hello { .. } => 7,
         }
     }
 }
@@ -212,6 +216,12 @@ pub fn encode(msg: &Message, out: &mut Vec<u8>) {
             out.extend_from_slice(&receiver.to_be_bytes());
             end(out, s);
         }
+        Message::Hello { secret } => {
+            let s = begin(out, 7);
+            out.extend_from_slice(&(secret.len() as u32).to_be_bytes());
+            out.extend_from_slice(secret.as_bytes());
+            end(out, s);
+        }
     }
 }
 
@@ -317,6 +327,7 @@ fn decode_frame(id: u8, body: &[u8]) -> Result<Frame<'_>, ProtocolError> {
         4 => "CancelPartitionRequest",
         5 => "CloseRequest",
         6 => "AddCredit",
+        7 => "Hello",
         other => return Err(ProtocolError(format!("unknown message id {other}"))),
     };
     let mut r = Reader {
@@ -391,6 +402,12 @@ fn decode_frame(id: u8, body: &[u8]) -> Result<Frame<'_>, ProtocolError> {
             receiver: r.u128()?,
         },
         5 => Message::CloseRequest,
+        7 => {
+            let len = r.u32()? as usize;
+            let secret = String::from_utf8(r.take(len)?.to_vec())
+                .map_err(|_| ProtocolError("hello secret is not UTF-8".into()))?;
+            Message::Hello { secret }
+        }
         _ => {
             let credit = r.u32()?;
             if credit == 0 {
@@ -617,7 +634,7 @@ mod tests {
 
         #[test]
         fn valid_frames_with_random_corruption_never_panic(
-            index in 0usize..8,
+            index in 0usize..9,
             flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..4),
             cut in any::<usize>(),
         ) {

@@ -54,10 +54,12 @@ impl ResultPartitionManager {
 }
 
 /// Sender settings.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// Compress data buffers with LZ4 (when it makes them smaller).
     pub compression: bool,
+    /// The secret a connection must present in its first message.
+    pub secret: Option<String>,
 }
 
 /// Counters over all connections of a server.
@@ -116,7 +118,7 @@ impl PartitionRequestServer {
                     match ServerConnection::start(
                         stream,
                         Arc::clone(&partitions),
-                        config,
+                        config.clone(),
                         Arc::clone(&m),
                     ) {
                         Ok(c) => lock_state(&conns).push(Arc::downgrade(&c)),
@@ -179,6 +181,8 @@ struct ConnState {
     queued: HashSet<ReceiverId>,
     control: VecDeque<Message>,
     closed: bool,
+    /// The peer presented the right secret.
+    authenticated: bool,
     /// Whether the writer is blocked (only then is it signalled).
     writer_waiting: bool,
 }
@@ -335,6 +339,28 @@ impl ServerConnection {
 
     /// Handles one request; false closes the connection.
     fn handle(&self, msg: Message) -> bool {
+        if !lock_state(&self.state).authenticated {
+            let refusal = match (&msg, &self.config.secret) {
+                (Message::Hello { .. }, None) => None,
+                (Message::Hello { secret }, Some(expected)) if secret == expected => None,
+                (Message::Hello { secret }, Some(_)) if secret.is_empty() => {
+                    Some("refused: no cluster secret presented")
+                }
+                (Message::Hello { .. }, Some(_)) => Some("refused: wrong cluster secret"),
+                _ => Some("refused: the connection did not start with a hello"),
+            };
+            if let Some(reason) = refusal {
+                tracing::warn!("data connection from {}: {reason}", self.peer);
+                self.send_control(Message::ErrorResponse {
+                    receiver: None,
+                    message: reason.to_string(),
+                });
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                return false;
+            }
+            lock_state(&self.state).authenticated = true;
+            return true;
+        }
         match msg {
             Message::PartitionRequest {
                 partition,
@@ -411,6 +437,7 @@ impl ServerConnection {
                 true
             }
             Message::CloseRequest => false,
+            Message::Hello { .. } => true,
             other => {
                 self.send_control(Message::ErrorResponse {
                     receiver: None,
