@@ -4,10 +4,12 @@
 //! ```text
 //! cargo run --release -p fluvia-bench -- datastream   # jobs vs Flink, chaining on/off, hand-written loop
 //! cargo run --release -p fluvia-bench -- network      # channels vs raw TCP and memcpy, keyed exchange
+//! cargo run --release -p fluvia-bench -- startup      # submission to finish, embedded and on a cluster
 //! ```
 
 mod datastream;
 mod network;
+mod startup;
 
 use clap::{Parser, Subcommand};
 
@@ -23,11 +25,14 @@ enum Suite {
     Datastream(datastream::Args),
     /// Data plane throughput: remote channel vs raw TCP, local channel vs memcpy, keyed exchange.
     Network(network::Args),
+    /// Time from submission to the end of a trivial job, embedded and on a cluster.
+    Startup(startup::Args),
 }
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().suite {
         Suite::Datastream(a) => datastream::run(a),
         Suite::Network(a) => network::run(a),
+        Suite::Startup(a) => startup::run(a),
     }
 }

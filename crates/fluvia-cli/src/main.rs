@@ -124,18 +124,33 @@ fn run_embedded(example: Example) -> Result<()> {
 }
 
 /// Prints a finished job's summary (stderr) and, for the pipeline, rows/s.
-fn report(status: &fluvia_cluster::rpc::JobStatus, graph: &fluvia_graph::JobGraph, example: Option<&Example>) -> Result<()> {
+fn report(
+    status: &fluvia_cluster::rpc::JobStatus,
+    graph: &fluvia_graph::JobGraph,
+    example: Option<&Example>,
+) -> Result<()> {
     let details: serde_json::Value = serde_json::from_str(&status.details_json).unwrap_or_default();
     let secs = details["duration"].as_u64().unwrap_or(0) as f64 / 1000.0;
     if status.state == "FINISHED" {
-        eprintln!("Job '{}' ({}) finished in {secs:.3} s", status.name, status.job_id);
+        eprintln!(
+            "Job '{}' ({}) finished in {secs:.3} s",
+            status.name, status.job_id
+        );
     } else {
-        eprintln!("Job '{}' ({}) {} after {secs:.3} s", status.name, status.job_id, status.state);
+        eprintln!(
+            "Job '{}' ({}) {} after {secs:.3} s",
+            status.name, status.job_id, status.state
+        );
     }
     if details["restarts"].as_u64().unwrap_or(0) > 0 {
         eprintln!("  restarts: {}", details["restarts"]);
     }
-    for (v, jv) in details["vertices"].as_array().into_iter().flatten().zip(&graph.vertices) {
+    for (v, jv) in details["vertices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .zip(&graph.vertices)
+    {
         eprintln!(
             "  {} [parallelism {}]: records in {}, out {}; bytes in {}, out {}",
             jv.name,
@@ -161,7 +176,10 @@ fn report(status: &fluvia_cluster::rpc::JobStatus, graph: &fluvia_graph::JobGrap
         bail!("job {} {}: {}", status.job_id, status.state, status.error);
     }
     if let Some(Example::Pipeline { rows, .. }) = example {
-        println!("{rows} rows in {secs:.3} s: {:.2} M rows/s", *rows as f64 / secs.max(1e-9) / 1e6);
+        println!(
+            "{rows} rows in {secs:.3} s: {:.2} M rows/s",
+            *rows as f64 / secs.max(1e-9) / 1e6
+        );
     }
     Ok(())
 }

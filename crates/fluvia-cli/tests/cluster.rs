@@ -606,7 +606,16 @@ fn list_and_cancel_a_running_job() {
     let rpc = cluster.rpc.clone();
     let runner = std::thread::spawn(move || {
         fluvia()
-            .args(["run", "--jobmanager", &rpc, "pipeline", "--rows", "1000000000000", "--job", "count"])
+            .args([
+                "run",
+                "--jobmanager",
+                &rpc,
+                "pipeline",
+                "--rows",
+                "1000000000000",
+                "--job",
+                "count",
+            ])
             .args(["-p", "2", "--mode", "streaming"])
             .output()
             .unwrap()
@@ -620,18 +629,37 @@ fn list_and_cancel_a_running_job() {
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    let list = fluvia().args(["list", "--jobmanager", &cluster.rpc]).output().unwrap();
+    let list = fluvia()
+        .args(["list", "--jobmanager", &cluster.rpc])
+        .output()
+        .unwrap();
     let listed = String::from_utf8_lossy(&list.stdout);
-    assert!(listed.contains(&id) && listed.contains("RUNNING"), "{listed}");
+    assert!(
+        listed.contains(&id) && listed.contains("RUNNING"),
+        "{listed}"
+    );
 
-    let cancel = fluvia().args(["cancel", "--jobmanager", &cluster.rpc, &id]).output().unwrap();
-    assert!(cancel.status.success(), "{}", String::from_utf8_lossy(&cancel.stderr));
+    let cancel = fluvia()
+        .args(["cancel", "--jobmanager", &cluster.rpc, &id])
+        .output()
+        .unwrap();
+    assert!(
+        cancel.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cancel.stderr)
+    );
     let o = runner.join().unwrap();
     assert!(!o.status.success(), "a cancelled job is not a success");
     assert!(String::from_utf8_lossy(&o.stderr).contains("CANCELED"));
-    assert_eq!(get(&cluster.rest, &format!("/jobs/{id}"))["state"], "CANCELED");
+    assert_eq!(
+        get(&cluster.rest, &format!("/jobs/{id}"))["state"],
+        "CANCELED"
+    );
 
-    let again = fluvia().args(["cancel", "--jobmanager", &cluster.rpc, &id]).output().unwrap();
+    let again = fluvia()
+        .args(["cancel", "--jobmanager", &cluster.rpc, &id])
+        .output()
+        .unwrap();
     assert!(!again.status.success());
     assert!(String::from_utf8_lossy(&again.stderr).contains("CANCELED already"));
 

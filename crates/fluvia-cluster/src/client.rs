@@ -30,6 +30,7 @@ impl ClusterClient {
     pub async fn connect(address: &str, secret: Option<String>) -> Result<Self> {
         let channel = Channel::from_shared(format!("http://{address}"))
             .map_err(|e| FluviaError::Config(format!("bad JobManager address '{address}': {e}")))?
+            .tcp_nodelay(true)
             .connect()
             .await
             .map_err(|e| {
@@ -69,14 +70,17 @@ impl ClusterClient {
             .into_inner())
     }
 
-    /// Polls until the job is FINISHED, FAILED or CANCELED.
+    /// Polls until the job is FINISHED, FAILED or CANCELED: often at first
+    /// (short jobs end within milliseconds), then every 100 ms.
     pub async fn wait(&mut self, job_id: &str) -> Result<JobStatus> {
+        let mut pause = Duration::from_millis(2);
         loop {
             let s = self.status(job_id).await?;
             if matches!(s.state.as_str(), "FINISHED" | "FAILED" | "CANCELED") {
                 return Ok(s);
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(100));
         }
     }
 

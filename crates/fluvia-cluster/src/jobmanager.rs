@@ -968,6 +968,7 @@ impl JobManager for JmService {
         }
         let channel = Channel::from_shared(format!("http://{}", r.rpc_address))
             .map_err(|e| Status::invalid_argument(format!("bad RPC address: {e}")))?
+            .tcp_nodelay(true)
             .connect_lazy();
         let mut st = self.shared.state();
         if !st.tm_order.contains(&r.task_manager_id) {
@@ -1214,7 +1215,8 @@ pub async fn start(
         shared: Arc::clone(&shared),
     });
     let rpc = tokio::spawn(async move {
-        let incoming = tonic::transport::server::TcpIncoming::from(rpc_listener);
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(rpc_listener).with_nodelay(Some(true));
         if let Err(e) = Server::builder()
             .add_service(service)
             .serve_with_incoming(incoming)

@@ -460,6 +460,7 @@ pub async fn run(
     let endpoint = format!("http://{jobmanager}");
     let channel = Channel::from_shared(endpoint.clone())
         .map_err(|e| FluviaError::Config(format!("bad JobManager address '{jobmanager}': {e}")))?
+        .tcp_nodelay(true)
         .connect_lazy();
     let id = format!("tm-{}-{}", rpc_address.port(), std::process::id());
     let interval = config.get(&cfg::HEARTBEAT_INTERVAL)?;
@@ -493,7 +494,7 @@ pub async fn run(
     let service = TaskManagerServer::new(TmService {
         shared: Arc::clone(&shared),
     });
-    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let server = tokio::spawn(
         Server::builder()
             .add_service(service)

@@ -314,20 +314,29 @@ fn env_with_secret(secret: Option<&str>) -> Arc<NetworkEnvironment> {
 
 /// Reads one partition of `producer` from `consumer`; returns the records or
 /// the error.
-fn read_one(producer: &NetworkEnvironment, consumer: &NetworkEnvironment, id: ResultPartitionId) -> Result<u64, String> {
+fn read_one(
+    producer: &NetworkEnvironment,
+    consumer: &NetworkEnvironment,
+    id: ResultPartitionId,
+) -> Result<u64, String> {
     let specs = [RemoteChannelSpec {
         peer: producer.data_address(),
         partition: id,
         subpartition: 0,
     }];
-    let (_gp, channels) = consumer.open_remote_channels(&specs).map_err(|e| e.to_string())?;
+    let (_gp, channels) = consumer
+        .open_remote_channels(&specs)
+        .map_err(|e| e.to_string())?;
     let mut gate = InputGate::new(vec![InputChannelSpec {
         channel: Arc::clone(&channels[0]) as Arc<dyn InputChannel>,
         input_index: 0,
     }]);
     let mut n = 0;
     let mut d = RecordDeserializer::new();
-    while let Some(ev) = gate.get_next(&CancelToken::new()).map_err(|e| e.to_string())? {
+    while let Some(ev) = gate
+        .get_next(&CancelToken::new())
+        .map_err(|e| e.to_string())?
+    {
         if let GateEvent::Buffer { buffer, .. } = ev {
             d.feed(buffer.as_slice(), |_| {
                 n += 1;
@@ -353,5 +362,8 @@ fn data_connections_must_present_the_cluster_secret() {
     assert!(wrong.contains("wrong cluster secret"), "{wrong}");
     let missing = read_one(&producer, &env_with_secret(None), pid(1)).unwrap_err();
     assert!(missing.contains("no cluster secret"), "{missing}");
-    assert_eq!(read_one(&producer, &env_with_secret(Some("right")), pid(2)).unwrap(), 100);
+    assert_eq!(
+        read_one(&producer, &env_with_secret(Some("right")), pid(2)).unwrap(),
+        100
+    );
 }

@@ -202,7 +202,9 @@ impl LocalExecutor {
                 secret: None,
             };
             (0..num_task_managers)
-                .map(|_| NetworkEnvironment::start(net.clone(), SocketAddr::from(([127, 0, 0, 1], 0))))
+                .map(|_| {
+                    NetworkEnvironment::start(net.clone(), SocketAddr::from(([127, 0, 0, 1], 0)))
+                })
                 .collect::<Result<Vec<_>>>()?
         } else {
             Vec::new()
