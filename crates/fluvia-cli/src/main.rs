@@ -15,6 +15,15 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+/// `eprintln!` that does not panic when standard error is closed (a
+/// summary piped into `head`).
+macro_rules! note {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
 #[derive(Parser)]
 #[command(
     name = "fluvia",
@@ -114,12 +123,12 @@ fn run_embedded(example: Example) -> Result<()> {
     let env = example.environment()?;
     let graph = env.job_graph(example.name())?;
     fluvia_runtime::executor::validate_job(&graph, &env.registry())?;
-    let status = runtime()?.block_on(fluvia_cluster::minicluster::run_job(
+    let status = block_on(fluvia_cluster::minicluster::run_job(
         &graph.config,
         Arc::new(ExampleCatalog),
         &spec,
         &graph,
-    ))?;
+    ))??;
     report(&status, &graph, Some(&example))
 }
 
@@ -132,18 +141,21 @@ fn report(
     let details: serde_json::Value = serde_json::from_str(&status.details_json).unwrap_or_default();
     let secs = details["duration"].as_u64().unwrap_or(0) as f64 / 1000.0;
     if status.state == "FINISHED" {
-        eprintln!(
+        note!(
             "Job '{}' ({}) finished in {secs:.3} s",
-            status.name, status.job_id
+            status.name,
+            status.job_id
         );
     } else {
-        eprintln!(
+        note!(
             "Job '{}' ({}) {} after {secs:.3} s",
-            status.name, status.job_id, status.state
+            status.name,
+            status.job_id,
+            status.state
         );
     }
     if details["restarts"].as_u64().unwrap_or(0) > 0 {
-        eprintln!("  restarts: {}", details["restarts"]);
+        note!("  restarts: {}", details["restarts"]);
     }
     for (v, jv) in details["vertices"]
         .as_array()
@@ -151,7 +163,7 @@ fn report(
         .flatten()
         .zip(&graph.vertices)
     {
-        eprintln!(
+        note!(
             "  {} [parallelism {}]: records in {}, out {}; bytes in {}, out {}",
             jv.name,
             jv.parallelism,
@@ -168,7 +180,7 @@ fn report(
                     .flatten()
                     .map(|s| s["operator-records"][k].as_u64().unwrap_or(0))
                     .sum();
-                eprintln!("      {}: {n} records", op.name);
+                note!("      {}: {n} records", op.name);
             }
         }
     }
@@ -199,12 +211,17 @@ fn program_spec(example: &Example) -> ProgramSpec {
     }
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
+/// Runs `future` on a fresh async runtime and shuts the runtime down without
+/// waiting for background work (servers of an embedded cluster).
+fn block_on<T>(future: impl std::future::Future<Output = T>) -> Result<T> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .context("starting the async runtime")
+        .context("starting the async runtime")?;
+    let out = rt.block_on(future);
+    rt.shutdown_timeout(std::time::Duration::from_millis(100));
+    Ok(out)
 }
 
 fn run_on_cluster(jobmanager: &str, example: Example) -> Result<()> {
@@ -213,12 +230,12 @@ fn run_on_cluster(jobmanager: &str, example: Example) -> Result<()> {
     let graph = env.job_graph(example.name())?;
     fluvia_runtime::executor::validate_job(&graph, &env.registry())?;
     let secret = cluster_config::cluster_secret(&graph.config)?;
-    let status = runtime()?.block_on(async {
+    let status = block_on(async {
         let mut client = ClusterClient::connect(jobmanager, secret).await?;
         let job_id = client.submit(&spec, &graph).await?;
-        eprintln!("Job {job_id} submitted to {jobmanager}");
+        note!("Job {job_id} submitted to {jobmanager}");
         client.wait(&job_id).await
-    })?;
+    })??;
     report(&status, &graph, Some(&example))
 }
 
@@ -237,14 +254,14 @@ fn explain(example: Example, format: PlanFormat) -> Result<()> {
 
 fn jobmanager(conf: ConfigArgs) -> Result<()> {
     let config = conf.load()?;
-    runtime()?.block_on(async {
+    block_on(async {
         let handle = fluvia_cluster::jobmanager::start(config, Arc::new(ExampleCatalog)).await?;
         // Scripts and tests read these two lines to find the ports.
         println!("JobManager RPC {}", handle.rpc_address);
         println!("REST http://{}", handle.rest_address);
         handle.wait().await?;
         Ok(())
-    })
+    })?
 }
 
 fn taskmanager(jobmanager: String, slots: Option<usize>, conf: ConfigArgs) -> Result<()> {
@@ -252,31 +269,31 @@ fn taskmanager(jobmanager: String, slots: Option<usize>, conf: ConfigArgs) -> Re
     if let Some(s) = slots {
         config.set_option(&cluster_config::SLOTS, s);
     }
-    runtime()?.block_on(async {
+    block_on(async {
         fluvia_cluster::taskmanager::run(&jobmanager, config, Arc::new(ExampleCatalog)).await?;
         Ok(())
-    })
+    })?
 }
 
 fn list(jobmanager: String, conf: ConfigArgs) -> Result<()> {
     let secret = cluster_config::cluster_secret(&conf.load()?)?;
-    runtime()?.block_on(async {
+    block_on(async {
         let mut client = ClusterClient::connect(&jobmanager, secret).await?;
         for j in client.list().await? {
             println!("{}  {:<10}  {}", j.job_id, j.state, j.name);
         }
         Ok(())
-    })
+    })?
 }
 
 fn cancel(jobmanager: String, job_id: String, conf: ConfigArgs) -> Result<()> {
     let secret = cluster_config::cluster_secret(&conf.load()?)?;
-    runtime()?.block_on(async {
+    block_on(async {
         let mut client = ClusterClient::connect(&jobmanager, secret).await?;
         client.cancel(&job_id).await.map_err(|e| anyhow!(e))?;
         println!("Cancelling job {job_id}");
         Ok(())
-    })
+    })?
 }
 
 fn main() -> ExitCode {
@@ -326,7 +343,7 @@ fn main() -> ExitCode {
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            note!("error: {e:#}");
             ExitCode::FAILURE
         }
     }

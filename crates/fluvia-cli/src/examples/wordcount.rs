@@ -63,8 +63,9 @@ pub fn build(env: &StreamExecutionEnvironment, inputs: Vec<PathBuf>, output: Opt
         None => {
             sorted
                 .add_sink(|line: String| {
-                    println!("{line}");
-                    Ok(())
+                    use std::io::Write;
+                    writeln!(std::io::stdout().lock(), "{line}")
+                        .map_err(|e| format!("writing to standard output: {e}").into())
                 })
                 .name("Print to Std. Out")
                 .set_parallelism(1);
