@@ -568,6 +568,9 @@ mod tests {
                 receiver: 5,
                 credit: 4,
             },
+            Message::Hello {
+                secret: "s3cret".into(),
+            },
         ]
     }
 
