@@ -97,6 +97,29 @@ fn buffer_record() -> Vec<u8> {
     vec![3u8; SEGMENT - 4]
 }
 
+/// Writes `bytes` as whole-buffer records on a thread while this thread
+/// drains `gate`; returns the time from start to the last buffer.
+fn pump(mut writer: PartitionWriter, gate: &mut InputGate, bytes: u64) -> Result<Duration> {
+    let n = bytes / SEGMENT as u64;
+    let started = Instant::now();
+    let sender = std::thread::spawn(move || -> fluvia_core::Result<()> {
+        let rec = buffer_record();
+        for _ in 0..n {
+            writer.emit(Target::One(0), &rec)?;
+        }
+        writer.finish()
+    });
+    let got = drain(gate)?;
+    let t = started.elapsed();
+    sender.join().map_err(|_| anyhow!("sender panicked"))??;
+    anyhow::ensure!(
+        got == n * SEGMENT as u64,
+        "moved {got} of {} bytes",
+        n * SEGMENT as u64
+    );
+    Ok(t)
+}
+
 /// Consumes every buffer of `gate`, returning the payload bytes.
 fn drain(gate: &mut InputGate) -> Result<u64> {
     let cancel = CancelToken::new();
@@ -132,7 +155,7 @@ fn remote_channel(
     let pool = producer
         .buffer_pool()
         .create_local_pool(partition_buffers)?;
-    let mut writer = PartitionWriter::new(partition, pool, CancelToken::new(), None);
+    let writer = PartitionWriter::new(partition, pool, CancelToken::new(), None);
     let (_gate_pool, channels) = consumer.open_remote_channels(&[RemoteChannelSpec {
         peer: producer.data_address(),
         partition: id,
@@ -142,22 +165,7 @@ fn remote_channel(
         channel: Arc::clone(&channels[0]) as Arc<dyn InputChannel>,
         input_index: 0,
     }]);
-    let started = Instant::now();
-    let n = bytes / SEGMENT as u64;
-    let sender = std::thread::spawn(move || -> fluvia_core::Result<()> {
-        let rec = buffer_record();
-        for _ in 0..n {
-            writer.emit(Target::One(0), &rec)?;
-        }
-        writer.finish()
-    });
-    let got = drain(&mut gate)?;
-    let t = started.elapsed();
-    sender.join().map_err(|_| anyhow!("sender panicked"))??;
-    anyhow::ensure!(
-        got == n * SEGMENT as u64,
-        "remote channel moved {got} bytes"
-    );
+    let t = pump(writer, &mut gate, bytes)?;
     producer.shutdown();
     consumer.shutdown();
     Ok(t)
@@ -166,7 +174,7 @@ fn remote_channel(
 fn local_channel(bytes: u64) -> Result<Duration> {
     let global = fluvia_network::NetworkBufferPool::new(64 << 20, SEGMENT)?;
     let partition = Arc::new(ResultPartition::pipelined("bench", 1, SEGMENT));
-    let mut writer = PartitionWriter::new(
+    let writer = PartitionWriter::new(
         Arc::clone(&partition),
         global.create_local_pool(10)?,
         CancelToken::new(),
@@ -176,20 +184,7 @@ fn local_channel(bytes: u64) -> Result<Duration> {
         channel: Arc::clone(partition.subpartition(0)) as Arc<dyn InputChannel>,
         input_index: 0,
     }]);
-    let n = bytes / SEGMENT as u64;
-    let started = Instant::now();
-    let sender = std::thread::spawn(move || -> fluvia_core::Result<()> {
-        let rec = buffer_record();
-        for _ in 0..n {
-            writer.emit(Target::One(0), &rec)?;
-        }
-        writer.finish()
-    });
-    let got = drain(&mut gate)?;
-    let t = started.elapsed();
-    sender.join().map_err(|_| anyhow!("sender panicked"))??;
-    anyhow::ensure!(got == n * SEGMENT as u64);
-    Ok(t)
+    pump(writer, &mut gate, bytes)
 }
 
 fn memcpy_loop(bytes: u64) -> Duration {

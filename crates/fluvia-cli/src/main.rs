@@ -37,7 +37,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run an example job (on the embedded runtime, or on a cluster with --jobmanager).
+    /// Run an example job (on the embedded mini-cluster, or on a cluster with --jobmanager).
+    #[command(alias = "submit")]
     Run {
         /// Submit to the JobManager at HOST:PORT instead of running embedded.
         #[arg(long, value_name = "HOST:PORT")]

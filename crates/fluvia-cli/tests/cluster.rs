@@ -473,6 +473,40 @@ fn kill_during(cluster: &mut Cluster, id: &str, ready: impl Fn(&Value) -> bool) 
     }
 }
 
+/// Starts `fluvia run --jobmanager .. wordcount` (parallelism 4, `mode`) on
+/// a thread and returns it with the job's id, read from the REST API.
+fn submit_in_background(
+    cluster: &Cluster,
+    input: &Path,
+    out: &Path,
+    mode: &str,
+) -> (std::thread::JoinHandle<Output>, String) {
+    let (rpc, input, out, mode) = (
+        cluster.rpc.clone(),
+        input.to_path_buf(),
+        out.to_path_buf(),
+        mode.to_string(),
+    );
+    let runner = std::thread::spawn(move || {
+        fluvia()
+            .args(["run", "--jobmanager", &rpc, "wordcount", "--input"])
+            .arg(&input)
+            .arg("--output")
+            .arg(&out)
+            .args(["-p", "4", "--mode", &mode])
+            .output()
+            .unwrap()
+    });
+    let id = loop {
+        let jobs = get(&cluster.rest, "/jobs");
+        if let Some(j) = jobs["jobs"].as_array().and_then(|a| a.first()) {
+            break j["id"].as_str().unwrap().to_string();
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    (runner, id)
+}
+
 #[test]
 fn killing_a_task_manager_during_a_batch_job_reruns_only_the_affected_subtasks() {
     let dir = tempfile::tempdir().unwrap();
@@ -491,28 +525,7 @@ fn killing_a_task_manager_during_a_batch_job_reruns_only_the_affected_subtasks()
         &["--slots", "2"],
     );
     let out = dir.path().join("out.txt");
-    let rpc = cluster.rpc.clone();
-    let runner = std::thread::spawn({
-        let (input, out) = (input.clone(), out.clone());
-        move || {
-            fluvia()
-                .args(["run", "--jobmanager", &rpc, "wordcount", "--input"])
-                .arg(&input)
-                .arg("--output")
-                .arg(&out)
-                .args(["-p", "4", "--mode", "batch"])
-                .output()
-                .unwrap()
-        }
-    });
-    // Find the job id from the REST API.
-    let id = loop {
-        let jobs = get(&cluster.rest, "/jobs");
-        if let Some(j) = jobs["jobs"].as_array().and_then(|a| a.first()) {
-            break j["id"].as_str().unwrap().to_string();
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let (runner, id) = submit_in_background(&cluster, &input, &out, "batch");
     // Kill once the source vertex finished and the aggregation runs.
     let victim = kill_during(&mut cluster, &id, |job| {
         job["vertices"][0]["status"] == "FINISHED" && job["vertices"][1]["status"] == "RUNNING"
@@ -562,27 +575,7 @@ fn killing_a_task_manager_during_a_streaming_job_restarts_it_to_a_correct_result
         &["--slots", "2"],
     );
     let out = dir.path().join("out.txt");
-    let rpc = cluster.rpc.clone();
-    let runner = std::thread::spawn({
-        let (input, out) = (input.clone(), out.clone());
-        move || {
-            fluvia()
-                .args(["run", "--jobmanager", &rpc, "wordcount", "--input"])
-                .arg(&input)
-                .arg("--output")
-                .arg(&out)
-                .args(["-p", "4", "--mode", "streaming"])
-                .output()
-                .unwrap()
-        }
-    });
-    let id = loop {
-        let jobs = get(&cluster.rest, "/jobs");
-        if let Some(j) = jobs["jobs"].as_array().and_then(|a| a.first()) {
-            break j["id"].as_str().unwrap().to_string();
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let (runner, id) = submit_in_background(&cluster, &input, &out, "streaming");
     kill_during(&mut cluster, &id, |job| {
         job["vertices"][1]["subtasks"][0]["metrics"].is_object()
             && job["vertices"][1]["status"] == "RUNNING"

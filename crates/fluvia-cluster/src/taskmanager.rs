@@ -26,7 +26,7 @@ use fluvia_network::net::environment::{NetworkConfig, NetworkEnvironment, Remote
 use fluvia_network::net::protocol::ResultPartitionId;
 use fluvia_network::{CancelToken, InputChannelSpec, ResultPartition};
 use fluvia_runtime::metrics::TaskMetricGroup;
-use fluvia_runtime::task::{OutputSpec, TaskDeployment, run_task};
+use fluvia_runtime::task::{OutputSpec, TaskDeployment, run_task_attributed};
 use fluvia_runtime::{MetricRegistry, OperatorRegistry};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -265,30 +265,11 @@ impl Shared {
             .name(name.clone())
             .spawn(move || {
                 tracing::info!("task {name} attempt {} started", desc.attempt);
-                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_task(&deployment)))
-                    .unwrap_or_else(|panic| {
-                        let message = panic
-                            .downcast_ref::<&str>()
-                            .map(|s| s.to_string())
-                            .or_else(|| panic.downcast_ref::<String>().cloned())
-                            .unwrap_or_else(|| "unknown panic".into());
-                        Err(FluviaError::Task {
-                            location: deployment.location_of(fluvia_runtime::output::current_operator()),
-                            message: format!("user function panicked: {message}"),
-                        })
-                    });
+                let result = run_task_attributed(&deployment);
                 let (state, error) = match &result {
                     Ok(_) => ("FINISHED", String::new()),
                     Err(FluviaError::Cancelled) => ("CANCELED", String::new()),
-                    Err(e @ FluviaError::Task { .. }) => ("FAILED", e.to_string()),
-                    Err(e) => (
-                        "FAILED",
-                        FluviaError::Task {
-                            location: deployment.location_of(fluvia_runtime::output::current_operator()),
-                            message: e.to_string(),
-                        }
-                        .to_string(),
-                    ),
+                    Err(e) => ("FAILED", e.to_string()),
                 };
                 let snapshot = group.snapshot();
                 let metrics_json = serde_json::json!({

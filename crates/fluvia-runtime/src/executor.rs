@@ -12,9 +12,8 @@
 //! function is caught on its task thread and attributed to its operator.
 
 use crate::metrics::{MetricRegistry, TaskMetricGroup, TaskMetricsSnapshot};
-use crate::output::current_operator;
 use crate::registry::OperatorRegistry;
-use crate::task::{OutputSpec, TaskDeployment, TaskMetrics, run_task};
+use crate::task::{OutputSpec, TaskDeployment, TaskMetrics, run_task_attributed};
 use fluvia_core::config::options;
 use fluvia_core::{Configuration, FluviaError, JobId, Result, ResultPartitionType};
 use fluvia_graph::JobGraph;
@@ -395,32 +394,14 @@ impl LocalExecutor {
                 ev.current_attempt_mut().state = ExecutionState::Running;
                 let tx = tx.clone();
                 let name = deployment.task_name();
-                let (subtask, cancel_on_panic) = (ev.subtask_index, cancel.clone());
+                let (subtask, cancel_on_failure) = (ev.subtask_index, cancel.clone());
                 let handle = std::thread::Builder::new()
                     .name(name.clone())
                     .spawn(move || {
-                        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            run_task(&deployment)
-                        }))
-                        .unwrap_or_else(|panic| {
-                            let message = panic
-                                .downcast_ref::<&str>()
-                                .map(|s| s.to_string())
-                                .or_else(|| panic.downcast_ref::<String>().cloned())
-                                .unwrap_or_else(|| "unknown panic".to_string());
-                            cancel_on_panic.cancel();
-                            Err(FluviaError::Task {
-                                location: deployment.location_of(current_operator()),
-                                message: format!("user function panicked: {message}"),
-                            })
-                        })
-                        .map_err(|e| match e {
-                            FluviaError::Task { .. } | FluviaError::Cancelled => e,
-                            other => FluviaError::Task {
-                                location: deployment.location_of(current_operator()),
-                                message: other.to_string(),
-                            },
-                        });
+                        let result = run_task_attributed(&deployment);
+                        if matches!(&result, Err(FluviaError::Task { .. })) {
+                            cancel_on_failure.cancel();
+                        }
                         // The receiver only goes away after every task reported.
                         let _ = tx.send(Outcome {
                             vertex: vi,

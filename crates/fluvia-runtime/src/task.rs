@@ -167,6 +167,33 @@ impl ChainBuilder<'_> {
     }
 }
 
+/// Runs one subtask like [`run_task`], catching a panicking user function,
+/// and makes sure every failure names the operator and subtask (the
+/// operator that last ran user code on this thread).
+pub fn run_task_attributed(d: &TaskDeployment) -> Result<TaskMetrics> {
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_task(d)));
+    let location = || d.location_of(crate::output::current_operator());
+    match outcome {
+        Ok(Ok(m)) => Ok(m),
+        Ok(Err(e @ (FluviaError::Task { .. } | FluviaError::Cancelled))) => Err(e),
+        Ok(Err(other)) => Err(FluviaError::Task {
+            location: location(),
+            message: other.to_string(),
+        }),
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".to_string());
+            Err(FluviaError::Task {
+                location: location(),
+                message: format!("user function panicked: {message}"),
+            })
+        }
+    }
+}
+
 /// Runs one subtask to completion.
 pub fn run_task(d: &TaskDeployment) -> Result<TaskMetrics> {
     let v = d.vertex();
