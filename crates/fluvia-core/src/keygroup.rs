@@ -107,6 +107,7 @@ fn bit_mix(mut h: i32) -> i32 {
 }
 
 /// Flink's `MathUtils.murmurHash(int)`: a non-negative mixed hash.
+#[inline]
 pub fn murmur_hash(code: i32) -> i32 {
     let mut code = code.wrapping_mul(0xcc9e_2d51u32 as i32);
     code = code.rotate_left(15);
@@ -125,8 +126,11 @@ pub fn murmur_hash(code: i32) -> i32 {
 }
 
 /// The key group of a key hash.
+#[inline]
 pub fn key_group_for_hash(key_hash: i32, max_parallelism: usize) -> usize {
-    murmur_hash(key_hash) as usize % max_parallelism
+    // 32-bit division is several times cheaper than 64-bit on the hot path;
+    // both operands fit (murmur is non-negative, max parallelism ≤ 2^15).
+    (murmur_hash(key_hash) as u32 % max_parallelism as u32) as usize
 }
 
 /// The subtask (operator index) that owns a key group.

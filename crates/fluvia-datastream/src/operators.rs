@@ -130,10 +130,17 @@ pub struct KeyedContext<'a, K, S> {
     pub key: &'a K,
     /// This key's state; set it to `None` to clear it.
     pub state: &'a mut Option<S>,
-    pub key_group: usize,
     pub subtask_index: usize,
     /// Inclusive range of key groups this subtask owns.
     pub key_group_range: (usize, usize),
+    max_parallelism: usize,
+}
+
+impl<K: KeyHash, S> KeyedContext<'_, K, S> {
+    /// The key's key group (computed on demand: most functions never ask).
+    pub fn key_group(&self) -> usize {
+        key_group_for_hash(self.key.key_hash(), self.max_parallelism)
+    }
 }
 
 pub struct KeyedProcessOp<K, S, KF: ?Sized, F> {
@@ -167,14 +174,13 @@ where
     #[inline]
     fn process_element(&mut self, record: T, out: &mut Collector<'_, O>) -> Result<(), UserError> {
         let key = (self.key)(&record);
-        let key_group = key_group_for_hash(key.key_hash(), self.max_parallelism);
         let slot = self.state.entry(key.clone()).or_insert(None);
         let mut ctx = KeyedContext {
             key: &key,
             state: slot,
-            key_group,
             subtask_index: self.subtask_index,
             key_group_range: self.key_group_range,
+            max_parallelism: self.max_parallelism,
         };
         (self.f)(&mut ctx, record, out)
     }
