@@ -427,9 +427,9 @@ fn a_wrong_or_missing_secret_is_refused() {
     assert_eq!(status, 409, "a finished job cannot be cancelled: {body}");
 }
 
-/// Waits until the job has finished subtasks of its first vertex but the
-/// job is still running, then kills the TaskManager running `victim_vertex`'s
-/// first subtask.
+/// Polls the job until `ready` holds (failing if it finishes first), then
+/// kills (SIGKILL) the TaskManager running subtask 0 of the second vertex and
+/// returns its id.
 fn kill_during(cluster: &mut Cluster, id: &str, ready: impl Fn(&Value) -> bool) -> String {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
