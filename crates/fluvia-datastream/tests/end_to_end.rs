@@ -189,9 +189,11 @@ fn keyed_state_stays_with_the_key_group_owner_at_any_parallelism() {
             .process(|ctx: &mut KeyedContext<'_, u32, (u64, i64)>, (k, v), out| {
                 let (lo, hi) = ctx.key_group_range;
                 if ctx.key_group() < lo || ctx.key_group() > hi {
-                    return Err(
-                        format!("key {k} in group {} outside {lo}..={hi}", ctx.key_group()).into(),
-                    );
+                    return Err(format!(
+                        "key {k} in group {} outside {lo}..={hi}",
+                        ctx.key_group()
+                    )
+                    .into());
                 }
                 if ctx.key_group() != key_group_for_hash(k.key_hash(), 128) {
                     return Err("key group differs from Flink's formula".into());

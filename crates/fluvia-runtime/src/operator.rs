@@ -8,8 +8,8 @@
 //! one virtual call.
 
 use crate::output::{
-    BroadcastingOutput, Collector, CopyingOutput, DiscardingOutput, KeyHasher, Output,
-    RecordWriterOutput, set_current_operator,
+    BroadcastingOutput, Collector, DiscardingOutput, KeyHasher, Output, RecordWriterOutput,
+    set_current_operator,
 };
 use crate::record::{Data, decode};
 use fluvia_core::error::TaskLocation;
@@ -42,6 +42,10 @@ pub struct OperatorContext {
     /// Whether the job runs in BATCH mode (operators may emit only at the end).
     pub batch: bool,
     pub object_reuse: bool,
+    /// The operator is fed through a chained edge with object reuse off:
+    /// its driver hands it a copy of each record (Flink's
+    /// `CopyingChainingOutput`, done on the receiving side to save a call).
+    pub copy_input: bool,
     pub(crate) records_in: Rc<Cell<u64>>,
 }
 
@@ -68,6 +72,7 @@ impl OperatorContext {
             attempt_number,
             batch,
             object_reuse,
+            copy_input: false,
             records_in: Rc::new(Cell::new(0)),
         }
     }
@@ -203,7 +208,6 @@ pub trait RecordType: Send + Sync {
         selector: ChannelSelector,
         key_hasher: Option<&Arc<dyn Any + Send + Sync>>,
     ) -> Result<AnyOutput>;
-    fn copying(&self, inner: AnyOutput) -> Result<AnyOutput>;
     fn broadcasting(&self, outputs: Vec<AnyOutput>) -> Result<AnyOutput>;
     fn discarding(&self) -> AnyOutput;
 }
@@ -262,12 +266,6 @@ impl<T: Data> RecordType for TypeOf<T> {
         Ok(erase::<T>(Box::new(RecordWriterOutput::new(
             writer, selector, hasher,
         )?)))
-    }
-
-    fn copying(&self, inner: AnyOutput) -> Result<AnyOutput> {
-        Ok(erase::<T>(Box::new(CopyingOutput {
-            inner: downcast_output::<T>(inner)?,
-        })))
     }
 
     fn broadcasting(&self, outputs: Vec<AnyOutput>) -> Result<AnyOutput> {
@@ -345,9 +343,14 @@ struct OneInputDriver<IN, OUT> {
     ctx: OperatorContext,
 }
 
-impl<IN: 'static, OUT: 'static> Output<IN> for OneInputDriver<IN, OUT> {
+impl<IN: Clone + 'static, OUT: 'static> Output<IN> for OneInputDriver<IN, OUT> {
     #[inline]
     fn collect(&mut self, record: IN) -> Result<()> {
+        let record = if self.ctx.copy_input {
+            record.clone()
+        } else {
+            record
+        };
         let index = self.ctx.operator_index;
         self.ctx.records_in.set(self.ctx.records_in.get() + 1);
         set_current_operator(index);

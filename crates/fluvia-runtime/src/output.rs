@@ -2,9 +2,9 @@
 //!
 //! [`Output`] is the chain's internal edge: a direct, typed call. Its
 //! implementations mirror Flink's:
-//! - a chained operator's driver (`ChainingOutput`: the record is moved);
-//! - [`CopyingOutput`] (`CopyingChainingOutput`: a clone is handed on, used
-//!   when `pipeline.object-reuse` is off);
+//! - a chained operator's driver (`ChainingOutput`: the record is moved;
+//!   with `pipeline.object-reuse` off the driver copies it first, which is
+//!   Flink's `CopyingChainingOutput` without an extra call);
 //! - [`BroadcastingOutput`] for several outputs (clones for all but the last);
 //! - [`RecordWriterOutput`] for a non-chained edge: encode, pick the
 //!   subpartition, write into network buffers;
@@ -88,23 +88,6 @@ impl<'a, T> Collector<'a, T> {
 
     pub(crate) fn take_error(&mut self) -> Option<FluviaError> {
         self.error.take()
-    }
-}
-
-/// Hands on a clone (object reuse off).
-pub struct CopyingOutput<T> {
-    pub inner: Box<dyn Output<T>>,
-}
-
-impl<T: Clone> Output<T> for CopyingOutput<T> {
-    #[inline]
-    fn collect(&mut self, record: T) -> Result<()> {
-        let copy = record.clone();
-        drop(record);
-        self.inner.collect(copy)
-    }
-    fn close(&mut self) -> Result<()> {
-        self.inner.close()
     }
 }
 

@@ -2,8 +2,8 @@
 //!
 //! The chain is built tail first (an operator needs its outputs before it can
 //! be created), so operators are opened tail to head as in Flink. A chained
-//! edge is a direct call; with object reuse off it is wrapped in a copying
-//! output. Each non-chained output writes through its own [`PartitionWriter`].
+//! edge is a direct call; with object reuse off the receiving operator gets
+//! a copy. Each non-chained output writes through its own [`PartitionWriter`].
 //!
 //! The input loop takes buffers from the [`InputGate`], deserialises records
 //! and pushes them into the head. Before it blocks on an empty gate it flushes
@@ -115,12 +115,7 @@ impl ChainBuilder<'_> {
         let out_type = factory.output_type();
         let mut outs: Vec<AnyOutput> = Vec::new();
         for &child in &chained.chained_outputs {
-            let input = self.build_chained(child)?;
-            outs.push(if self.d.job.object_reuse {
-                input
-            } else {
-                out_type.copying(input)?
-            });
+            outs.push(self.build_chained(child)?);
         }
         for net in &chained.network_outputs {
             let spec = &self.d.outputs[net.data_set];
@@ -204,7 +199,7 @@ pub fn run_task(d: &TaskDeployment) -> Result<TaskMetrics> {
         .iter()
         .enumerate()
         .map(|(i, op)| {
-            OperatorContext::new(
+            let mut ctx = OperatorContext::new(
                 task_name.clone(),
                 op.name.clone(),
                 i,
@@ -214,7 +209,10 @@ pub fn run_task(d: &TaskDeployment) -> Result<TaskMetrics> {
                 d.attempt_number,
                 batch,
                 d.job.object_reuse,
-            )
+            );
+            // Every operator but the head is fed through a chained edge.
+            ctx.copy_input = i > 0 && !d.job.object_reuse;
+            ctx
         })
         .collect();
     let writers: Vec<Rc<RefCell<PartitionWriter>>> = d
