@@ -126,14 +126,19 @@ impl JobEntry {
             .any(|p| p.as_deref() == Some(tm))
     }
 
-    /// Slots the job needs: per slot sharing group, its largest parallelism.
-    fn required_slots(&self) -> usize {
-        let mut per_group: BTreeMap<&str, usize> = BTreeMap::new();
-        for v in &self.graph.vertices {
-            let e = per_group.entry(v.slot_sharing_group.as_str()).or_insert(0);
-            *e = (*e).max(v.parallelism);
+    /// Slots the job holds on each TaskManager: one per (slot sharing
+    /// group, subtask index) placed there.
+    pub(crate) fn slots_per_task_manager(&self) -> HashMap<&str, usize> {
+        let mut slots: HashMap<&str, BTreeSet<(&str, usize)>> = HashMap::new();
+        for (v, subs) in self.placement.iter().enumerate() {
+            let g = self.graph.vertices[v].slot_sharing_group.as_str();
+            for (i, p) in subs.iter().enumerate() {
+                if let Some(tm) = p {
+                    slots.entry(tm.as_str()).or_default().insert((g, i));
+                }
+            }
         }
-        per_group.values().sum()
+        slots.into_iter().map(|(tm, s)| (tm, s.len())).collect()
     }
 }
 
@@ -357,18 +362,8 @@ impl JmShared {
             if j.id == except || j.state.is_terminal() {
                 continue;
             }
-            // One slot per (slot sharing group, subtask index).
-            let mut per_tm: HashMap<&str, BTreeSet<(&str, usize)>> = HashMap::new();
-            for (v, subs) in j.placement.iter().enumerate() {
-                let g = j.graph.vertices[v].slot_sharing_group.as_str();
-                for (i, p) in subs.iter().enumerate() {
-                    if let Some(tm) = p {
-                        per_tm.entry(tm.as_str()).or_default().insert((g, i));
-                    }
-                }
-            }
-            for (tm, s) in per_tm {
-                *used.entry(tm).or_insert(0) += s.len();
+            for (tm, n) in j.slots_per_task_manager() {
+                *used.entry(tm).or_insert(0) += n;
             }
         }
         let mut free = Vec::new();
@@ -438,7 +433,7 @@ impl JmShared {
                     held.push(p.clone());
                 }
             }
-            let required = job.required_slots();
+            let required = job.graph.required_slots();
             // Slot index s of group g: the same TaskManager for subtask s of every vertex in g.
             let groups: Vec<String> = {
                 let mut g: Vec<String> = job

@@ -9,18 +9,7 @@ use crate::rpc::JobStatus;
 use fluvia_core::config::options;
 use fluvia_core::{Configuration, Result};
 use fluvia_graph::JobGraph;
-use std::collections::BTreeMap;
 use std::sync::Arc;
-
-/// Slots a job needs: per slot sharing group, its largest parallelism.
-pub fn required_slots(graph: &JobGraph) -> usize {
-    let mut per_group: BTreeMap<&str, usize> = BTreeMap::new();
-    for v in &graph.vertices {
-        let e = per_group.entry(v.slot_sharing_group.as_str()).or_insert(0);
-        *e = (*e).max(v.parallelism);
-    }
-    per_group.values().sum::<usize>().max(1)
-}
 
 /// Starts a JobManager and `local.number-taskmanager` TaskManagers with
 /// enough slots for `graph`, runs the job to its end and returns its status.
@@ -31,7 +20,7 @@ pub async fn run_job(
     graph: &JobGraph,
 ) -> Result<JobStatus> {
     let task_managers = config.get(&options::LOCAL_TASK_MANAGERS)?.max(1);
-    let slots = required_slots(graph).div_ceil(task_managers);
+    let slots = graph.required_slots().max(1).div_ceil(task_managers);
     let mut c = config.clone();
     for (k, v) in [
         ("jobmanager.rpc.address", "127.0.0.1"),

@@ -31,17 +31,7 @@ async fn overview(State(s): State<Shared>) -> Json<Value> {
         .jobs
         .values()
         .filter(|j| !j.state.is_terminal())
-        .map(|j| {
-            let mut slots = std::collections::BTreeSet::new();
-            for (v, subs) in j.placement.iter().enumerate() {
-                for (i, p) in subs.iter().enumerate() {
-                    if p.is_some() {
-                        slots.insert((j.graph.vertices[v].slot_sharing_group.clone(), i));
-                    }
-                }
-            }
-            slots.len()
-        })
+        .map(|j| j.slots_per_task_manager().values().sum::<usize>())
         .sum();
     Json(json!({
         "taskmanagers": st.tms.len(),

@@ -24,9 +24,9 @@ use fluvia_network::gate::InputChannel;
 use fluvia_network::metrics::IoCounters;
 use fluvia_network::net::environment::{NetworkConfig, NetworkEnvironment, RemoteChannelSpec};
 use fluvia_network::net::protocol::ResultPartitionId;
-use fluvia_network::{CancelToken, InputChannelSpec, ResultPartition};
+use fluvia_network::{CancelToken, InputChannelSpec};
 use fluvia_runtime::metrics::TaskMetricGroup;
-use fluvia_runtime::task::{OutputSpec, TaskDeployment, run_task_attributed};
+use fluvia_runtime::task::{OutputSpec, TaskDeployment, new_result_partition, run_task_attributed};
 use fluvia_runtime::{MetricRegistry, OperatorRegistry};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -152,29 +152,26 @@ impl Shared {
                 producer_subtask: desc.subtask as u32,
                 attempt: desc.attempt,
             };
-            let n = o.num_subpartitions;
-            let (partition, pool_size) = if o.blocking {
-                let dir = self.spill_dir(&desc.job_id)?;
-                let prefix = format!("{:032x}-{}-{}", o.data_set, desc.subtask, desc.attempt);
-                (
-                    ResultPartition::blocking(name, n, segment_size, &dir, &prefix)?,
-                    n + 1,
-                )
+            let dir = if o.blocking {
+                Some(self.spill_dir(&desc.job_id)?)
             } else {
-                (
-                    ResultPartition::pipelined(name, n, segment_size),
-                    n * per_channel + floating,
-                )
+                None
             };
+            let prefix = format!("{:032x}-{}-{}", o.data_set, desc.subtask, desc.attempt);
+            let (partition, pool_size) = new_result_partition(
+                name,
+                o.num_subpartitions,
+                segment_size,
+                dir.as_deref().map(|d| (d, prefix.as_str())),
+                per_channel,
+                floating,
+            )?;
             let partition = Arc::new(partition);
             self.env.register_partition(id, Arc::clone(&partition));
             partition_ids.push(id);
             outputs.push(OutputSpec {
                 partition,
-                pool: self
-                    .env
-                    .buffer_pool()
-                    .create_local_pool(pool_size.max(n + 1))?,
+                pool: self.env.buffer_pool().create_local_pool(pool_size)?,
                 partitioner: o.partitioner,
                 consumer_max_parallelism: o.consumer_max_parallelism,
             });
@@ -536,25 +533,8 @@ pub async fn run(
                 }
             }
         } else {
-            let metrics_json = serde_json::to_string(
-                &shared
-                    .metrics
-                    .snapshot()
-                    .iter()
-                    .map(|s| {
-                        serde_json::json!({
-                            "job_id": s.job_id.to_string(), "task": s.task, "subtask": s.subtask,
-                            "records_in": s.records_in, "records_out": s.records_out,
-                            "bytes_in": s.bytes_in, "bytes_out": s.bytes_out,
-                            "out_pool_usage": s.out_pool_usage, "in_pool_usage": s.in_pool_usage,
-                            "busy_ms_per_second": s.busy_ms_per_second,
-                            "idle_ms_per_second": s.idle_ms_per_second,
-                            "back_pressured_ms_per_second": s.back_pressured_ms_per_second,
-                        })
-                    })
-                    .collect::<Vec<_>>(),
-            )
-            .unwrap_or_default();
+            let metrics_json =
+                serde_json::to_string(&shared.metrics.snapshot()).unwrap_or_default();
             let hb = TaskManagerHeartbeat {
                 task_manager_id: id.clone(),
                 metrics_json,

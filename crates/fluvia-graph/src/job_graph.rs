@@ -131,6 +131,17 @@ impl JobGraph {
         self.vertices.iter().position(|v| v.id == id)
     }
 
+    /// Slots the job needs (Flink's slot sharing): per slot sharing group,
+    /// its largest parallelism, summed over the groups.
+    pub fn required_slots(&self) -> usize {
+        let mut per_group: std::collections::BTreeMap<&str, usize> = Default::default();
+        for v in &self.vertices {
+            let e = per_group.entry(v.slot_sharing_group.as_str()).or_insert(0);
+            *e = (*e).max(v.parallelism);
+        }
+        per_group.values().sum()
+    }
+
     /// Number of operators over all chains.
     pub fn num_operators(&self) -> usize {
         self.vertices.iter().map(|v| v.operators.len()).sum()

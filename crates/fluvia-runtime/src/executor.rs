@@ -13,7 +13,9 @@
 
 use crate::metrics::{MetricRegistry, TaskMetricGroup, TaskMetricsSnapshot};
 use crate::registry::OperatorRegistry;
-use crate::task::{OutputSpec, TaskDeployment, TaskMetrics, run_task_attributed};
+use crate::task::{
+    OutputSpec, TaskDeployment, TaskMetrics, new_result_partition, run_task_attributed,
+};
 use fluvia_core::config::options;
 use fluvia_core::{Configuration, FluviaError, JobId, Result, ResultPartitionType};
 use fluvia_graph::JobGraph;
@@ -245,22 +247,21 @@ impl LocalExecutor {
                     p + 1,
                     r.num_subpartitions.len()
                 );
-                let (partition, pool_size) = match (&spill_dir, r.result_partition_type) {
-                    (Some(dir), ResultPartitionType::Blocking) => (
-                        ResultPartition::blocking(
-                            name,
-                            n,
-                            segment_size,
-                            dir.path(),
-                            &format!("r{ri}-p{p}"),
-                        )?,
-                        n + 1,
-                    ),
-                    _ => (
-                        ResultPartition::pipelined(name, n, segment_size),
-                        n * buffers_per_channel + floating,
-                    ),
+                let prefix = format!("r{ri}-p{p}");
+                let spill = match (&spill_dir, r.result_partition_type) {
+                    (Some(dir), ResultPartitionType::Blocking) => {
+                        Some((dir.path(), prefix.as_str()))
+                    }
+                    _ => None,
                 };
+                let (partition, pool_size) = new_result_partition(
+                    name,
+                    n,
+                    segment_size,
+                    spill,
+                    buffers_per_channel,
+                    floating,
+                )?;
                 let partition = Arc::new(partition);
                 if let Some(env) = cluster.get(task_manager_of(p)) {
                     env.register_partition(
@@ -272,10 +273,7 @@ impl LocalExecutor {
                         Arc::clone(&partition),
                     );
                 }
-                per_producer.push((
-                    partition,
-                    pool_of(p).create_local_pool(pool_size.max(n + 1))?,
-                ));
+                per_producer.push((partition, pool_of(p).create_local_pool(pool_size)?));
             }
             partitions.push(per_producer);
         }

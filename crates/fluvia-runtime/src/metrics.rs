@@ -112,8 +112,9 @@ impl TaskMetricGroup {
     }
 }
 
-/// Flink's task I/O metrics at one moment.
-#[derive(Debug, Clone, PartialEq)]
+/// Flink's task I/O metrics at one moment (serialised as JSON in
+/// TaskManager heartbeats).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct TaskMetricsSnapshot {
     pub job_id: JobId,
     pub task: String,

@@ -36,6 +36,32 @@ pub struct OutputSpec {
     pub consumer_max_parallelism: usize,
 }
 
+/// Creates the partition a producing subtask writes, with the size of its
+/// buffer pool: a blocking partition spills to `spill` (directory, file
+/// prefix) and needs one buffer per subpartition plus one; a pipelined one
+/// gets `buffers_per_channel` per subpartition plus the floating buffers.
+pub fn new_result_partition(
+    name: String,
+    num_subpartitions: usize,
+    segment_size: usize,
+    spill: Option<(&std::path::Path, &str)>,
+    buffers_per_channel: usize,
+    floating: usize,
+) -> Result<(ResultPartition, usize)> {
+    let n = num_subpartitions;
+    let (partition, pool) = match spill {
+        Some((dir, prefix)) => (
+            ResultPartition::blocking(name, n, segment_size, dir, prefix)?,
+            n + 1,
+        ),
+        None => (
+            ResultPartition::pipelined(name, n, segment_size),
+            n * buffers_per_channel + floating,
+        ),
+    };
+    Ok((partition, pool.max(n + 1)))
+}
+
 /// Everything one subtask needs, movable to its thread.
 pub struct TaskDeployment {
     pub job: Arc<JobGraph>,
