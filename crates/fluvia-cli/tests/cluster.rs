@@ -32,11 +32,14 @@ impl Drop for Cluster {
     }
 }
 
+// Short enough to notice a killed TaskManager quickly (failures also trigger
+// an immediate liveness probe), long enough that several clusters sharing two
+// cores during a loaded test run do not miss heartbeats.
 const FAST_HEARTBEATS: [&str; 4] = [
     "-D",
     "heartbeat.interval=100",
     "-D",
-    "heartbeat.timeout=1500",
+    "heartbeat.timeout=3000",
 ];
 
 impl Cluster {

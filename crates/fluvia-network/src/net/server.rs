@@ -420,6 +420,10 @@ impl ServerConnection {
                         r.generations[k] = generation;
                     }
                 }
+                // A notification that arrived before the generations were
+                // stored was polled as a stranger and dropped: look again.
+                let mut st = lock_state(&self.state);
+                self.enqueue(&mut st, receiver);
                 true
             }
             Message::AddCredit { receiver, credit } => {
