@@ -130,6 +130,9 @@ pub struct ExampleCatalog;
 
 impl ProgramCatalog for ExampleCatalog {
     fn build(&self, spec: &ProgramSpec) -> fluvia_core::Result<(JobGraph, OperatorRegistry)> {
+        if spec.name == fluvia_sql::job::PROGRAM {
+            return crate::sql::build_program(spec);
+        }
         let example = Example::parse_spec(spec)?;
         let env = example.environment()?;
         let graph = env.job_graph(example.name())?;

@@ -8,3 +8,4 @@
 
 pub mod catalog;
 pub mod examples;
+pub mod sql;

@@ -113,10 +113,33 @@ pub mod options {
         default: "",
         description: "Directory for spilled blocking partitions (empty: the system temp dir).",
     };
+    /// Flink's key; a size with a unit (`10mb`) or bytes.
+    pub const BROADCAST_THRESHOLD: ConfigOption<u64> = ConfigOption {
+        key: "table.optimizer.join.broadcast-threshold",
+        fallback_keys: &[],
+        default: 1024 * 1024,
+        description: "SQL: a join side estimated below this many bytes is broadcast to the other side's subtasks instead of hash-partitioning both.",
+    };
+    pub const MULTIPLE_INPUT: ConfigOption<bool> = ConfigOption {
+        key: "table.optimizer.multiple-input-enabled",
+        fallback_keys: &[],
+        default: true,
+        description: "SQL: fuse operators not separated by an exchange (joins in a row, chained scans) into one multiple-input task; false gives each join its own task.",
+    };
 
     /// (key, default as text, description) of every option, for docs and `--help`.
     pub fn all() -> Vec<(&'static str, String, &'static str)> {
         vec![
+            (
+                BROADCAST_THRESHOLD.key,
+                BROADCAST_THRESHOLD.default.to_string(),
+                BROADCAST_THRESHOLD.description,
+            ),
+            (
+                MULTIPLE_INPUT.key,
+                MULTIPLE_INPUT.default.to_string(),
+                MULTIPLE_INPUT.description,
+            ),
             (
                 PARALLELISM.key,
                 PARALLELISM.default.to_string(),

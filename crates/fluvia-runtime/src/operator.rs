@@ -15,7 +15,8 @@ use crate::record::{Data, decode};
 use fluvia_core::error::TaskLocation;
 use fluvia_core::keygroup::key_group_range_for_operator;
 use fluvia_core::{FluviaError, Result};
-use fluvia_network::{CancelToken, ChannelSelector, PartitionWriter};
+use fluvia_network::metrics::IoCounters;
+use fluvia_network::{CancelToken, ChannelSelector, InputChannelSpec, PartitionWriter};
 use std::any::Any;
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
@@ -171,6 +172,28 @@ pub trait NetworkInput {
     fn end_input(&mut self, input: usize) -> Result<()>;
 }
 
+/// What a [`TaskDriver`] read from the network.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct InputStats {
+    pub records: u64,
+    pub bytes: u64,
+    pub buffers: u64,
+}
+
+/// A chain head that owns its input loop: it pulls from its channels in the
+/// order it needs them (a hash join reads its build side before its probe
+/// side) instead of being pushed records. SQL plan fragments are drivers.
+pub trait TaskDriver {
+    /// Runs to the end of input; `inputs` are all channels of the subtask,
+    /// each tagged with its logical input.
+    fn run(
+        &mut self,
+        inputs: Vec<InputChannelSpec>,
+        counters: &Arc<IoCounters>,
+        cancel: &CancelToken,
+    ) -> Result<InputStats>;
+}
+
 /// A created operator, as the task needs it.
 pub enum OperatorInstance {
     Source(Box<dyn SourceDriver>),
@@ -180,6 +203,8 @@ pub enum OperatorInstance {
         input_type: Arc<dyn RecordType>,
     },
     TwoInput(Box<dyn NetworkInput>),
+    /// A head that reads its own inputs (it may also have none).
+    Driver(Box<dyn TaskDriver>),
 }
 
 /// Builds the per-subtask instance of one StreamGraph node.

@@ -282,6 +282,12 @@ pub fn run_task(d: &TaskDeployment) -> Result<TaskMetrics> {
         OperatorInstance::TwoInput(mut head) => {
             run_input_loop(d, &mut *head, &builder.writers, &mut metrics)?;
         }
+        OperatorInstance::Driver(mut driver) => {
+            let read = driver.run(d.inputs.clone(), &d.counters, &d.cancel)?;
+            metrics.records_in = read.records;
+            metrics.bytes_in = read.bytes;
+            metrics.buffers_in = read.buffers;
+        }
     }
     for w in &builder.writers {
         w.borrow_mut().finish()?;

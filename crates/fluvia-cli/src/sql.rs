@@ -1,0 +1,193 @@
+//! `fluvia sql` and `fluvia tpcds`: plan with fluvia-sql in the client, run
+//! the job on the embedded mini-cluster or a cluster, print the result.
+
+use anyhow::{Context, Result, anyhow};
+use fluvia_cluster::client::ClusterClient;
+use fluvia_cluster::config as cluster_config;
+use fluvia_cluster::program::ProgramSpec;
+use fluvia_cluster::rpc::JobStatus;
+use fluvia_core::Configuration;
+use fluvia_graph::JobGraph;
+use fluvia_sql::datafusion::arrow::record_batch::RecordBatch;
+use fluvia_sql::job::{PROGRAM, PlanError, PlanRequest, PlannedQuery, SqlJob};
+use fluvia_sql::session::TableFormat;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Where a query runs.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// The embedded mini-cluster (JobManager and TaskManagers in this process).
+    Embedded,
+    /// A cluster's JobManager.
+    Cluster(String),
+    /// DataFusion alone in this process (`collect`), the comparison baseline.
+    DataFusion,
+}
+
+/// A query's outcome.
+pub struct QueryRun {
+    pub batches: Vec<RecordBatch>,
+    pub schema: fluvia_sql::datafusion::arrow::datatypes::SchemaRef,
+    pub elapsed: Duration,
+    pub graph: Option<JobGraph>,
+    pub status: Option<JobStatus>,
+}
+
+/// Failures of `fluvia sql`, split so the binary can give a query error exit code 2.
+#[derive(Debug, thiserror::Error)]
+pub enum SqlError {
+    #[error("{0}")]
+    Query(String),
+    #[error(transparent)]
+    Other(#[from] anyhow::Error),
+}
+
+impl From<fluvia_core::FluviaError> for SqlError {
+    fn from(e: fluvia_core::FluviaError) -> Self {
+        SqlError::Other(e.into())
+    }
+}
+
+/// Settings shared by the SQL commands.
+#[derive(Debug, Clone)]
+pub struct SqlSettings {
+    pub tables: PathBuf,
+    pub format: TableFormat,
+    pub parallelism: usize,
+    pub config: Configuration,
+}
+
+fn block_on<T>(future: impl std::future::Future<Output = T>) -> Result<T> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let out = rt.block_on(future);
+    rt.shutdown_timeout(Duration::from_millis(100));
+    Ok(out)
+}
+
+/// Plans one statement; the result file goes to `work`.
+pub fn plan(s: &SqlSettings, sql: &str, name: &str, work: &Path) -> Result<PlannedQuery, SqlError> {
+    let req = PlanRequest {
+        sql: sql.to_string(),
+        tables: s.tables.clone(),
+        format: s.format,
+        parallelism: s.parallelism,
+        config: s.config.clone(),
+        result_path: work.join(format!("{}.arrow", sanitize(name))),
+        name: name.to_string(),
+    };
+    fluvia_sql::job::plan(&req).map_err(|e| match e {
+        PlanError::Query(q) => SqlError::Query(q.to_string()),
+        PlanError::Fluvia(f) => SqlError::Other(f.into()),
+    })
+}
+
+fn sanitize(name: &str) -> String {
+    name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect()
+}
+
+/// Runs one statement on `target`.
+pub fn run(s: &SqlSettings, sql: &str, name: &str, target: &Target) -> Result<QueryRun, SqlError> {
+    let work = tempfile::Builder::new()
+        .prefix("fluvia-sql-")
+        .tempdir()
+        .context("creating a directory for the result")?;
+    if let Target::DataFusion = target {
+        let started = Instant::now();
+        let (schema, batches) = fluvia_sql::job::run_in_datafusion(
+            sql,
+            &s.tables,
+            s.format,
+            s.parallelism,
+            &s.config,
+        )
+        .map_err(|e| match e {
+            PlanError::Query(q) => SqlError::Query(q.to_string()),
+            PlanError::Fluvia(f) => SqlError::Other(f.into()),
+        })?;
+        return Ok(QueryRun {
+            batches,
+            schema,
+            elapsed: started.elapsed(),
+            graph: None,
+            status: None,
+        });
+    }
+    let started = Instant::now();
+    let planned = plan(s, sql, name, work.path())?;
+    let job = Arc::new(planned.job);
+    let spec = ProgramSpec {
+        name: PROGRAM.to_string(),
+        args: job.to_args()?,
+    };
+    let (graph, registry) = job.build()?;
+    fluvia_runtime::executor::validate_job(&graph, &registry)?;
+    let status = match target {
+        Target::Embedded => block_on(fluvia_cluster::minicluster::run_job(
+            &graph.config,
+            Arc::new(crate::catalog::ExampleCatalog),
+            &spec,
+            &graph,
+        ))??,
+        Target::Cluster(jm) => {
+            let secret = cluster_config::cluster_secret(&graph.config)?;
+            block_on(async {
+                let mut client = ClusterClient::connect(jm, secret).await?;
+                let id = client.submit(&spec, &graph).await?;
+                client.wait(&id).await
+            })??
+        }
+        Target::DataFusion => unreachable!("handled above"),
+    };
+    if status.state != "FINISHED" {
+        return Err(SqlError::Other(anyhow!(
+            "job {} {}: {}",
+            status.job_id,
+            status.state,
+            status.error
+        )));
+    }
+    let batches = fluvia_sql::job::read_result(Path::new(&job.result_path))?;
+    let schema = planned.physical.schema();
+    Ok(QueryRun {
+        batches,
+        schema,
+        elapsed: started.elapsed(),
+        graph: Some(graph),
+        status: Some(status),
+    })
+}
+
+/// Builds the job of a `sql` program spec (every process of a cluster).
+pub fn build_program(spec: &ProgramSpec) -> fluvia_core::Result<(JobGraph, fluvia_runtime::OperatorRegistry)> {
+    let job = Arc::new(SqlJob::from_args(&spec.args)?);
+    job.build()
+}
+
+/// Bytes and batches sent over each network edge, from a finished job's
+/// status: `(producer, consumer, ship strategy, bytes, batches)`.
+pub fn edge_stats(graph: &JobGraph, status: &JobStatus) -> Vec<(String, String, String, u64, u64)> {
+    let details: serde_json::Value = serde_json::from_str(&status.details_json).unwrap_or_default();
+    let mut out = Vec::new();
+    for consumer in &graph.vertices {
+        for e in &consumer.inputs {
+            let Some(pi) = graph.vertex_index(e.source_vertex) else {
+                continue;
+            };
+            let m = &details["vertices"][pi]["metrics"];
+            out.push((
+                graph.vertices[pi].name.clone(),
+                consumer.name.clone(),
+                e.ship_strategy_name().to_string(),
+                m["write-bytes"].as_u64().unwrap_or(0),
+                m["write-records"].as_u64().unwrap_or(0),
+            ));
+        }
+    }
+    out
+}

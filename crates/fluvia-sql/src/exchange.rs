@@ -1,0 +1,405 @@
+//! Exchanges between plan fragments: the consumer's leaf
+//! [`ExchangeReaderExec`] pulls Arrow batches out of Fluvia input channels,
+//! and [`SqlBatchType`] is the record type whose network output writes them
+//! as Arrow IPC into Fluvia result partitions.
+//!
+//! A reader blocks its task thread while it waits for a buffer. That is
+//! sound because each task drives its fragment on its own current-thread
+//! runtime and every input comes from another task: nothing this thread
+//! could run instead can make the data arrive.
+
+use crate::ipc::{self, IpcEncoder};
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
+use fluvia_core::{FluviaError, PartitionerKind, Result};
+use fluvia_network::gate::GateEvent;
+use fluvia_network::metrics::IoCounters;
+use fluvia_network::{
+    CancelToken, ChannelSelector, InputChannelSpec, InputGate, PartitionWriter,
+    RecordDeserializer, Target,
+};
+use fluvia_runtime::operator::{AnyOutput, NetworkInput, downcast_output};
+use fluvia_runtime::output::{BroadcastingOutput, DiscardingOutput, Output};
+use fluvia_runtime::{InputStats, RecordType};
+use futures::Stream;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+/// A batch travelling between operators. `target` is the consumer subtask
+/// chosen by the producing fragment's partitioner (None: the edge decides).
+#[derive(Clone, Debug)]
+pub struct SqlBatch {
+    pub batch: RecordBatch,
+    pub target: Option<usize>,
+}
+
+/// The leaf that stands for a cut-off producer fragment.
+#[derive(Debug)]
+pub struct ExchangeReaderExec {
+    /// Id of the producing stage.
+    stage: usize,
+    schema: SchemaRef,
+    partitions: usize,
+    props: Arc<PlanProperties>,
+}
+
+impl ExchangeReaderExec {
+    pub fn new(stage: usize, schema: SchemaRef, partitions: usize) -> Self {
+        let props = PlanProperties::new(
+            EquivalenceProperties::new(Arc::clone(&schema)),
+            Partitioning::UnknownPartitioning(partitions),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        );
+        ExchangeReaderExec {
+            stage,
+            schema,
+            partitions,
+            props: Arc::new(props),
+        }
+    }
+
+    pub fn stage(&self) -> usize {
+        self.stage
+    }
+
+    pub fn partitions(&self) -> usize {
+        self.partitions
+    }
+}
+
+impl DisplayAs for ExchangeReaderExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "ExchangeReaderExec: stage={}, partitions={}",
+            self.stage, self.partitions
+        )
+    }
+}
+
+impl ExecutionPlan for ExchangeReaderExec {
+    fn name(&self) -> &str {
+        "ExchangeReaderExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.props
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+    ) -> DfResult<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        _children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    fn execute(
+        &self,
+        _partition: usize,
+        ctx: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        let inputs = ctx
+            .session_config()
+            .get_extension::<TaskInputs>()
+            .ok_or_else(|| {
+                DataFusionError::Internal(
+                    "an exchange reader ran outside a Fluvia task".to_string(),
+                )
+            })?;
+        let channels = inputs.take(self.stage)?;
+        let stream = GateStream {
+            gate: Some(InputGate::new(channels)),
+            deserializers: Vec::new(),
+            pending: VecDeque::new(),
+            schema: Arc::clone(&self.schema),
+            inputs: Arc::clone(&inputs),
+        };
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            Arc::clone(&self.schema),
+            stream,
+        )))
+    }
+}
+
+/// The input channels of one subtask, by producing stage, handed to the
+/// readers of its fragment (each stage's channels once).
+pub struct TaskInputs {
+    channels: Mutex<BTreeMap<usize, Vec<InputChannelSpec>>>,
+    pub cancel: CancelToken,
+    counters: Arc<IoCounters>,
+    stats: Mutex<InputStats>,
+}
+
+impl fmt::Debug for TaskInputs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TaskInputs").finish_non_exhaustive()
+    }
+}
+
+impl TaskInputs {
+    pub fn new(
+        channels: BTreeMap<usize, Vec<InputChannelSpec>>,
+        cancel: CancelToken,
+        counters: Arc<IoCounters>,
+    ) -> Self {
+        TaskInputs {
+            channels: Mutex::new(channels),
+            cancel,
+            counters,
+            stats: Mutex::new(InputStats::default()),
+        }
+    }
+
+    fn take(&self, stage: usize) -> DfResult<Vec<InputChannelSpec>> {
+        let mut map = self
+            .channels
+            .lock()
+            .map_err(|_| DataFusionError::Internal("task inputs poisoned".into()))?;
+        map.remove(&stage).ok_or_else(|| {
+            DataFusionError::Internal(format!(
+                "the input from stage {stage} was read twice or never connected"
+            ))
+        })
+    }
+
+    /// Reads to the end every input no reader took (the other branches of
+    /// a union, a side a LIMIT never needed), so producers are never left
+    /// waiting, and returns what all readers read.
+    pub fn finish(&self) -> Result<InputStats> {
+        let rest: Vec<InputChannelSpec> = match self.channels.lock() {
+            Ok(mut m) => std::mem::take(&mut *m).into_values().flatten().collect(),
+            Err(_) => Vec::new(),
+        };
+        if !rest.is_empty() {
+            let mut gate = InputGate::new(rest);
+            while gate.get_next(&self.cancel)?.is_some() {}
+            self.add_gate(&gate);
+        }
+        Ok(self.stats.lock().map(|s| *s).unwrap_or_default())
+    }
+
+    fn add_gate(&self, gate: &InputGate) {
+        if let Ok(mut s) = self.stats.lock() {
+            s.bytes += gate.bytes_received();
+            s.buffers += gate.buffers_received();
+        }
+    }
+}
+
+struct GateStream {
+    gate: Option<InputGate>,
+    deserializers: Vec<RecordDeserializer>,
+    pending: VecDeque<RecordBatch>,
+    schema: SchemaRef,
+    inputs: Arc<TaskInputs>,
+}
+
+fn external(e: FluviaError) -> DataFusionError {
+    DataFusionError::External(Box::new(e))
+}
+
+impl GateStream {
+    fn next_event(&mut self) -> Result<bool> {
+        let Some(gate) = self.gate.as_mut() else {
+            return Ok(false);
+        };
+        if self.deserializers.is_empty() {
+            self.deserializers = (0..gate.num_channels())
+                .map(|_| RecordDeserializer::new())
+                .collect();
+        }
+        match gate.get_next(&self.inputs.cancel)? {
+            Some(GateEvent::Buffer { channel, buffer }) => {
+                let (schema, pending) = (&self.schema, &mut self.pending);
+                let mut records = 0u64;
+                self.deserializers[channel].feed(buffer.as_slice(), |bytes| {
+                    let batch = ipc::decode(bytes, schema).map_err(|e| {
+                        FluviaError::Serialization(format!("decoding an exchange batch: {e}"))
+                    })?;
+                    records += 1;
+                    pending.push_back(batch);
+                    Ok(())
+                })?;
+                let c = &self.inputs.counters;
+                IoCounters::add(&c.records_in, records);
+                IoCounters::add(&c.bytes_in, buffer.len() as u64);
+                IoCounters::add(&c.buffers_in, 1);
+                if let Ok(mut s) = self.inputs.stats.lock() {
+                    s.records += records;
+                }
+                Ok(true)
+            }
+            Some(GateEvent::ChannelFinished { channel }) => {
+                if self.deserializers[channel].has_partial_record() {
+                    return Err(FluviaError::Serialization(format!(
+                        "input channel {channel} ended in the middle of a batch"
+                    )));
+                }
+                Ok(true)
+            }
+            None => {
+                self.finish_gate();
+                Ok(false)
+            }
+        }
+    }
+
+    fn finish_gate(&mut self) {
+        if let Some(gate) = self.gate.take() {
+            self.inputs.add_gate(&gate);
+        }
+    }
+}
+
+impl Stream for GateStream {
+    type Item = DfResult<RecordBatch>;
+
+    fn poll_next(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        loop {
+            if let Some(b) = self.pending.pop_front() {
+                return Poll::Ready(Some(Ok(b)));
+            }
+            match self.next_event() {
+                Ok(true) => continue,
+                Ok(false) => return Poll::Ready(None),
+                Err(e) => {
+                    self.finish_gate();
+                    return Poll::Ready(Some(Err(external(e))));
+                }
+            }
+        }
+    }
+}
+
+impl Drop for GateStream {
+    /// A reader dropped before its end (a LIMIT was satisfied) still reads
+    /// its channels to the end so no producer waits on it.
+    fn drop(&mut self) {
+        if let Some(gate) = self.gate.as_mut() {
+            while let Ok(Some(_)) = gate.get_next(&self.inputs.cancel) {}
+        }
+        self.finish_gate();
+    }
+}
+
+// ---------------------------------------------------------------- record type
+
+/// The record type of SQL edges: Arrow batches of one schema.
+pub struct SqlBatchType {
+    pub schema: SchemaRef,
+}
+
+impl RecordType for SqlBatchType {
+    fn type_name(&self) -> &'static str {
+        "SqlBatch"
+    }
+
+    fn network_input(&self, input: AnyOutput) -> Result<Box<dyn NetworkInput>> {
+        Ok(Box::new(DecodingInput {
+            inner: downcast_output::<SqlBatch>(input)?,
+            schema: Arc::clone(&self.schema),
+        }))
+    }
+
+    fn network_output(
+        &self,
+        writer: Rc<RefCell<PartitionWriter>>,
+        selector: ChannelSelector,
+        _edge_data: Option<&Arc<dyn std::any::Any + Send + Sync>>,
+    ) -> Result<AnyOutput> {
+        let out: Box<dyn Output<SqlBatch>> = Box::new(IpcOutput {
+            writer,
+            broadcast: selector.kind() == PartitionerKind::Broadcast,
+            encoder: IpcEncoder::default(),
+        });
+        Ok(Box::new(out))
+    }
+
+    fn broadcasting(&self, outputs: Vec<AnyOutput>) -> Result<AnyOutput> {
+        let outputs = outputs
+            .into_iter()
+            .map(downcast_output::<SqlBatch>)
+            .collect::<Result<Vec<_>>>()?;
+        let out: Box<dyn Output<SqlBatch>> = Box::new(BroadcastingOutput { outputs });
+        Ok(Box::new(out))
+    }
+
+    fn discarding(&self) -> AnyOutput {
+        let out: Box<dyn Output<SqlBatch>> = Box::new(DiscardingOutput);
+        Box::new(out)
+    }
+}
+
+struct DecodingInput {
+    inner: Box<dyn Output<SqlBatch>>,
+    schema: SchemaRef,
+}
+
+impl NetworkInput for DecodingInput {
+    fn process(&mut self, _input: usize, bytes: &[u8]) -> Result<()> {
+        let batch = ipc::decode(bytes, &self.schema)
+            .map_err(|e| FluviaError::Serialization(format!("decoding an exchange batch: {e}")))?;
+        self.inner.collect(SqlBatch {
+            batch,
+            target: None,
+        })
+    }
+
+    fn end_input(&mut self, _input: usize) -> Result<()> {
+        self.inner.close()
+    }
+}
+
+/// Writes batches as Arrow IPC records: a broadcast batch is encoded once
+/// for all subpartitions; others go to the subtask the producer chose.
+struct IpcOutput {
+    writer: Rc<RefCell<PartitionWriter>>,
+    broadcast: bool,
+    encoder: IpcEncoder,
+}
+
+impl Output<SqlBatch> for IpcOutput {
+    fn collect(&mut self, record: SqlBatch) -> Result<()> {
+        if record.batch.num_rows() == 0 {
+            return Ok(());
+        }
+        let target = if self.broadcast {
+            Target::All
+        } else {
+            Target::One(record.target.unwrap_or(0))
+        };
+        let bytes = self
+            .encoder
+            .encode(&record.batch)
+            .map_err(|e| FluviaError::Serialization(format!("encoding an exchange batch: {e}")))?;
+        self.writer.borrow_mut().emit(target, bytes)
+    }
+
+    fn close(&mut self) -> Result<()> {
+        Ok(())
+    }
+}

@@ -1,0 +1,575 @@
+//! A planned query as a Fluvia job: the serialisable [`SqlJob`] (fragments
+//! as datafusion-proto bytes, edges, DataFusion options), the StreamGraph
+//! built from it, and the operators that run its fragments.
+//!
+//! The client plans once; every process (JobManager, TaskManagers) rebuilds
+//! the same StreamGraph from the same bytes, so fingerprints match by
+//! construction and no process needs the SQL, the tables' catalog or the
+//! planner.
+
+use crate::codec::FluviaCodec;
+use crate::exchange::{SqlBatch, SqlBatchType, TaskInputs};
+use crate::session::{TableFormat, datafusion_options, register_tables, session_config};
+use crate::split::{self, CutPolicy, Exchange, StageInput, StagePlan};
+use base64::Engine;
+use datafusion::arrow::datatypes::{Schema, SchemaRef};
+use datafusion::arrow::ipc::writer::FileWriter;
+use datafusion::error::DataFusionError;
+use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::context::SessionContext;
+use datafusion::physical_expr::Partitioning;
+use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::metrics::Time;
+use datafusion::physical_plan::repartition::{BatchPartitioner, RepartitionExec};
+use datafusion_proto::bytes::{
+    physical_plan_from_bytes_with_extension_codec, physical_plan_to_bytes_with_extension_codec,
+};
+use datafusion_proto::protobuf;
+use fluvia_core::config::options;
+use fluvia_core::{Configuration, ExchangeMode, FluviaError, PartitionerKind, Result, RuntimeMode};
+use fluvia_graph::{JobGraph, JobGraphGenerator, StreamGraph, StreamGraphBuilder};
+use fluvia_network::metrics::IoCounters;
+use fluvia_network::{CancelToken, InputChannelSpec};
+use fluvia_runtime::operator::{AnyOutput, OperatorInstance, RecordType, downcast_output};
+use fluvia_runtime::output::Output;
+use fluvia_runtime::{InputStats, OperatorContext, OperatorFactory, OperatorRegistry, TaskDriver};
+use futures::StreamExt;
+use prost::Message;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The name of the SQL program in a binary's program catalog.
+pub const PROGRAM: &str = "sql";
+
+/// One fragment, shipped.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StageSpec {
+    pub name: String,
+    /// datafusion-proto bytes; a HASH output wraps the fragment in a
+    /// `RepartitionExec` that carries the hash expressions.
+    pub plan: Vec<u8>,
+    pub parallelism: usize,
+    pub exchange: Exchange,
+    pub consumer: Option<usize>,
+    pub inputs: Vec<usize>,
+    /// proto bytes of the fragment's output schema.
+    pub schema: Vec<u8>,
+}
+
+/// A planned query.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SqlJob {
+    pub name: String,
+    /// DataFusion options the fragments were planned with.
+    pub options: Vec<(String, String)>,
+    pub stages: Vec<StageSpec>,
+    /// Where the sink writes the result (an Arrow IPC file).
+    pub result_path: String,
+    /// Fluvia configuration entries of the job (`-D`).
+    pub config: Vec<(String, String)>,
+}
+
+/// How to plan a query.
+#[derive(Debug, Clone)]
+pub struct PlanRequest {
+    pub sql: String,
+    pub tables: PathBuf,
+    pub format: TableFormat,
+    pub parallelism: usize,
+    pub config: Configuration,
+    pub result_path: PathBuf,
+    pub name: String,
+}
+
+/// A planned query and what `--explain` shows of it.
+pub struct PlannedQuery {
+    pub job: SqlJob,
+    pub stage_plan: StagePlan,
+    pub physical: Arc<dyn ExecutionPlan>,
+}
+
+/// An error in the query itself (syntax, unknown table or column,
+/// unsupported construct), as opposed to a failure while running it.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct QueryError(pub String);
+
+fn df_err(e: DataFusionError) -> FluviaError {
+    match e {
+        DataFusionError::External(inner) => match inner.downcast::<FluviaError>() {
+            Ok(f) => *f,
+            Err(other) => FluviaError::Internal(other.to_string()),
+        },
+        DataFusionError::Context(ctx, inner) => match df_err(*inner) {
+            FluviaError::Cancelled => FluviaError::Cancelled,
+            other => FluviaError::Internal(format!("{ctx}: {other}")),
+        },
+        other => FluviaError::Internal(other.to_string()),
+    }
+}
+
+/// A session for planning: DataFusion's rules plus Fluvia's broadcast
+/// safety rule right after join selection.
+pub fn planning_context(options: &[(String, String)]) -> Result<SessionContext> {
+    let config = session_config(options)?;
+    let mut rules = PhysicalOptimizer::new().rules;
+    let at = rules
+        .iter()
+        .position(|r| r.name() == "join_selection")
+        .map_or(0, |i| i + 1);
+    rules.insert(at, Arc::new(split::BroadcastSafety));
+    let state = SessionStateBuilder::new()
+        .with_config(config)
+        .with_default_features()
+        .with_physical_optimizer_rules(rules)
+        .build();
+    Ok(SessionContext::new_with_state(state))
+}
+
+fn current_thread_runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| FluviaError::io("starting a task runtime", e))
+}
+
+/// Which cuts the configuration asks for.
+pub fn cut_policy(config: &Configuration) -> Result<CutPolicy> {
+    Ok(if !config.get(&options::CHAINING_ENABLED)? {
+        CutPolicy::Everything
+    } else if !config.get(&options::MULTIPLE_INPUT)? {
+        CutPolicy::Joins
+    } else {
+        CutPolicy::Exchanges
+    })
+}
+
+/// Plans `req.sql` into a job. Errors in the query come back as
+/// [`QueryError`] inside `FluviaError::Plan`.
+pub fn plan(req: &PlanRequest) -> std::result::Result<PlannedQuery, PlanError> {
+    let rt = current_thread_runtime()?;
+    let options = datafusion_options(req.parallelism, &req.config)?;
+    let ctx = planning_context(&options)?;
+    rt.block_on(register_tables(&ctx, &req.tables, req.format))?;
+    let physical = rt
+        .block_on(async {
+            let df = ctx.sql(&req.sql).await?;
+            df.create_physical_plan().await
+        })
+        .map_err(|e| PlanError::Query(QueryError(e.to_string())))?;
+    let policy = cut_policy(&req.config)?;
+    let stage_plan = split::split(Arc::clone(&physical), policy)
+        .map_err(|e| PlanError::Query(QueryError(e.to_string())))?;
+    let mut stages = Vec::with_capacity(stage_plan.stages.len());
+    for (id, s) in stage_plan.stages.iter().enumerate() {
+        let shipped: Arc<dyn ExecutionPlan> = match s.exchange {
+            Exchange::Hash { partitions, .. } => Arc::new(
+                RepartitionExec::try_new(
+                    Arc::clone(&s.plan),
+                    Partitioning::Hash(s.hash_exprs.clone(), partitions),
+                )
+                .map_err(df_err)?,
+            ),
+            _ => Arc::clone(&s.plan),
+        };
+        let bytes = physical_plan_to_bytes_with_extension_codec(shipped, &FluviaCodec)
+            .map_err(|e| PlanError::Query(QueryError(format!("stage {id}: {e}"))))?;
+        let schema: protobuf::Schema = s
+            .plan
+            .schema()
+            .as_ref()
+            .try_into()
+            .map_err(|e| FluviaError::Serialization(format!("stage {id} schema: {e}")))?;
+        stages.push(StageSpec {
+            name: stage_name(&stage_plan, id),
+            plan: bytes.to_vec(),
+            parallelism: s.parallelism,
+            exchange: s.exchange,
+            consumer: s.consumer,
+            inputs: s.inputs.clone(),
+            schema: schema.encode_to_vec(),
+        });
+    }
+    let config = req
+        .config
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    Ok(PlannedQuery {
+        job: SqlJob {
+            name: req.name.clone(),
+            options,
+            stages,
+            result_path: req.result_path.to_string_lossy().to_string(),
+            config,
+        },
+        stage_plan,
+        physical,
+    })
+}
+
+/// Why planning failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("{0}")]
+    Query(QueryError),
+    #[error(transparent)]
+    Fluvia(#[from] FluviaError),
+}
+
+/// Flink-style names: a fragment with one input is its operators bottom-up;
+/// with several it is a `MultipleInput` listing its read order and members.
+fn stage_name(plan: &StagePlan, id: usize) -> String {
+    let stage = &plan.stages[id];
+    let (inputs, order) = split::read_order(&stage.plan);
+    let members = split::members(&stage.plan);
+    let sources: Vec<String> = inputs
+        .iter()
+        .filter_map(|i| match i {
+            StageInput::Scan(t) => Some(format!("Source: {t}")),
+            StageInput::Exchange(_) => None,
+        })
+        .collect();
+    let body = if inputs.len() >= 2 {
+        let order = order.iter().map(|o| o.to_string()).collect::<Vec<_>>().join(",");
+        format!("MultipleInput(readOrder=[{order}], members=[{}])", members.join(", "))
+    } else if members.is_empty() {
+        "Forward".to_string()
+    } else {
+        members.join(" -> ")
+    };
+    if sources.is_empty() {
+        body
+    } else if stage.inputs.is_empty() && inputs.len() == 1 {
+        format!("{} -> {body}", sources[0])
+    } else {
+        format!("{body} [{}]", sources.join(", "))
+    }
+}
+
+// ---------------------------------------------------------------- job encoding
+
+impl SqlJob {
+    /// The job as program arguments.
+    pub fn to_args(&self) -> Result<Vec<String>> {
+        let bytes = bincode::serialize(self)
+            .map_err(|e| FluviaError::Serialization(format!("encoding the SQL job: {e}")))?;
+        Ok(vec![
+            "--job".to_string(),
+            base64::engine::general_purpose::STANDARD.encode(bytes),
+        ])
+    }
+
+    pub fn from_args(args: &[String]) -> Result<SqlJob> {
+        let [flag, data] = args else {
+            return Err(FluviaError::Plan("the sql program takes --job DATA".into()));
+        };
+        if flag != "--job" {
+            return Err(FluviaError::Plan("the sql program takes --job DATA".into()));
+        }
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(data)
+            .map_err(|e| FluviaError::Serialization(format!("decoding the SQL job: {e}")))?;
+        bincode::deserialize(&bytes)
+            .map_err(|e| FluviaError::Serialization(format!("decoding the SQL job: {e}")))
+    }
+
+    pub fn configuration(&self) -> Configuration {
+        let mut c = Configuration::new();
+        for (k, v) in &self.config {
+            c.set(k, v.clone());
+        }
+        c
+    }
+
+    fn stage_schema(&self, id: usize) -> Result<SchemaRef> {
+        let proto = protobuf::Schema::decode(self.stages[id].schema.as_slice())
+            .map_err(|e| FluviaError::Serialization(format!("stage {id} schema: {e}")))?;
+        let schema: Schema = (&proto)
+            .try_into()
+            .map_err(|e| FluviaError::Serialization(format!("stage {id} schema: {e}")))?;
+        Ok(Arc::new(schema))
+    }
+
+    fn partitioner(exchange: Exchange) -> PartitionerKind {
+        match exchange {
+            Exchange::Hash { .. } => PartitionerKind::Hash,
+            Exchange::Broadcast => PartitionerKind::Broadcast,
+            Exchange::Global => PartitionerKind::Global,
+            Exchange::Forward => PartitionerKind::Forward,
+        }
+    }
+
+    /// The StreamGraph: one node per stage (a source when it has no
+    /// network input) and a sink; edges carry the stages' exchanges.
+    pub fn stream_graph(&self) -> Result<StreamGraph> {
+        let config = self.configuration();
+        let mut b = StreamGraphBuilder::new(self.name.clone());
+        b.runtime_mode = RuntimeMode::Batch;
+        b.chaining_enabled = config.get(&options::CHAINING_ENABLED)?;
+        let mut nodes = Vec::with_capacity(self.stages.len());
+        for s in &self.stages {
+            let id = if s.inputs.is_empty() {
+                b.add_source(s.name.clone(), true)
+            } else {
+                let n = b.add_operator(s.name.clone(), s.inputs.len());
+                b.set_chaining_strategy(n, fluvia_core::ChainingStrategy::HeadWithSources);
+                n
+            };
+            b.set_parallelism(id, s.parallelism);
+            b.set_max_parallelism(id, s.parallelism.max(1));
+            nodes.push(id);
+        }
+        let sink = b.add_operator("Sink: collect", 1);
+        b.set_parallelism(sink, 1);
+        b.set_max_parallelism(sink, 1);
+        for (id, s) in self.stages.iter().enumerate() {
+            let (target, type_number) = match s.consumer {
+                Some(c) => {
+                    let inputs = &self.stages[c].inputs;
+                    let pos = inputs.iter().position(|&i| i == id).ok_or_else(|| {
+                        FluviaError::Plan(format!("stage {c} does not read stage {id}"))
+                    })?;
+                    (nodes[c], if inputs.len() == 1 { 0 } else { pos as u8 + 1 })
+                }
+                None => (sink, 0),
+            };
+            b.add_edge(
+                nodes[id],
+                target,
+                Some(Self::partitioner(s.exchange)),
+                ExchangeMode::Undefined,
+                type_number,
+            );
+        }
+        b.build()
+    }
+
+    /// The JobGraph and the operators of every process.
+    pub fn build(self: &Arc<Self>) -> Result<(JobGraph, OperatorRegistry)> {
+        let graph = self.stream_graph()?;
+        let job = JobGraphGenerator::new(&graph).create_job_graph(self.configuration(), true)?;
+        let mut registry = OperatorRegistry::new();
+        for id in 0..self.stages.len() {
+            registry.register(
+                id,
+                Arc::new(StageFactory {
+                    job: Arc::clone(self),
+                    stage: id,
+                    schema: self.stage_schema(id)?,
+                }),
+            );
+        }
+        let root = self.stages.len() - 1;
+        registry.register(
+            self.stages.len(),
+            Arc::new(SinkFactory {
+                path: PathBuf::from(&self.result_path),
+                schema: self.stage_schema(root)?,
+            }),
+        );
+        Ok((job, registry))
+    }
+}
+
+// ---------------------------------------------------------------- operators
+
+struct StageFactory {
+    job: Arc<SqlJob>,
+    stage: usize,
+    schema: SchemaRef,
+}
+
+impl OperatorFactory for StageFactory {
+    fn create(&self, ctx: &OperatorContext, output: AnyOutput) -> Result<OperatorInstance> {
+        Ok(OperatorInstance::Driver(Box::new(StageDriver {
+            job: Arc::clone(&self.job),
+            stage: self.stage,
+            subtask: ctx.subtask_index,
+            out: downcast_output::<SqlBatch>(output)?,
+        })))
+    }
+
+    fn output_type(&self) -> Arc<dyn RecordType> {
+        Arc::new(SqlBatchType {
+            schema: Arc::clone(&self.schema),
+        })
+    }
+}
+
+/// Runs partition `subtask` of one fragment on a current-thread runtime.
+struct StageDriver {
+    job: Arc<SqlJob>,
+    stage: usize,
+    subtask: usize,
+    out: Box<dyn Output<SqlBatch>>,
+}
+
+impl TaskDriver for StageDriver {
+    fn run(
+        &mut self,
+        inputs: Vec<InputChannelSpec>,
+        counters: &Arc<IoCounters>,
+        cancel: &CancelToken,
+    ) -> Result<InputStats> {
+        let spec = &self.job.stages[self.stage];
+        let mut by_stage: BTreeMap<usize, Vec<InputChannelSpec>> = BTreeMap::new();
+        for c in inputs {
+            let pos = c.input_index.saturating_sub(1);
+            let producer = *spec.inputs.get(pos).ok_or_else(|| {
+                FluviaError::Internal(format!("unexpected input {}", c.input_index))
+            })?;
+            by_stage.entry(producer).or_default().push(c);
+        }
+        for &p in &spec.inputs {
+            by_stage.entry(p).or_default();
+        }
+        let task_inputs = Arc::new(TaskInputs::new(by_stage, cancel.clone(), Arc::clone(counters)));
+        let config = session_config(&self.job.options)?.with_extension(Arc::clone(&task_inputs));
+        let task_ctx = SessionContext::new_with_config(config).task_ctx();
+        let plan = physical_plan_from_bytes_with_extension_codec(&spec.plan, &task_ctx, &FluviaCodec)
+            .map_err(df_err)?;
+        let (plan, mut partitioner, offset) = match spec.exchange {
+            Exchange::Hash { partitions, offset } => {
+                let Some(r) = plan.downcast_ref::<RepartitionExec>() else {
+                    return Err(FluviaError::Internal("hash stage without its exchange".into()));
+                };
+                let Partitioning::Hash(exprs, _) = r.partitioning() else {
+                    return Err(FluviaError::Internal("hash stage without hash keys".into()));
+                };
+                let p = BatchPartitioner::new_hash_partitioner(exprs.clone(), partitions, Time::new())
+                    .map_err(df_err)?;
+                (Arc::clone(r.input()), Some(p), offset)
+            }
+            _ => (plan, None, 0),
+        };
+        let rt = current_thread_runtime()?;
+        let _enter = rt.enter();
+        let mut stream = plan.execute(self.subtask, Arc::clone(&task_ctx)).map_err(df_err)?;
+        while let Some(next) = rt.block_on(stream.next()) {
+            let batch = next.map_err(df_err)?;
+            if cancel.is_cancelled() {
+                return Err(FluviaError::Cancelled);
+            }
+            match partitioner.as_mut() {
+                None => self.out.collect(SqlBatch { batch, target: None })?,
+                Some(p) => {
+                    let out = &mut self.out;
+                    let mut failed = None;
+                    p.partition(batch, |i, b| {
+                        out.collect(SqlBatch {
+                            batch: b,
+                            target: Some(offset + i),
+                        })
+                        .map_err(|e| {
+                            failed = Some(e);
+                            DataFusionError::Execution("output failed".into())
+                        })
+                    })
+                    .map_err(|e| failed.take().unwrap_or_else(|| df_err(e)))?;
+                }
+            }
+        }
+        drop(stream);
+        self.out.close()?;
+        task_inputs.finish()
+    }
+}
+
+struct SinkFactory {
+    path: PathBuf,
+    schema: SchemaRef,
+}
+
+impl OperatorFactory for SinkFactory {
+    fn create(&self, _ctx: &OperatorContext, _output: AnyOutput) -> Result<OperatorInstance> {
+        let file = std::fs::File::create(&self.path)
+            .map_err(|e| FluviaError::io(format!("creating {}", self.path.display()), e))?;
+        let writer = FileWriter::try_new(file, &self.schema)
+            .map_err(|e| FluviaError::Internal(format!("result file: {e}")))?;
+        let input: Box<dyn Output<SqlBatch>> = Box::new(ResultSink {
+            writer: Some(writer),
+            path: self.path.clone(),
+        });
+        Ok(OperatorInstance::OneInput {
+            input: Box::new(input),
+            input_type: Arc::new(SqlBatchType {
+                schema: Arc::clone(&self.schema),
+            }),
+        })
+    }
+
+    fn output_type(&self) -> Arc<dyn RecordType> {
+        Arc::new(SqlBatchType {
+            schema: Arc::clone(&self.schema),
+        })
+    }
+}
+
+/// Collects the query result into an Arrow IPC file the client reads.
+struct ResultSink {
+    writer: Option<FileWriter<std::fs::File>>,
+    path: PathBuf,
+}
+
+impl Output<SqlBatch> for ResultSink {
+    fn collect(&mut self, record: SqlBatch) -> Result<()> {
+        let w = self
+            .writer
+            .as_mut()
+            .ok_or_else(|| FluviaError::Internal("result written after the end".into()))?;
+        w.write(&record.batch)
+            .map_err(|e| FluviaError::Internal(format!("writing {}: {e}", self.path.display())))
+    }
+
+    fn close(&mut self) -> Result<()> {
+        if let Some(mut w) = self.writer.take() {
+            w.finish()
+                .map_err(|e| FluviaError::Internal(format!("writing {}: {e}", self.path.display())))?;
+        }
+        Ok(())
+    }
+}
+
+/// Reads the result file the sink wrote.
+pub fn read_result(path: &Path) -> Result<Vec<datafusion::arrow::record_batch::RecordBatch>> {
+    let file = std::fs::File::open(path)
+        .map_err(|e| FluviaError::io(format!("opening the result {}", path.display()), e))?;
+    let reader = datafusion::arrow::ipc::reader::FileReader::try_new(file, None)
+        .map_err(|e| FluviaError::Internal(format!("reading {}: {e}", path.display())))?;
+    reader
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| FluviaError::Internal(format!("reading {}: {e}", path.display())))
+}
+
+/// Runs `sql` with DataFusion alone in this process, with the same tables
+/// and `parallelism` target partitions: the single-process baseline.
+pub fn run_in_datafusion(
+    sql: &str,
+    tables: &Path,
+    format: TableFormat,
+    parallelism: usize,
+    config: &Configuration,
+) -> std::result::Result<(SchemaRef, Vec<datafusion::arrow::record_batch::RecordBatch>), PlanError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(parallelism.max(1))
+        .enable_all()
+        .build()
+        .map_err(|e| FluviaError::io("starting the DataFusion runtime", e))?;
+    let mut options = datafusion_options(parallelism, config)?;
+    // In one process DataFusion's own defaults apply (round-robin
+    // exchanges and dynamic filters are its strengths there).
+    options.retain(|(k, _)| k == "datafusion.execution.target_partitions" || k.contains("view_types") || k.contains("utf8view"));
+    let ctx = SessionContext::new_with_config(session_config(&options)?);
+    rt.block_on(register_tables(&ctx, tables, format))?;
+    rt.block_on(async {
+        let df = ctx.sql(sql).await?;
+        let schema = Arc::new(df.schema().as_arrow().clone());
+        let batches = df.collect().await?;
+        Ok::<_, DataFusionError>((schema, batches))
+    })
+    .map_err(|e| PlanError::Query(QueryError(e.to_string())))
+}

@@ -1,0 +1,24 @@
+//! SQL on DataFusion, distributed by Fluvia.
+//!
+//! DataFusion parses and optimises; [`split`] cuts its physical plan at
+//! every exchange into fragments, [`job`] ships the fragments as
+//! datafusion-proto bytes inside a Fluvia job whose StreamGraph has one node
+//! per fragment, and [`exchange`] moves Arrow batches between them through
+//! Fluvia's result partitions and input gates. [`tpcds`] generates, runs and
+//! checks the TPC-DS benchmark.
+//!
+//! This is the only crate that knows DataFusion and Arrow; the runtime sees
+//! a [`fluvia_runtime::TaskDriver`] and bytes.
+
+pub mod codec;
+pub mod exchange;
+pub mod ipc;
+pub mod job;
+pub mod session;
+pub mod split;
+pub mod output;
+pub mod tpcds;
+
+/// The DataFusion this crate plans with (and its Arrow), for callers that
+/// print or compare results.
+pub use datafusion;

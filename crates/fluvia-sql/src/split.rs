@@ -1,0 +1,448 @@
+//! Cuts a DataFusion physical plan into stages: fragments that run as
+//! Fluvia tasks, joined by network exchanges.
+//!
+//! Each exchange DataFusion planned becomes an edge: a hash
+//! `RepartitionExec` a HASH edge, a `CoalescePartitionsExec` or
+//! `SortPreservingMergeExec` a GLOBAL edge (the merge becomes a sort of the
+//! gathered rows), and the gathered build side of a collect-left join a
+//! BROADCAST edge. Everything between two exchanges stays one DataFusion
+//! fragment: several joins with their scans run in one task, the
+//! multiple-input operator of Flink. With `table.optimizer.multiple-input-enabled`
+//! off each join's pipelined inputs are cut into their own tasks behind
+//! FORWARD edges, and with chaining off every operator is.
+//!
+//! Partition `p` of a fragment runs in subtask `p`. Under a `UnionExec` the
+//! partitions of the branches follow each other, so a hash edge into a
+//! branch starts at that branch's offset.
+
+use crate::exchange::ExchangeReaderExec;
+use datafusion::common::{JoinType, not_impl_err};
+use datafusion::config::ConfigOptions;
+use datafusion::datasource::physical_plan::FileScanConfig;
+use datafusion::datasource::source::DataSourceExec;
+use datafusion::error::Result as DfResult;
+use datafusion::physical_expr::{Partitioning, PhysicalExpr};
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
+use datafusion::physical_plan::joins::{
+    CrossJoinExec, HashJoinExec, NestedLoopJoinExec, PartitionMode, SortMergeJoinExec,
+};
+use datafusion::physical_plan::limit::GlobalLimitExec;
+use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::sorts::sort::SortExec;
+use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
+use datafusion::physical_plan::union::UnionExec;
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+/// How a stage's output reaches its consumer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Exchange {
+    /// Hash-partitioned into `partitions` consecutive consumer subtasks
+    /// starting at `offset`.
+    Hash { partitions: usize, offset: usize },
+    /// Every consumer subtask gets everything (serialised once).
+    Broadcast,
+    /// Everything to the single consumer subtask.
+    Global,
+    /// Subtask `i` to subtask `i`.
+    Forward,
+}
+
+impl Exchange {
+    pub fn name(self) -> &'static str {
+        match self {
+            Exchange::Hash { .. } => "HASH",
+            Exchange::Broadcast => "BROADCAST",
+            Exchange::Global => "GLOBAL",
+            Exchange::Forward => "FORWARD",
+        }
+    }
+}
+
+/// When to cut besides DataFusion's own exchanges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CutPolicy {
+    /// Only at exchanges: joins and scans between them share one task.
+    Exchanges,
+    /// Also every pipelined input of a join (multiple-input off).
+    Joins,
+    /// Also between any two operators (chaining off).
+    Everything,
+}
+
+/// One fragment.
+#[derive(Debug, Clone)]
+pub struct Stage {
+    pub plan: Arc<dyn ExecutionPlan>,
+    pub parallelism: usize,
+    pub exchange: Exchange,
+    /// Hash expressions of a HASH output, over the plan's schema.
+    pub hash_exprs: Vec<Arc<dyn PhysicalExpr>>,
+    /// The consuming stage; None for the query's last stage (the sink).
+    pub consumer: Option<usize>,
+    /// Producing stages, in the order their readers appear in the plan.
+    pub inputs: Vec<usize>,
+}
+
+/// A plan cut into stages; producers come before their consumers and the
+/// last stage produces the query result.
+#[derive(Debug, Clone)]
+pub struct StagePlan {
+    pub stages: Vec<Stage>,
+}
+
+impl StagePlan {
+    pub fn root(&self) -> usize {
+        self.stages.len() - 1
+    }
+}
+
+fn partitions(plan: &Arc<dyn ExecutionPlan>) -> usize {
+    plan.output_partitioning().partition_count()
+}
+
+fn is_collect_left(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    if let Some(hj) = plan.downcast_ref::<HashJoinExec>() {
+        return *hj.partition_mode() == PartitionMode::CollectLeft;
+    }
+    plan.is::<NestedLoopJoinExec>() || plan.is::<CrossJoinExec>()
+}
+
+fn is_join(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    plan.is::<HashJoinExec>()
+        || plan.is::<NestedLoopJoinExec>()
+        || plan.is::<CrossJoinExec>()
+        || plan.is::<SortMergeJoinExec>()
+}
+
+/// Whether a subtree reads from the network.
+pub fn contains_reader(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    plan.is::<ExchangeReaderExec>() || plan.children().into_iter().any(contains_reader)
+}
+
+fn with_fetch(plan: Arc<dyn ExecutionPlan>, fetch: Option<usize>) -> Arc<dyn ExecutionPlan> {
+    match fetch {
+        Some(f) => Arc::new(GlobalLimitExec::new(plan, 0, Some(f))),
+        None => plan,
+    }
+}
+
+struct Splitter {
+    stages: Vec<Stage>,
+    policy: CutPolicy,
+}
+
+impl Splitter {
+    fn cut(
+        &mut self,
+        plan: Arc<dyn ExecutionPlan>,
+        exchange: Exchange,
+        hash_exprs: Vec<Arc<dyn PhysicalExpr>>,
+        consumer_partitions: usize,
+    ) -> Arc<dyn ExecutionPlan> {
+        let id = self.stages.len();
+        let schema = plan.schema();
+        self.stages.push(Stage {
+            parallelism: partitions(&plan),
+            plan,
+            exchange,
+            hash_exprs,
+            consumer: None,
+            inputs: Vec::new(),
+        });
+        Arc::new(ExchangeReaderExec::new(id, schema, consumer_partitions))
+    }
+
+    fn visit(&mut self, plan: Arc<dyn ExecutionPlan>) -> DfResult<Arc<dyn ExecutionPlan>> {
+        if let Some(r) = plan.downcast_ref::<RepartitionExec>() {
+            let input = self.visit(Arc::clone(r.input()))?;
+            return match r.partitioning() {
+                Partitioning::Hash(exprs, n) if !r.preserve_order() => Ok(self.cut(
+                    input,
+                    Exchange::Hash {
+                        partitions: *n,
+                        offset: 0,
+                    },
+                    exprs.clone(),
+                    *n,
+                )),
+                Partitioning::RoundRobinBatch(n) if partitions(&input) == *n => Ok(input),
+                other => not_impl_err!(
+                    "the exchange {other} (preserve order: {}) has no distributed form",
+                    r.preserve_order()
+                ),
+            };
+        }
+        if let Some(c) = plan.downcast_ref::<CoalescePartitionsExec>() {
+            let input = self.visit(Arc::clone(c.input()))?;
+            let out = if partitions(&input) == 1 {
+                input
+            } else {
+                self.cut(input, Exchange::Global, Vec::new(), 1)
+            };
+            return Ok(with_fetch(out, c.fetch()));
+        }
+        if let Some(s) = plan.downcast_ref::<SortPreservingMergeExec>() {
+            let input = self.visit(Arc::clone(s.input()))?;
+            if partitions(&input) == 1 {
+                return Ok(with_fetch(input, s.fetch()));
+            }
+            let reader = self.cut(input, Exchange::Global, Vec::new(), 1);
+            let sort = SortExec::new(s.expr().clone(), reader).with_fetch(s.fetch());
+            return Ok(Arc::new(sort));
+        }
+        let own_partitions = partitions(&plan);
+        let collect_left = is_collect_left(&plan);
+        let aligned_cut = match self.policy {
+            CutPolicy::Exchanges => false,
+            CutPolicy::Joins => is_join(&plan),
+            CutPolicy::Everything => true,
+        } && !plan.is::<UnionExec>();
+        let mut children = Vec::new();
+        for (i, child) in plan.children().into_iter().enumerate() {
+            let mut child = self.visit(Arc::clone(child))?;
+            let is_build = collect_left && i == 0;
+            if is_build {
+                if let Some(r) = child.downcast_ref::<ExchangeReaderExec>() {
+                    // The gathered build side goes to every probe subtask.
+                    let stage = r.stage();
+                    self.stages[stage].exchange = Exchange::Broadcast;
+                } else if contains_reader(&child) && own_partitions > 1 {
+                    child = self.cut(child, Exchange::Broadcast, Vec::new(), 1);
+                }
+            } else if aligned_cut
+                && partitions(&child) == own_partitions
+                && !child.is::<ExchangeReaderExec>()
+            {
+                child = self.cut(child, Exchange::Forward, Vec::new(), own_partitions);
+            }
+            children.push(child);
+        }
+        replace_children_if_necessary(plan, children)
+    }
+}
+
+/// Records, for the readers of `consumer`, which stage they read and at
+/// which partition offset.
+fn connect(
+    plan: &Arc<dyn ExecutionPlan>,
+    offset: usize,
+    consumer: usize,
+    stages: &mut [Stage],
+) {
+    if let Some(r) = plan.downcast_ref::<ExchangeReaderExec>() {
+        let producer = &mut stages[r.stage()];
+        producer.consumer = Some(consumer);
+        if let Exchange::Hash { offset: o, .. } = &mut producer.exchange {
+            *o = offset;
+        }
+        stages[consumer].inputs.push(r.stage());
+        return;
+    }
+    let mut o = offset;
+    let union = plan.is::<UnionExec>();
+    for child in plan.children() {
+        connect(child, o, consumer, stages);
+        if union {
+            o += partitions(child);
+        }
+    }
+}
+
+/// Cuts `plan` into stages.
+pub fn split(plan: Arc<dyn ExecutionPlan>, policy: CutPolicy) -> DfResult<StagePlan> {
+    let mut s = Splitter {
+        stages: Vec::new(),
+        policy,
+    };
+    let root = s.visit(plan)?;
+    let parallelism = partitions(&root);
+    s.stages.push(Stage {
+        plan: root,
+        parallelism,
+        exchange: if parallelism == 1 {
+            Exchange::Forward
+        } else {
+            Exchange::Global
+        },
+        hash_exprs: Vec::new(),
+        consumer: None,
+        inputs: Vec::new(),
+    });
+    for id in 0..s.stages.len() {
+        let plan = Arc::clone(&s.stages[id].plan);
+        connect(&plan, 0, id, &mut s.stages);
+    }
+    Ok(StagePlan { stages: s.stages })
+}
+
+// ---------------------------------------------------------------- naming
+
+/// The table a scan reads: the folder (or file stem) of its first file.
+pub fn scan_table(plan: &Arc<dyn ExecutionPlan>) -> Option<String> {
+    let ds = plan.downcast_ref::<DataSourceExec>()?;
+    let config = ds.data_source().downcast_ref::<FileScanConfig>()?;
+    let file = config.file_groups.iter().flat_map(|g| g.iter()).next()?;
+    let path = std::path::Path::new(file.object_meta.location.as_ref());
+    let parent = path.parent()?.file_name()?.to_str()?.to_string();
+    Some(parent)
+}
+
+/// What a stage reads, in plan order: the producing stage of a reader, or
+/// a table scanned inside the fragment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StageInput {
+    Exchange(usize),
+    Scan(String),
+}
+
+/// Inputs of a fragment and their read order, as Flink's
+/// `InputOrderCalculator` derives it: a join's build side (left) is read
+/// before anything under its probe side; inputs not ordered by any join
+/// share a priority. Returns (inputs, priority of each; 0 = first).
+pub fn read_order(plan: &Arc<dyn ExecutionPlan>) -> (Vec<StageInput>, Vec<usize>) {
+    fn walk(
+        plan: &Arc<dyn ExecutionPlan>,
+        inputs: &mut Vec<StageInput>,
+        before: &mut Vec<(usize, usize)>,
+    ) -> Vec<usize> {
+        if let Some(r) = plan.downcast_ref::<ExchangeReaderExec>() {
+            inputs.push(StageInput::Exchange(r.stage()));
+            return vec![inputs.len() - 1];
+        }
+        if plan.children().is_empty() {
+            if let Some(t) = scan_table(plan) {
+                inputs.push(StageInput::Scan(t));
+                return vec![inputs.len() - 1];
+            }
+            return vec![];
+        }
+        let hash_like = plan.is::<HashJoinExec>()
+            || plan.is::<NestedLoopJoinExec>()
+            || plan.is::<CrossJoinExec>();
+        let groups: Vec<Vec<usize>> = plan
+            .children()
+            .into_iter()
+            .map(|c| walk(c, inputs, before))
+            .collect();
+        if hash_like && groups.len() == 2 {
+            for &a in &groups[0] {
+                for &b in &groups[1] {
+                    before.push((a, b));
+                }
+            }
+        }
+        groups.into_iter().flatten().collect()
+    }
+    let mut inputs = Vec::new();
+    let mut before = Vec::new();
+    walk(plan, &mut inputs, &mut before);
+    // Longest path from any input that nothing precedes.
+    let mut rank = vec![0usize; inputs.len()];
+    for _ in 0..inputs.len() {
+        let mut changed = false;
+        for &(a, b) in &before {
+            if rank[b] < rank[a] + 1 {
+                rank[b] = rank[a] + 1;
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    (inputs, rank)
+}
+
+/// Operator names of a fragment, bottom-up, without plumbing nodes.
+pub fn members(plan: &Arc<dyn ExecutionPlan>) -> Vec<String> {
+    fn walk(plan: &Arc<dyn ExecutionPlan>, out: &mut Vec<String>) {
+        for c in plan.children() {
+            walk(c, out);
+        }
+        let name = plan.name();
+        if matches!(
+            name,
+            "ExchangeReaderExec" | "CoalesceBatchesExec" | "CooperativeExec" | "DataSourceExec"
+        ) {
+            return;
+        }
+        let name = name.strip_suffix("Exec").unwrap_or(name);
+        let label = match plan.downcast_ref::<HashJoinExec>() {
+            Some(hj) => format!("HashJoin[{}, {:?}]", hj.join_type(), hj.partition_mode()),
+            None => name.to_string(),
+        };
+        out.push(label);
+    }
+    let mut out = Vec::new();
+    walk(plan, &mut out);
+    out
+}
+
+// ---------------------------------------------------------------- planning rule
+
+/// Keeps collect-left joins only where a broadcast build side is correct.
+///
+/// In one process all probe partitions of a collect-left join share one
+/// build side and one "matched" bitmap. Distributed, every probe subtask
+/// has its own copy, so a join that emits build rows depending on whether
+/// any probe row matched (left, left semi/anti/mark, full) would emit them
+/// once per subtask. Such hash joins are planned partitioned instead; a
+/// nested-loop join of that kind gathers its probe side into one task.
+/// Runs after DataFusion's join selection and before it enforces
+/// distributions, so the exchanges that follow are planned by DataFusion.
+#[derive(Debug, Default)]
+pub struct BroadcastSafety;
+
+pub fn broadcast_safe(join_type: &JoinType) -> bool {
+    matches!(
+        join_type,
+        JoinType::Inner | JoinType::Right | JoinType::RightSemi | JoinType::RightAnti | JoinType::RightMark
+    )
+}
+
+impl PhysicalOptimizerRule for BroadcastSafety {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        _config: &ConfigOptions,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        use datafusion::common::tree_node::{Transformed, TreeNode};
+        plan.transform_up(|node| {
+            if let Some(hj) = node.downcast_ref::<HashJoinExec>() {
+                if *hj.partition_mode() == PartitionMode::CollectLeft
+                    && !broadcast_safe(hj.join_type())
+                {
+                    let rebuilt = hj
+                        .builder()
+                        .with_partition_mode(PartitionMode::Partitioned)
+                        .build_exec()?;
+                    return Ok(Transformed::yes(rebuilt));
+                }
+            } else if let Some(nlj) = node.downcast_ref::<NestedLoopJoinExec>() {
+                if !broadcast_safe(nlj.join_type()) && partitions(nlj.right()) > 1 {
+                    let right: Arc<dyn ExecutionPlan> =
+                        Arc::new(CoalescePartitionsExec::new(Arc::clone(nlj.right())));
+                    let children = vec![Arc::clone(nlj.left()), right];
+                    return Ok(Transformed::yes(replace_children_if_necessary(
+                        Arc::clone(&node),
+                        children,
+                    )?));
+                }
+            }
+            Ok(Transformed::no(node))
+        })
+        .map(|t| t.data)
+    }
+
+    fn name(&self) -> &str {
+        "fluvia_broadcast_safety"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}

@@ -1,0 +1,320 @@
+//! TPC-DS: data generation with `tpcdsgen` (the generator of the reference
+//! answers), table checksums, and comparison of results with answers.
+
+use crate::output::{Cell, parse_csv};
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, RecordBatch,
+};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, Date32Type, Field, Int32Type, Int64Type, Schema, SchemaRef};
+use datafusion::arrow::error::ArrowError;
+use datafusion::parquet::arrow::ArrowWriter;
+use datafusion::parquet::basic::Compression;
+use datafusion::parquet::file::properties::WriterProperties;
+use fluvia_core::{FluviaError, Result};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tpcdsgen::config::{Session, SessionBuilder};
+use tpcdsgen_arrow as g;
+
+type BatchIter = Box<dyn Iterator<Item = std::result::Result<RecordBatch, ArrowError>> + Send>;
+
+/// The 24 tables (dbgen_version is not part of the benchmark).
+pub const TABLES: [&str; 24] = [
+    "call_center",
+    "catalog_page",
+    "catalog_returns",
+    "catalog_sales",
+    "customer",
+    "customer_address",
+    "customer_demographics",
+    "date_dim",
+    "household_demographics",
+    "income_band",
+    "inventory",
+    "item",
+    "promotion",
+    "reason",
+    "ship_mode",
+    "store",
+    "store_returns",
+    "store_sales",
+    "time_dim",
+    "warehouse",
+    "web_page",
+    "web_returns",
+    "web_sales",
+    "web_site",
+];
+
+fn generator(table: &str, s: Session) -> Option<(SchemaRef, BatchIter)> {
+    macro_rules! table_gen {
+        ($t:ty) => {
+            Some((<$t>::schema_ref(), Box::new(<$t>::new(s)) as BatchIter))
+        };
+    }
+    match table {
+        "call_center" => table_gen!(g::CallCenterArrow),
+        "catalog_page" => table_gen!(g::CatalogPageArrow),
+        "catalog_returns" => table_gen!(g::CatalogReturnsArrow),
+        "catalog_sales" => table_gen!(g::CatalogSalesArrow),
+        "customer" => table_gen!(g::CustomerArrow),
+        "customer_address" => table_gen!(g::CustomerAddressArrow),
+        "customer_demographics" => table_gen!(g::CustomerDemographicsArrow),
+        "date_dim" => table_gen!(g::DateDimArrow),
+        "household_demographics" => table_gen!(g::HouseholdDemographicsArrow),
+        "income_band" => table_gen!(g::IncomeBandArrow),
+        "inventory" => table_gen!(g::InventoryArrow),
+        "item" => table_gen!(g::ItemArrow),
+        "promotion" => table_gen!(g::PromotionArrow),
+        "reason" => table_gen!(g::ReasonArrow),
+        "ship_mode" => table_gen!(g::ShipModeArrow),
+        "store" => table_gen!(g::StoreArrow),
+        "store_returns" => table_gen!(g::StoreReturnsArrow),
+        "store_sales" => table_gen!(g::StoreSalesArrow),
+        "time_dim" => table_gen!(g::TimeDimArrow),
+        "warehouse" => table_gen!(g::WarehouseArrow),
+        "web_page" => table_gen!(g::WebPageArrow),
+        "web_returns" => table_gen!(g::WebReturnsArrow),
+        "web_sales" => table_gen!(g::WebSalesArrow),
+        "web_site" => table_gen!(g::WebSiteArrow),
+        _ => None,
+    }
+}
+
+/// Plain UTF-8 strings instead of views: compact files and exchanges.
+fn plain_schema(schema: &Schema) -> SchemaRef {
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| match f.data_type() {
+            DataType::Utf8View => f.as_ref().clone().with_data_type(DataType::Utf8),
+            _ => f.as_ref().clone(),
+        })
+        .collect();
+    Arc::new(Schema::new(fields))
+}
+
+fn plain_batch(batch: &RecordBatch, schema: &SchemaRef) -> std::result::Result<RecordBatch, ArrowError> {
+    let cols = batch
+        .columns()
+        .iter()
+        .zip(schema.fields())
+        .map(|(c, f)| if c.data_type() == f.data_type() { Ok(Arc::clone(c)) } else { cast(c, f.data_type()) })
+        .collect::<std::result::Result<Vec<ArrayRef>, _>>()?;
+    RecordBatch::try_new(Arc::clone(schema), cols)
+}
+
+/// Writes `DIR/<table>/<table>.1.<ext>` for the 24 tables.
+pub fn generate(scale: f64, out: &Path, csv: bool, threads: usize) -> Result<()> {
+    let session = SessionBuilder::new()
+        .with_scale_factor(scale)
+        .build()
+        .map_err(|e| FluviaError::Config(format!("TPC-DS scale factor {scale}: {e}")))?;
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let errors = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..threads.max(1) {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(table) = TABLES.get(i) else { break };
+                    if let Err(e) = generate_table(table, session.clone(), out, csv) {
+                        if let Ok(mut v) = errors.lock() {
+                            v.push(e);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    match errors.into_inner().ok().and_then(|mut v| v.pop()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+fn generate_table(table: &str, session: Session, out: &Path, csv: bool) -> Result<()> {
+    let (schema, batches) =
+        generator(table, session).ok_or_else(|| FluviaError::Config(format!("unknown table {table}")))?;
+    let schema = plain_schema(&schema);
+    let dir = out.join(table);
+    std::fs::create_dir_all(&dir).map_err(|e| FluviaError::io(format!("creating {}", dir.display()), e))?;
+    let ext = if csv { "csv" } else { "parquet" };
+    let path = dir.join(format!("{table}.1.{ext}"));
+    let file = std::fs::File::create(&path).map_err(|e| FluviaError::io(format!("creating {}", path.display()), e))?;
+    let fail = |e: String| FluviaError::Internal(format!("writing {}: {e}", path.display()));
+    if csv {
+        let mut w = datafusion::arrow::csv::WriterBuilder::new().with_header(true).build(file);
+        for b in batches {
+            let b = plain_batch(&b.map_err(|e| fail(e.to_string()))?, &schema).map_err(|e| fail(e.to_string()))?;
+            w.write(&b).map_err(|e| fail(e.to_string()))?;
+        }
+    } else {
+        let props = WriterProperties::builder().set_compression(Compression::SNAPPY).build();
+        let mut w = ArrowWriter::try_new(file, Arc::clone(&schema), Some(props)).map_err(|e| fail(e.to_string()))?;
+        for b in batches {
+            let b = plain_batch(&b.map_err(|e| fail(e.to_string()))?, &schema).map_err(|e| fail(e.to_string()))?;
+            w.write(&b).map_err(|e| fail(e.to_string()))?;
+        }
+        w.close().map_err(|e| fail(e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// A table's checksum line, as in `tables.csv`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TableChecksum {
+    pub rows: i128,
+    pub int_sum: i128,
+    pub date_sum: i128,
+    pub decimal_unscaled_sum: i128,
+    pub string_bytes: i128,
+    pub null_cells: i128,
+    pub columns: i128,
+}
+
+impl TableChecksum {
+    pub fn add(&mut self, batch: &RecordBatch) {
+        self.rows += batch.num_rows() as i128;
+        self.columns = batch.num_columns() as i128;
+        for c in batch.columns() {
+            self.null_cells += c.null_count() as i128;
+            match c.data_type() {
+                DataType::Int32 => self.int_sum += c.as_primitive::<Int32Type>().iter().flatten().map(i128::from).sum::<i128>(),
+                DataType::Int64 => self.int_sum += c.as_primitive::<Int64Type>().iter().flatten().map(i128::from).sum::<i128>(),
+                DataType::Date32 => self.date_sum += c.as_primitive::<Date32Type>().iter().flatten().map(i128::from).sum::<i128>(),
+                DataType::Decimal128(_, _) => {
+                    self.decimal_unscaled_sum += c
+                        .as_primitive::<datafusion::arrow::datatypes::Decimal128Type>()
+                        .iter()
+                        .flatten()
+                        .sum::<i128>()
+                }
+                DataType::Utf8 => self.string_bytes += c.as_string::<i32>().iter().flatten().map(|s| s.len() as i128).sum::<i128>(),
+                DataType::Utf8View => self.string_bytes += c.as_string_view().iter().flatten().map(|s| s.len() as i128).sum::<i128>(),
+                _ => {}
+            }
+        }
+    }
+
+    pub fn line(&self, table: &str) -> String {
+        format!(
+            "{table},{},{},{},{},{},{},{}",
+            self.rows, self.int_sum, self.date_sum, self.decimal_unscaled_sum, self.string_bytes, self.null_cells, self.columns
+        )
+    }
+}
+
+/// Checksums of the Parquet tables under `dir`.
+pub fn checksum_parquet(dir: &Path, table: &str) -> Result<TableChecksum> {
+    let mut sum = TableChecksum::default();
+    let tdir = dir.join(table);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&tdir)
+        .map_err(|e| FluviaError::io(format!("reading {}", tdir.display()), e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "parquet"))
+        .collect();
+    files.sort();
+    for f in files {
+        let file = std::fs::File::open(&f).map_err(|e| FluviaError::io(format!("opening {}", f.display()), e))?;
+        let reader = datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+            .and_then(|b| b.build())
+            .map_err(|e| FluviaError::Internal(format!("reading {}: {e}", f.display())))?;
+        for b in reader {
+            sum.add(&b.map_err(|e| FluviaError::Internal(format!("reading {}: {e}", f.display())))?);
+        }
+    }
+    Ok(sum)
+}
+
+// ---------------------------------------------------------------- answers
+
+/// The statements of a query file: split on `;`, empty pieces dropped.
+pub fn statements(sql: &str) -> Vec<String> {
+    sql.split(';').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect()
+}
+
+/// The answer file of statement `k` (1-based) of query `q`, preferring
+/// the PostgreSQL-semantics answer where there is one (integer division,
+/// NULLs first under DESC, as DataFusion).
+pub fn answer_path(answers: &Path, q: usize, k: usize) -> PathBuf {
+    let stem = if k == 1 { format!("q{q}") } else { format!("q{q}_{k}") };
+    let pg = answers.join(format!("{stem}.pg.csv"));
+    if pg.exists() { pg } else { answers.join(format!("{stem}.csv")) }
+}
+
+fn close(a: f64, b: f64) -> bool {
+    if a.is_nan() && b.is_nan() {
+        return true;
+    }
+    if a == b {
+        return true;
+    }
+    (a - b).abs() <= 1e-6 * 1f64.max(a.abs()).max(b.abs())
+}
+
+fn cell_eq(a: &Cell, b: &Cell, numeric: bool) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(x), Some(y)) if numeric => match (parse_num(x), parse_num(y)) {
+            (Some(p), Some(q)) => close(p, q),
+            _ => x == y,
+        },
+        (Some(x), Some(y)) => x == y,
+        _ => false,
+    }
+}
+
+fn parse_num(s: &str) -> Option<f64> {
+    match s {
+        "inf" | "Infinity" => Some(f64::INFINITY),
+        "-inf" | "-Infinity" => Some(f64::NEG_INFINITY),
+        _ => s.parse().ok(),
+    }
+}
+
+fn row_eq(a: &[Cell], b: &[Cell], numeric: &[bool]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).zip(numeric).all(|((x, y), &n)| cell_eq(x, y, n))
+}
+
+/// Compares `actual` with the answer CSV text as multisets of rows (see
+/// the answers' README). `numeric[i]`: column i holds numbers.
+pub fn compare(actual: &[Vec<Cell>], answer_csv: &str, numeric: &[bool]) -> std::result::Result<(), String> {
+    let mut expected = parse_csv(answer_csv)?;
+    if expected.is_empty() {
+        return Err("the answer file has no header".into());
+    }
+    expected.remove(0);
+    if expected.len() != actual.len() {
+        return Err(format!("{} rows, expected {}", actual.len(), expected.len()));
+    }
+    let key = |r: &Vec<Cell>| -> Vec<String> {
+        r.iter()
+            .zip(numeric)
+            .map(|(c, &n)| match c {
+                None => "\u{0}NULL".to_string(),
+                Some(v) if n => parse_num(v).map_or(v.clone(), |f| format!("{:+024.6e}", f)),
+                Some(v) => v.clone(),
+            })
+            .collect()
+    };
+    let mut a: Vec<&Vec<Cell>> = actual.iter().collect();
+    let mut e: Vec<&Vec<Cell>> = expected.iter().collect();
+    a.sort_by_key(|r| key(r));
+    e.sort_by_key(|r| key(r));
+    if a.iter().zip(&e).all(|(x, y)| row_eq(x, y, numeric)) {
+        return Ok(());
+    }
+    // Rounding can order near-equal numbers differently: match greedily.
+    let mut used = vec![false; a.len()];
+    for row in &e {
+        match (0..a.len()).find(|&i| !used[i] && row_eq(a[i], row, numeric)) {
+            Some(i) => used[i] = true,
+            None => {
+                return Err(format!("expected row {:?} is missing", row));
+            }
+        }
+    }
+    Ok(())
+}
