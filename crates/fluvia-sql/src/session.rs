@@ -46,6 +46,9 @@ pub fn datafusion_options(parallelism: usize, config: &Configuration) -> Result<
     let mut opts: Vec<(String, String)> = vec![
         ("datafusion.execution.target_partitions", parallelism.to_string()),
         ("datafusion.optimizer.enable_round_robin_repartition", "false".into()),
+        // Partitions of one scan steal each other's files in one process;
+        // here each partition is its own task and must read only its own.
+        ("datafusion.execution.enable_file_stream_work_stealing", "false".into()),
         ("datafusion.optimizer.enable_dynamic_filter_pushdown", "false".into()),
         ("datafusion.optimizer.enable_join_dynamic_filter_pushdown", "false".into()),
         ("datafusion.optimizer.enable_topk_dynamic_filter_pushdown", "false".into()),
