@@ -2,7 +2,10 @@
 //! extension codec for Fluvia's exchange reader, so any TaskManager can
 //! rebuild a fragment without the SQL, the catalog or the planner.
 
-use crate::exchange::ExchangeReaderExec;
+use crate::exchange::{ExchangeReaderExec, ReaderFacts};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion_proto::physical_plan::from_proto::parse_physical_expr;
+use datafusion_proto::physical_plan::to_proto::serialize_physical_expr;
 use datafusion::arrow::datatypes::Schema;
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::TaskContext;
@@ -20,25 +23,42 @@ impl PhysicalExtensionCodec for FluviaCodec {
         &self,
         buf: &[u8],
         _inputs: &[Arc<dyn ExecutionPlan>],
-        _ctx: &TaskContext,
+        ctx: &TaskContext,
         _c: &dyn PhysicalProtoConverterExtension,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let bad = || DataFusionError::Internal("malformed exchange reader".into());
-        if buf.len() < 8 {
-            return Err(bad());
-        }
-        let stage = u32::from_le_bytes(buf[0..4].try_into().map_err(|_| bad())?) as usize;
-        let partitions = u32::from_le_bytes(buf[4..8].try_into().map_err(|_| bad())?) as usize;
-        let proto = protobuf::Schema::decode(&buf[8..])
+        let mut r = Reader { buf, pos: 0 };
+        let stage = r.u32()? as usize;
+        let partitions = r.u32()? as usize;
+        let proto = protobuf::Schema::decode(r.chunk()?)
             .map_err(|e| DataFusionError::Internal(format!("exchange reader schema: {e}")))?;
         let schema: Schema = (&proto)
             .try_into()
             .map_err(|e| DataFusionError::Internal(format!("exchange reader schema: {e}")))?;
+        let expr = |r: &mut Reader| -> DfResult<Arc<dyn PhysicalExpr>> {
+            let node = protobuf::PhysicalExprNode::decode(r.chunk()?)
+                .map_err(|e| DataFusionError::Internal(format!("exchange reader: {e}")))?;
+            parse_physical_expr(&node, ctx, &schema, self)
+        };
+        let hash = match r.u32()? {
+            0 => None,
+            n => Some((0..n - 1).map(|_| expr(&mut r)).collect::<DfResult<Vec<_>>>()?),
+        };
+        let constants = (0..r.u32()?).map(|_| expr(&mut r)).collect::<DfResult<Vec<_>>>()?;
+        let mut classes = Vec::new();
+        for _ in 0..r.u32()? {
+            classes.push((0..r.u32()?).map(|_| expr(&mut r)).collect::<DfResult<Vec<_>>>()?);
+        }
+        let facts = ReaderFacts {
+            hash,
+            constants,
+            classes,
+        };
         Ok(Arc::new(ExchangeReaderExec::new(
             stage,
             Arc::new(schema),
             partitions,
-        )))
+            facts,
+        )?))
     }
 
     fn try_encode(
@@ -53,14 +73,75 @@ impl PhysicalExtensionCodec for FluviaCodec {
                 node.name()
             )));
         };
-        buf.extend_from_slice(&(r.stage() as u32).to_le_bytes());
-        buf.extend_from_slice(&(r.partitions() as u32).to_le_bytes());
+        put_u32(buf, r.stage() as u32);
+        put_u32(buf, r.partitions() as u32);
         let proto: protobuf::Schema = r
             .schema()
             .as_ref()
             .try_into()
             .map_err(|e| DataFusionError::Internal(format!("exchange reader schema: {e}")))?;
-        buf.extend_from_slice(&proto.encode_to_vec());
+        put_chunk(buf, &proto.encode_to_vec());
+        let expr = |buf: &mut Vec<u8>, e: &Arc<dyn PhysicalExpr>| -> DfResult<()> {
+            let node = serialize_physical_expr(e, self)?;
+            put_chunk(buf, &node.encode_to_vec());
+            Ok(())
+        };
+        let facts = r.facts();
+        match &facts.hash {
+            None => put_u32(buf, 0),
+            Some(exprs) => {
+                put_u32(buf, exprs.len() as u32 + 1);
+                for e in exprs {
+                    expr(buf, e)?;
+                }
+            }
+        }
+        put_u32(buf, facts.constants.len() as u32);
+        for e in &facts.constants {
+            expr(buf, e)?;
+        }
+        put_u32(buf, facts.classes.len() as u32);
+        for class in &facts.classes {
+            put_u32(buf, class.len() as u32);
+            for e in class {
+                expr(buf, e)?;
+            }
+        }
         Ok(())
+    }
+}
+
+fn put_u32(buf: &mut Vec<u8>, v: u32) {
+    buf.extend_from_slice(&v.to_le_bytes());
+}
+
+fn put_chunk(buf: &mut Vec<u8>, bytes: &[u8]) {
+    put_u32(buf, bytes.len() as u32);
+    buf.extend_from_slice(bytes);
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> DfResult<&'a [u8]> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len()).ok_or_else(|| {
+            DataFusionError::Internal("truncated exchange reader".into())
+        })?;
+        let s = &self.buf[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+
+    fn u32(&mut self) -> DfResult<u32> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    fn chunk(&mut self) -> DfResult<&'a [u8]> {
+        let n = self.u32()? as usize;
+        self.take(n)
     }
 }

@@ -14,10 +14,14 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_expr::{
+    AcrossPartitions, ConstExpr, EquivalenceProperties, Partitioning, PhysicalExpr,
+};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
+};
 use fluvia_core::{FluviaError, PartitionerKind, Result};
 use fluvia_network::gate::GateEvent;
 use fluvia_network::metrics::IoCounters;
@@ -45,6 +49,37 @@ pub struct SqlBatch {
     pub target: Option<usize>,
 }
 
+/// What a reader knows about its rows beyond the schema: facts that hold
+/// for every row survive any exchange (equalities between columns, values
+/// constant in all partitions), and a HASH edge's rows are hash-partitioned
+/// on the producer's keys. Orderings do not survive a merge of channels.
+#[derive(Debug, Clone, Default)]
+pub struct ReaderFacts {
+    pub hash: Option<Vec<Arc<dyn PhysicalExpr>>>,
+    pub constants: Vec<Arc<dyn PhysicalExpr>>,
+    pub classes: Vec<Vec<Arc<dyn PhysicalExpr>>>,
+}
+
+impl ReaderFacts {
+    /// The facts of a producer's output.
+    pub fn of(producer: &Arc<dyn ExecutionPlan>, hash: Option<Vec<Arc<dyn PhysicalExpr>>>) -> Self {
+        let mut eq = producer.equivalence_properties().clone();
+        eq.clear_per_partition_constants();
+        let constants = eq.constants().into_iter().map(|c| c.expr).collect();
+        let classes = eq
+            .eq_group()
+            .iter()
+            .filter(|c| c.len() > 1)
+            .map(|c| c.iter().cloned().collect())
+            .collect();
+        ReaderFacts {
+            hash,
+            constants,
+            classes,
+        }
+    }
+}
+
 /// The leaf that stands for a cut-off producer fragment.
 #[derive(Debug)]
 pub struct ExchangeReaderExec {
@@ -52,23 +87,41 @@ pub struct ExchangeReaderExec {
     stage: usize,
     schema: SchemaRef,
     partitions: usize,
+    facts: ReaderFacts,
     props: Arc<PlanProperties>,
 }
 
 impl ExchangeReaderExec {
-    pub fn new(stage: usize, schema: SchemaRef, partitions: usize) -> Self {
+    pub fn new(stage: usize, schema: SchemaRef, partitions: usize, facts: ReaderFacts) -> DfResult<Self> {
+        let mut eq = EquivalenceProperties::new(Arc::clone(&schema));
+        eq.add_constants(
+            facts
+                .constants
+                .iter()
+                .map(|e| ConstExpr::new(Arc::clone(e), AcrossPartitions::Uniform(None))),
+        )?;
+        for class in &facts.classes {
+            for pair in class.windows(2) {
+                eq.add_equal_conditions(Arc::clone(&pair[0]), Arc::clone(&pair[1]))?;
+            }
+        }
+        let partitioning = match &facts.hash {
+            Some(exprs) => Partitioning::Hash(exprs.clone(), partitions),
+            None => Partitioning::UnknownPartitioning(partitions),
+        };
         let props = PlanProperties::new(
-            EquivalenceProperties::new(Arc::clone(&schema)),
-            Partitioning::UnknownPartitioning(partitions),
+            eq,
+            partitioning,
             EmissionType::Incremental,
             Boundedness::Bounded,
         );
-        ExchangeReaderExec {
+        Ok(ExchangeReaderExec {
             stage,
             schema,
             partitions,
+            facts,
             props: Arc::new(props),
-        }
+        })
     }
 
     pub fn stage(&self) -> usize {
@@ -77,6 +130,10 @@ impl ExchangeReaderExec {
 
     pub fn partitions(&self) -> usize {
         self.partitions
+    }
+
+    pub fn facts(&self) -> &ReaderFacts {
+        &self.facts
     }
 }
 

@@ -53,6 +53,12 @@ pub fn datafusion_options(parallelism: usize, config: &Configuration) -> Result<
         ("datafusion.optimizer.enable_join_dynamic_filter_pushdown", "false".into()),
         ("datafusion.optimizer.enable_topk_dynamic_filter_pushdown", "false".into()),
         ("datafusion.optimizer.enable_aggregate_dynamic_filter_pushdown", "false".into()),
+        // A scalar subquery evaluated into an in-process container cannot
+        // cross tasks; rewritten as a join it can.
+        (
+            "datafusion.optimizer.enable_physical_uncorrelated_scalar_subquery",
+            "false".into(),
+        ),
         ("datafusion.execution.parquet.schema_force_view_types", "false".into()),
         ("datafusion.sql_parser.map_string_types_to_utf8view", "false".into()),
         ("datafusion.optimizer.hash_join_single_partition_threshold", threshold.to_string()),

@@ -15,7 +15,7 @@
 //! partitions of the branches follow each other, so a hash edge into a
 //! branch starts at that branch's offset.
 
-use crate::exchange::ExchangeReaderExec;
+use crate::exchange::{ExchangeReaderExec, ReaderFacts};
 use datafusion::common::{JoinType, not_impl_err};
 use datafusion::config::ConfigOptions;
 use datafusion::datasource::physical_plan::FileScanConfig;
@@ -142,9 +142,15 @@ impl Splitter {
         exchange: Exchange,
         hash_exprs: Vec<Arc<dyn PhysicalExpr>>,
         consumer_partitions: usize,
-    ) -> Arc<dyn ExecutionPlan> {
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
         let id = self.stages.len();
         let schema = plan.schema();
+        let hash = if hash_exprs.is_empty() {
+            None
+        } else {
+            Some(hash_exprs.clone())
+        };
+        let facts = ReaderFacts::of(&plan, hash);
         self.stages.push(Stage {
             parallelism: partitions(&plan),
             plan,
@@ -153,7 +159,12 @@ impl Splitter {
             consumer: None,
             inputs: Vec::new(),
         });
-        Arc::new(ExchangeReaderExec::new(id, schema, consumer_partitions))
+        Ok(Arc::new(ExchangeReaderExec::new(
+            id,
+            schema,
+            consumer_partitions,
+            facts,
+        )?))
     }
 
     fn visit(&mut self, plan: Arc<dyn ExecutionPlan>) -> DfResult<Arc<dyn ExecutionPlan>> {
@@ -168,7 +179,7 @@ impl Splitter {
                     },
                     exprs.clone(),
                     *n,
-                )),
+                )?),
                 Partitioning::RoundRobinBatch(n) if partitions(&input) == *n => Ok(input),
                 other => not_impl_err!(
                     "the exchange {other} (preserve order: {}) has no distributed form",
@@ -181,7 +192,7 @@ impl Splitter {
             let out = if partitions(&input) == 1 {
                 input
             } else {
-                self.cut(input, Exchange::Global, Vec::new(), 1)
+                self.cut(input, Exchange::Global, Vec::new(), 1)?
             };
             return Ok(with_fetch(out, c.fetch()));
         }
@@ -190,7 +201,7 @@ impl Splitter {
             if partitions(&input) == 1 {
                 return Ok(with_fetch(input, s.fetch()));
             }
-            let reader = self.cut(input, Exchange::Global, Vec::new(), 1);
+            let reader = self.cut(input, Exchange::Global, Vec::new(), 1)?;
             let sort = SortExec::new(s.expr().clone(), reader).with_fetch(s.fetch());
             return Ok(Arc::new(sort));
         }
@@ -211,13 +222,13 @@ impl Splitter {
                     let stage = r.stage();
                     self.stages[stage].exchange = Exchange::Broadcast;
                 } else if contains_reader(&child) && own_partitions > 1 {
-                    child = self.cut(child, Exchange::Broadcast, Vec::new(), 1);
+                    child = self.cut(child, Exchange::Broadcast, Vec::new(), 1)?;
                 }
             } else if aligned_cut
                 && partitions(&child) == own_partitions
                 && !child.is::<ExchangeReaderExec>()
             {
-                child = self.cut(child, Exchange::Forward, Vec::new(), own_partitions);
+                child = self.cut(child, Exchange::Forward, Vec::new(), own_partitions)?;
             }
             children.push(child);
         }
