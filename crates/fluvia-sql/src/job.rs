@@ -298,7 +298,7 @@ impl SqlJob {
         match exchange {
             Exchange::Hash { .. } => PartitionerKind::Hash,
             Exchange::Broadcast => PartitionerKind::Broadcast,
-            Exchange::Global => PartitionerKind::Global,
+            Exchange::Global { .. } => PartitionerKind::Global,
             Exchange::Forward => PartitionerKind::Forward,
         }
     }
@@ -444,6 +444,7 @@ impl TaskDriver for StageDriver {
                     .map_err(df_err)?;
                 (Arc::clone(r.input()), Some(p), offset)
             }
+            Exchange::Global { offset } => (plan, None, offset),
             _ => (plan, None, 0),
         };
         let rt = current_thread_runtime()?;
@@ -455,7 +456,10 @@ impl TaskDriver for StageDriver {
                 return Err(FluviaError::Cancelled);
             }
             match partitioner.as_mut() {
-                None => self.out.collect(SqlBatch { batch, target: None })?,
+                None => self.out.collect(SqlBatch {
+                    batch,
+                    target: Some(offset),
+                })?,
                 Some(p) => {
                     let out = &mut self.out;
                     let mut failed = None;

@@ -45,8 +45,9 @@ pub enum Exchange {
     Hash { partitions: usize, offset: usize },
     /// Every consumer subtask gets everything (serialised once).
     Broadcast,
-    /// Everything to the single consumer subtask.
-    Global,
+    /// Everything to one consumer subtask: `offset` (0 unless the reader
+    /// sits under a union branch).
+    Global { offset: usize },
     /// Subtask `i` to subtask `i`.
     Forward,
 }
@@ -56,7 +57,7 @@ impl Exchange {
         match self {
             Exchange::Hash { .. } => "HASH",
             Exchange::Broadcast => "BROADCAST",
-            Exchange::Global => "GLOBAL",
+            Exchange::Global { .. } => "GLOBAL",
             Exchange::Forward => "FORWARD",
         }
     }
@@ -192,7 +193,7 @@ impl Splitter {
             let out = if partitions(&input) == 1 {
                 input
             } else {
-                self.cut(input, Exchange::Global, Vec::new(), 1)?
+                self.cut(input, Exchange::Global { offset: 0 }, Vec::new(), 1)?
             };
             return Ok(with_fetch(out, c.fetch()));
         }
@@ -201,7 +202,7 @@ impl Splitter {
             if partitions(&input) == 1 {
                 return Ok(with_fetch(input, s.fetch()));
             }
-            let reader = self.cut(input, Exchange::Global, Vec::new(), 1)?;
+            let reader = self.cut(input, Exchange::Global { offset: 0 }, Vec::new(), 1)?;
             let sort = SortExec::new(s.expr().clone(), reader).with_fetch(s.fetch());
             return Ok(Arc::new(sort));
         }
@@ -247,7 +248,9 @@ fn connect(
     if let Some(r) = plan.downcast_ref::<ExchangeReaderExec>() {
         let producer = &mut stages[r.stage()];
         producer.consumer = Some(consumer);
-        if let Exchange::Hash { offset: o, .. } = &mut producer.exchange {
+        if let Exchange::Hash { offset: o, .. } | Exchange::Global { offset: o } =
+            &mut producer.exchange
+        {
             *o = offset;
         }
         stages[consumer].inputs.push(r.stage());
@@ -277,7 +280,7 @@ pub fn split(plan: Arc<dyn ExecutionPlan>, policy: CutPolicy) -> DfResult<StageP
         exchange: if parallelism == 1 {
             Exchange::Forward
         } else {
-            Exchange::Global
+            Exchange::Global { offset: 0 }
         },
         hash_exprs: Vec::new(),
         consumer: None,
