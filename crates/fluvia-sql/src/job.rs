@@ -233,20 +233,20 @@ fn stage_name(plan: &StagePlan, id: usize) -> String {
             StageInput::Exchange(_) => None,
         })
         .collect();
-    let body = if inputs.len() >= 2 {
+    let fused = split::multi_input_operators(&stage.plan);
+    let body = if inputs.len() >= 2 && fused >= 2 {
         let order = order.iter().map(|o| o.to_string()).collect::<Vec<_>>().join(",");
         format!("MultipleInput(readOrder=[{order}], members=[{}])", members.join(", "))
-    } else if members.is_empty() {
-        "Forward".to_string()
     } else {
         members.join(" -> ")
     };
-    if sources.is_empty() {
-        body
-    } else if stage.inputs.is_empty() && inputs.len() == 1 {
-        format!("{} -> {body}", sources[0])
-    } else {
-        format!("{body} [{}]", sources.join(", "))
+    match (sources.is_empty(), body.is_empty()) {
+        (true, _) => body,
+        (false, true) => sources.join(", "),
+        (false, false) if stage.inputs.is_empty() && inputs.len() == 1 => {
+            format!("{} -> {body}", sources[0])
+        }
+        (false, false) => format!("{body} [{}]", sources.join(", ")),
     }
 }
 
@@ -337,11 +337,18 @@ impl SqlJob {
                 }
                 None => (sink, 0),
             };
+            // Fragments are never chained to each other (each pulls its
+            // own inputs); only the sink chains onto the last fragment.
+            let mode = if s.consumer.is_some() {
+                ExchangeMode::Batch
+            } else {
+                ExchangeMode::Undefined
+            };
             b.add_edge(
                 nodes[id],
                 target,
                 Some(Self::partitioner(s.exchange)),
-                ExchangeMode::Undefined,
+                mode,
                 type_number,
             );
         }

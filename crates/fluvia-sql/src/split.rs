@@ -119,11 +119,6 @@ fn is_join(plan: &Arc<dyn ExecutionPlan>) -> bool {
         || plan.is::<SortMergeJoinExec>()
 }
 
-/// Whether a subtree reads from the network.
-pub fn contains_reader(plan: &Arc<dyn ExecutionPlan>) -> bool {
-    plan.is::<ExchangeReaderExec>() || plan.children().into_iter().any(contains_reader)
-}
-
 fn with_fetch(plan: Arc<dyn ExecutionPlan>, fetch: Option<usize>) -> Arc<dyn ExecutionPlan> {
     match fetch {
         Some(f) => Arc::new(GlobalLimitExec::new(plan, 0, Some(f))),
@@ -222,7 +217,10 @@ impl Splitter {
                     // The gathered build side goes to every probe subtask.
                     let stage = r.stage();
                     self.stages[stage].exchange = Exchange::Broadcast;
-                } else if contains_reader(&child) && own_partitions > 1 {
+                } else if own_partitions > 1 {
+                    // A build side of one partition (a small scan) runs
+                    // once and is broadcast, as Flink plans it, rather
+                    // than being re-read by every probe subtask.
                     child = self.cut(child, Exchange::Broadcast, Vec::new(), 1)?;
                 }
             } else if aligned_cut
@@ -369,6 +367,17 @@ pub fn read_order(plan: &Arc<dyn ExecutionPlan>) -> (Vec<StageInput>, Vec<usize>
         }
     }
     (inputs, rank)
+}
+
+/// Operators with several inputs (joins, unions) in a fragment: with two
+/// or more the fragment is a multiple-input operator.
+pub fn multi_input_operators(plan: &Arc<dyn ExecutionPlan>) -> usize {
+    let own = usize::from(plan.children().len() >= 2);
+    own + plan
+        .children()
+        .into_iter()
+        .map(multi_input_operators)
+        .sum::<usize>()
 }
 
 /// Operator names of a fragment, bottom-up, without plumbing nodes.

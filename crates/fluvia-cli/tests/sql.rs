@@ -1,0 +1,225 @@
+//! `fluvia sql` and `fluvia tpcds` through the binary: TPC-DS answers at
+//! SF 0.1 on the embedded mini-cluster, the same answers with every
+//! optimisation switched off and at other parallelisms, q96's JobGraph and
+//! shuffle bytes, and errors in queries and data.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+fn fluvia() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_fluvia"))
+}
+
+fn shared() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/tpcds")
+}
+
+/// SF 0.1 tables, generated once per build directory and checked against
+/// the reference checksums.
+fn tpcds_data() -> &'static Path {
+    static DATA: OnceLock<PathBuf> = OnceLock::new();
+    DATA.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("tpcds-sf0.1");
+        let done = dir.join(".complete");
+        if !done.exists() {
+            let o = fluvia()
+                .args(["tpcds", "gen", "--scale", "0.1", "--out"])
+                .arg(&dir)
+                .arg("--check")
+                .arg(shared().join("answers/sf0.1/tables.csv"))
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            std::fs::write(&done, "").unwrap();
+        }
+        dir
+    })
+}
+
+fn tpcds_run(extra: &[&str]) -> (bool, String) {
+    let o = fluvia()
+        .args(["tpcds", "run", "--data"])
+        .arg(tpcds_data())
+        .arg("--queries")
+        .arg(shared().join("queries"))
+        .arg("--check")
+        .arg(shared().join("answers/sf0.1"))
+        .args(extra)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    println!("{out}");
+    eprintln!("{}", String::from_utf8_lossy(&o.stderr));
+    (o.status.success(), out)
+}
+
+#[test]
+fn all_99_tpcds_queries_match_the_answers_at_parallelism_2() {
+    let (ok, out) = tpcds_run(&["-p", "2"]);
+    let summary = out.lines().last().unwrap_or_default();
+    assert!(ok, "failed: {}", out.lines().filter(|l| l.contains("FAIL")).collect::<Vec<_>>().join("\n"));
+    assert!(summary.starts_with("# 103 passed, 0 failed"), "{summary}");
+}
+
+/// Queries covering every exchange kind, union offsets, windows, outer and
+/// semi joins, rewritten scalar subqueries and a nested-loop join.
+const MIX: [&str; 12] = ["3", "5", "14", "23", "28", "40", "49", "54", "64", "72", "78", "95"];
+
+fn mix_args(extra: &[&'static str]) -> Vec<&'static str> {
+    let mut v: Vec<&str> = Vec::new();
+    for q in MIX {
+        v.push("--query");
+        v.push(q);
+    }
+    v.extend_from_slice(extra);
+    v
+}
+
+#[test]
+fn answers_do_not_depend_on_parallelism_chaining_or_multiple_input() {
+    for extra in [
+        &["-p", "1"][..],
+        &["-p", "4"][..],
+        &["-p", "3", "-D", "table.optimizer.multiple-input-enabled=false"][..],
+        &["-p", "2", "-D", "pipeline.operator-chaining.enabled=false"][..],
+        &["-p", "2", "-D", "table.optimizer.join.broadcast-threshold=0"][..],
+    ] {
+        let (ok, out) = tpcds_run(&mix_args(extra));
+        assert!(ok, "{extra:?}:\n{out}");
+    }
+}
+
+fn sql(args: &[&str]) -> Output {
+    fluvia().arg("sql").args(args).output().unwrap()
+}
+
+fn q96_args(extra: &[&str]) -> Vec<String> {
+    let mut v = vec![
+        "--tables".to_string(),
+        tpcds_data().to_string_lossy().to_string(),
+        "-f".to_string(),
+        shared().join("queries/q96.sql").to_string_lossy().to_string(),
+        "-p".to_string(),
+        "2".to_string(),
+    ];
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+#[test]
+fn q96_runs_as_one_multiple_input_task_with_the_fact_scan_chained_in() {
+    let args = q96_args(&["--explain"]);
+    let o = sql(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let plan = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    println!("{plan}");
+    let multi: Vec<&str> = plan.lines().filter(|l| l.contains("MultipleInput(")).collect();
+    assert_eq!(multi.len(), 1, "{plan}");
+    let m = multi[0];
+    assert_eq!(m.matches("HashJoin").count(), 3, "{m}");
+    assert!(m.contains("Source: store_sales"), "{m}");
+    assert!(m.contains("readOrder=[0,1,2,3]"), "{m}");
+    // Three dimension scans, each broadcast into the multiple-input task.
+    assert_eq!(plan.matches("BROADCAST").count(), 3, "{plan}");
+    for dim in ["household_demographics", "time_dim", "store"] {
+        assert!(plan.contains(&format!("Source: {dim}")), "{dim} in {plan}");
+    }
+    assert!(!plan.contains("Source: store_sales ->"), "the fact table is not its own task");
+}
+
+fn network_bytes(stderr: &str) -> u64 {
+    stderr
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("network total: "))
+        .and_then(|s| s.trim_end_matches(" bytes").parse().ok())
+        .unwrap_or_else(|| panic!("no stats in {stderr}"))
+}
+
+#[test]
+fn multiple_input_and_chaining_save_network_bytes_with_equal_results() {
+    let mut results = Vec::new();
+    let mut bytes = Vec::new();
+    for extra in [
+        &[][..],
+        &["-D", "table.optimizer.multiple-input-enabled=false"][..],
+        &["-D", "pipeline.operator-chaining.enabled=false"][..],
+    ] {
+        let mut a = q96_args(&["--stats"]);
+        a.extend(extra.iter().map(|s| s.to_string()));
+        let o = sql(&a.iter().map(String::as_str).collect::<Vec<_>>());
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(o.status.success(), "{err}");
+        println!("{extra:?}\n{err}");
+        results.push(String::from_utf8_lossy(&o.stdout).to_string());
+        bytes.push(network_bytes(&err));
+    }
+    assert_eq!(results[0], results[1]);
+    assert_eq!(results[0], results[2]);
+    assert!(
+        bytes[0] * 10 < bytes[1],
+        "multiple input on {} bytes vs off {}",
+        bytes[0],
+        bytes[1]
+    );
+    assert!(bytes[1] <= bytes[2], "chaining off moves the most: {bytes:?}");
+}
+
+#[test]
+fn parallelism_1_needs_no_shuffle_of_the_fact_table() {
+    let o = sql(&q96_args(&["--stats", "-p", "1"]).iter().map(String::as_str).collect::<Vec<_>>());
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(o.status.success(), "{err}");
+    // Only the three dimension tables' filtered rows and the partial count move.
+    assert!(network_bytes(&err) < 100_000, "{err}");
+}
+
+#[test]
+fn query_errors_exit_with_2_and_name_the_problem() {
+    let data = tpcds_data().to_string_lossy().to_string();
+    for (q, expect) in [
+        ("selec 1", "selec"),
+        ("select nope from store", "nope"),
+        ("select * from no_such_table", "no_such_table"),
+        ("select count(*) from store where s_store_sk = ", "Expected"),
+    ] {
+        let o = sql(&["--tables", &data, "-e", q]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{q}: {err}");
+        assert!(err.contains(expect), "{q}: {err}");
+    }
+}
+
+#[test]
+fn a_malformed_csv_row_names_the_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("t")).unwrap();
+    std::fs::write(dir.path().join("t/part.csv"), "a,b\n1,2\n3,4\n5,6,7\n").unwrap();
+    let d = dir.path().to_string_lossy().to_string();
+    let o = sql(&["--tables", &d, "--format", "csv", "-e", "select sum(a) from t"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(err.contains("part.csv") && err.contains("line 4"), "{err}");
+}
+
+#[test]
+fn csv_tables_give_the_same_result_as_parquet() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("t")).unwrap();
+    let mut text = String::from("k,v,name\n");
+    for i in 0..1000 {
+        text.push_str(&format!("{},{},\"n, {}\"\n", i % 7, i, i % 3));
+    }
+    std::fs::write(dir.path().join("t/t.csv"), text).unwrap();
+    let d = dir.path().to_string_lossy().to_string();
+    let q = "select k, name, count(*) c, sum(v) s from t group by k, name order by k, name";
+    let o = sql(&["--tables", &d, "--format", "csv", "-p", "2", "-e", q]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "k,name,c,s");
+    assert_eq!(lines.len(), 1 + 21);
+    // k=0, name "n, 0": i ≡ 0 mod 21 → 48 values 0, 21, ..., 987.
+    let sum: u64 = (0..1000u64).filter(|i| i % 21 == 0).sum();
+    assert_eq!(lines[1], format!("0,\"n, 0\",48,{sum}"));
+}
