@@ -6,11 +6,11 @@ use anyhow::{Context, Result, anyhow, bail};
 use clap::{Args, Parser, Subcommand};
 use fluvia_cli::catalog::{Example, ExampleCatalog};
 use fluvia_cli::examples;
+use fluvia_cli::sql::{SqlError, SqlSettings, Target};
 use fluvia_cluster::client::ClusterClient;
 use fluvia_cluster::config as cluster_config;
 use fluvia_cluster::program::ProgramSpec;
 use fluvia_core::config::options;
-use fluvia_cli::sql::{SqlError, SqlSettings, Target};
 use fluvia_graph::plan;
 use fluvia_sql::session::TableFormat;
 use fluvia_sql::tpcds;
@@ -109,7 +109,13 @@ struct SqlArgs {
     #[arg(long, default_value = "parquet", value_parser = parse_format)]
     format: TableFormat,
     /// File with the statement(s) to run, separated by `;`.
-    #[arg(long, short = 'f', value_name = "FILE", conflicts_with = "execute", required_unless_present = "execute")]
+    #[arg(
+        long,
+        short = 'f',
+        value_name = "FILE",
+        conflicts_with = "execute",
+        required_unless_present = "execute"
+    )]
     file: Option<PathBuf>,
     /// The statement(s) to run.
     #[arg(short = 'e', long = "execute", value_name = "SQL")]
@@ -482,7 +488,10 @@ fn tpcds_command(command: TpcdsCommand) -> Result<ExitCode> {
         } => {
             let started = std::time::Instant::now();
             tpcds::generate(scale, &out, format == TableFormat::Csv, threads)?;
-            note!("generated 24 tables at scale {scale} in {:.1} s", started.elapsed().as_secs_f64());
+            note!(
+                "generated 24 tables at scale {scale} in {:.1} s",
+                started.elapsed().as_secs_f64()
+            );
             if let Some(expected) = check {
                 if format != TableFormat::Parquet {
                     bail!("--check reads Parquet tables");
@@ -491,7 +500,9 @@ fn tpcds_command(command: TpcdsCommand) -> Result<ExitCode> {
                     .with_context(|| format!("reading {}", expected.display()))?;
                 let mut bad = 0;
                 for line in text.lines().skip(1) {
-                    let Some(table) = line.split(',').next() else { continue };
+                    let Some(table) = line.split(',').next() else {
+                        continue;
+                    };
                     let got = tpcds::checksum_parquet(&out, table)?.line(table);
                     if got != line {
                         note!("{table}: got {got}, expected {line}");
@@ -530,7 +541,11 @@ fn tpcds_command(command: TpcdsCommand) -> Result<ExitCode> {
                 ("datafusion", Some(_)) => bail!("--engine datafusion runs in this process"),
                 (other, _) => bail!("unknown engine '{other}': fluvia or datafusion"),
             };
-            let numbers: Vec<usize> = if query.is_empty() { (1..=99).collect() } else { query };
+            let numbers: Vec<usize> = if query.is_empty() {
+                (1..=99).collect()
+            } else {
+                query
+            };
             let (mut passed, mut failed, mut total_secs) = (0, 0, 0.0);
             println!("query,statement,seconds,rows,result");
             for q in numbers {
@@ -584,12 +599,21 @@ fn tpcds_command(command: TpcdsCommand) -> Result<ExitCode> {
                 }
             }
             println!("# {passed} passed, {failed} failed, {total_secs:.3} s in total");
-            Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+            Ok(if failed == 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
     }
 }
 
-fn check_answer(dir: &std::path::Path, q: usize, k: usize, run: &fluvia_cli::sql::QueryRun) -> String {
+fn check_answer(
+    dir: &std::path::Path,
+    q: usize,
+    k: usize,
+    run: &fluvia_cli::sql::QueryRun,
+) -> String {
     let path = tpcds::answer_path(dir, q, k);
     let Ok(text) = std::fs::read_to_string(&path) else {
         return format!("FAIL no answer {}", path.display());

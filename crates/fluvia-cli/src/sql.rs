@@ -88,7 +88,9 @@ pub fn plan(s: &SqlSettings, sql: &str, name: &str, work: &Path) -> Result<Plann
 }
 
 fn sanitize(name: &str) -> String {
-    name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect()
+    name.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect()
 }
 
 /// Runs one statement on `target`.
@@ -99,17 +101,12 @@ pub fn run(s: &SqlSettings, sql: &str, name: &str, target: &Target) -> Result<Qu
         .context("creating a directory for the result")?;
     if let Target::DataFusion = target {
         let started = Instant::now();
-        let (schema, batches) = fluvia_sql::job::run_in_datafusion(
-            sql,
-            &s.tables,
-            s.format,
-            s.parallelism,
-            &s.config,
-        )
-        .map_err(|e| match e {
-            PlanError::Query(q) => SqlError::Query(q.to_string()),
-            PlanError::Fluvia(f) => SqlError::Other(f.into()),
-        })?;
+        let (schema, batches) =
+            fluvia_sql::job::run_in_datafusion(sql, &s.tables, s.format, s.parallelism, &s.config)
+                .map_err(|e| match e {
+                    PlanError::Query(q) => SqlError::Query(q.to_string()),
+                    PlanError::Fluvia(f) => SqlError::Other(f.into()),
+                })?;
         return Ok(QueryRun {
             batches,
             schema,
@@ -164,7 +161,9 @@ pub fn run(s: &SqlSettings, sql: &str, name: &str, target: &Target) -> Result<Qu
 }
 
 /// Builds the job of a `sql` program spec (every process of a cluster).
-pub fn build_program(spec: &ProgramSpec) -> fluvia_core::Result<(JobGraph, fluvia_runtime::OperatorRegistry)> {
+pub fn build_program(
+    spec: &ProgramSpec,
+) -> fluvia_core::Result<(JobGraph, fluvia_runtime::OperatorRegistry)> {
     let job = Arc::new(SqlJob::from_args(&spec.args)?);
     job.build()
 }

@@ -58,13 +58,22 @@ fn tpcds_run(extra: &[&str]) -> (bool, String) {
 fn all_99_tpcds_queries_match_the_answers_at_parallelism_2() {
     let (ok, out) = tpcds_run(&["-p", "2"]);
     let summary = out.lines().last().unwrap_or_default();
-    assert!(ok, "failed: {}", out.lines().filter(|l| l.contains("FAIL")).collect::<Vec<_>>().join("\n"));
+    assert!(
+        ok,
+        "failed: {}",
+        out.lines()
+            .filter(|l| l.contains("FAIL"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     assert!(summary.starts_with("# 103 passed, 0 failed"), "{summary}");
 }
 
 /// Queries covering every exchange kind, union offsets, windows, outer and
 /// semi joins, rewritten scalar subqueries and a nested-loop join.
-const MIX: [&str; 12] = ["3", "5", "14", "23", "28", "40", "49", "54", "64", "72", "78", "95"];
+const MIX: [&str; 12] = [
+    "3", "5", "14", "23", "28", "40", "49", "54", "64", "72", "78", "95",
+];
 
 fn mix_args(extra: &[&'static str]) -> Vec<&'static str> {
     let mut v: Vec<&str> = Vec::new();
@@ -81,9 +90,19 @@ fn answers_do_not_depend_on_parallelism_chaining_or_multiple_input() {
     for extra in [
         &["-p", "1"][..],
         &["-p", "4"][..],
-        &["-p", "3", "-D", "table.optimizer.multiple-input-enabled=false"][..],
+        &[
+            "-p",
+            "3",
+            "-D",
+            "table.optimizer.multiple-input-enabled=false",
+        ][..],
         &["-p", "2", "-D", "pipeline.operator-chaining.enabled=false"][..],
-        &["-p", "2", "-D", "table.optimizer.join.broadcast-threshold=0"][..],
+        &[
+            "-p",
+            "2",
+            "-D",
+            "table.optimizer.join.broadcast-threshold=0",
+        ][..],
     ] {
         let (ok, out) = tpcds_run(&mix_args(extra));
         assert!(ok, "{extra:?}:\n{out}");
@@ -95,13 +114,20 @@ fn sql(args: &[&str]) -> Output {
 }
 
 fn q96_args(extra: &[&str]) -> Vec<String> {
+    q96_args_at("2", extra)
+}
+
+fn q96_args_at(parallelism: &str, extra: &[&str]) -> Vec<String> {
     let mut v = vec![
         "--tables".to_string(),
         tpcds_data().to_string_lossy().to_string(),
         "-f".to_string(),
-        shared().join("queries/q96.sql").to_string_lossy().to_string(),
+        shared()
+            .join("queries/q96.sql")
+            .to_string_lossy()
+            .to_string(),
         "-p".to_string(),
-        "2".to_string(),
+        parallelism.to_string(),
     ];
     v.extend(extra.iter().map(|s| s.to_string()));
     v
@@ -114,7 +140,10 @@ fn q96_runs_as_one_multiple_input_task_with_the_fact_scan_chained_in() {
     let plan = String::from_utf8_lossy(&o.stdout).to_string();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     println!("{plan}");
-    let multi: Vec<&str> = plan.lines().filter(|l| l.contains("MultipleInput(")).collect();
+    let multi: Vec<&str> = plan
+        .lines()
+        .filter(|l| l.contains("MultipleInput("))
+        .collect();
     assert_eq!(multi.len(), 1, "{plan}");
     let m = multi[0];
     assert_eq!(m.matches("HashJoin").count(), 3, "{m}");
@@ -125,7 +154,10 @@ fn q96_runs_as_one_multiple_input_task_with_the_fact_scan_chained_in() {
     for dim in ["household_demographics", "time_dim", "store"] {
         assert!(plan.contains(&format!("Source: {dim}")), "{dim} in {plan}");
     }
-    assert!(!plan.contains("Source: store_sales ->"), "the fact table is not its own task");
+    assert!(
+        !plan.contains("Source: store_sales ->"),
+        "the fact table is not its own task"
+    );
 }
 
 fn network_bytes(stderr: &str) -> u64 {
@@ -162,16 +194,27 @@ fn multiple_input_and_chaining_save_network_bytes_with_equal_results() {
         bytes[0],
         bytes[1]
     );
-    assert!(bytes[1] <= bytes[2], "chaining off moves the most: {bytes:?}");
+    assert!(
+        bytes[1] <= bytes[2],
+        "chaining off moves the most: {bytes:?}"
+    );
 }
 
 #[test]
-fn parallelism_1_needs_no_shuffle_of_the_fact_table() {
-    let o = sql(&q96_args(&["--stats", "-p", "1"]).iter().map(String::as_str).collect::<Vec<_>>());
+fn parallelism_1_runs_q96_in_one_task_without_network_bytes() {
+    let o = sql(&q96_args_at("1", &["--stats"])
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>());
     let err = String::from_utf8_lossy(&o.stderr).to_string();
     assert!(o.status.success(), "{err}");
-    // Only the three dimension tables' filtered rows and the partial count move.
-    assert!(network_bytes(&err) < 100_000, "{err}");
+    assert_eq!(network_bytes(&err), 0, "{err}");
+    let o = sql(&q96_args_at("1", &["--explain"])
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>());
+    let plan = String::from_utf8_lossy(&o.stdout);
+    assert!(plan.contains("in 1 tasks"), "{plan}");
 }
 
 #[test]
@@ -196,7 +239,14 @@ fn a_malformed_csv_row_names_the_file_and_line() {
     std::fs::create_dir(dir.path().join("t")).unwrap();
     std::fs::write(dir.path().join("t/part.csv"), "a,b\n1,2\n3,4\n5,6,7\n").unwrap();
     let d = dir.path().to_string_lossy().to_string();
-    let o = sql(&["--tables", &d, "--format", "csv", "-e", "select sum(a) from t"]);
+    let o = sql(&[
+        "--tables",
+        &d,
+        "--format",
+        "csv",
+        "-e",
+        "select sum(a) from t",
+    ]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success());
     assert!(err.contains("part.csv") && err.contains("line 4"), "{err}");

@@ -25,8 +25,8 @@ pub mod task;
 pub use executor::{JobExecutionResult, LocalExecutor, VertexMetrics};
 pub use metrics::{MetricRegistry, TaskMetricsSnapshot};
 pub use operator::{
-    InputStats, OneInputOperator, OperatorContext, OperatorFactory, OperatorInstance,
-    RecordType, SourceOperator, SourceStatus, TaskDriver, TwoInputOperator, UserError,
+    InputStats, OneInputOperator, OperatorContext, OperatorFactory, OperatorInstance, RecordType,
+    SourceOperator, SourceStatus, TaskDriver, TwoInputOperator, UserError,
 };
 pub use output::{Collector, Output};
 pub use record::Data;

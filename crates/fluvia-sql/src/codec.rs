@@ -3,13 +3,14 @@
 //! rebuild a fragment without the SQL, the catalog or the planner.
 
 use crate::exchange::{ExchangeReaderExec, ReaderFacts};
-use datafusion::physical_expr::PhysicalExpr;
-use datafusion_proto::physical_plan::from_proto::parse_physical_expr;
-use datafusion_proto::physical_plan::to_proto::serialize_physical_expr;
+use datafusion::arrow::compute::SortOptions;
 use datafusion::arrow::datatypes::Schema;
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::TaskContext;
+use datafusion::physical_expr::{LexOrdering, PhysicalExpr, PhysicalSortExpr};
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion_proto::physical_plan::from_proto::parse_physical_expr;
+use datafusion_proto::physical_plan::to_proto::serialize_physical_expr;
 use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
 use datafusion_proto::protobuf;
 use prost::Message;
@@ -41,17 +42,43 @@ impl PhysicalExtensionCodec for FluviaCodec {
         };
         let hash = match r.u32()? {
             0 => None,
-            n => Some((0..n - 1).map(|_| expr(&mut r)).collect::<DfResult<Vec<_>>>()?),
+            n => Some(
+                (0..n - 1)
+                    .map(|_| expr(&mut r))
+                    .collect::<DfResult<Vec<_>>>()?,
+            ),
         };
-        let constants = (0..r.u32()?).map(|_| expr(&mut r)).collect::<DfResult<Vec<_>>>()?;
+        let constants = (0..r.u32()?)
+            .map(|_| expr(&mut r))
+            .collect::<DfResult<Vec<_>>>()?;
         let mut classes = Vec::new();
         for _ in 0..r.u32()? {
-            classes.push((0..r.u32()?).map(|_| expr(&mut r)).collect::<DfResult<Vec<_>>>()?);
+            classes.push(
+                (0..r.u32()?)
+                    .map(|_| expr(&mut r))
+                    .collect::<DfResult<Vec<_>>>()?,
+            );
         }
+        let ordering = match r.u32()? {
+            0 => None,
+            n => {
+                let mut sort = Vec::new();
+                for _ in 0..n - 1 {
+                    let flags = r.u32()?;
+                    let options = SortOptions {
+                        descending: flags & 1 != 0,
+                        nulls_first: flags & 2 != 0,
+                    };
+                    sort.push(PhysicalSortExpr::new(expr(&mut r)?, options));
+                }
+                LexOrdering::new(sort)
+            }
+        };
         let facts = ReaderFacts {
             hash,
             constants,
             classes,
+            ordering,
         };
         Ok(Arc::new(ExchangeReaderExec::new(
             stage,
@@ -107,6 +134,18 @@ impl PhysicalExtensionCodec for FluviaCodec {
                 expr(buf, e)?;
             }
         }
+        match &facts.ordering {
+            None => put_u32(buf, 0),
+            Some(ordering) => {
+                put_u32(buf, ordering.len() as u32 + 1);
+                for s in ordering.iter() {
+                    let flags =
+                        u32::from(s.options.descending) | (u32::from(s.options.nulls_first) << 1);
+                    put_u32(buf, flags);
+                    expr(buf, &s.expr)?;
+                }
+            }
+        }
         Ok(())
     }
 }
@@ -127,9 +166,11 @@ struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     fn take(&mut self, n: usize) -> DfResult<&'a [u8]> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len()).ok_or_else(|| {
-            DataFusionError::Internal("truncated exchange reader".into())
-        })?;
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&e| e <= self.buf.len())
+            .ok_or_else(|| DataFusionError::Internal("truncated exchange reader".into()))?;
         let s = &self.buf[self.pos..end];
         self.pos = end;
         Ok(s)

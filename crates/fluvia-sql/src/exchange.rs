@@ -15,7 +15,7 @@ use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{
-    AcrossPartitions, ConstExpr, EquivalenceProperties, Partitioning, PhysicalExpr,
+    AcrossPartitions, ConstExpr, EquivalenceProperties, LexOrdering, Partitioning, PhysicalExpr,
 };
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
@@ -26,8 +26,8 @@ use fluvia_core::{FluviaError, PartitionerKind, Result};
 use fluvia_network::gate::GateEvent;
 use fluvia_network::metrics::IoCounters;
 use fluvia_network::{
-    CancelToken, ChannelSelector, InputChannelSpec, InputGate, PartitionWriter,
-    RecordDeserializer, Target,
+    CancelToken, ChannelSelector, InputChannelSpec, InputGate, PartitionWriter, RecordDeserializer,
+    Target,
 };
 use fluvia_runtime::operator::{AnyOutput, NetworkInput, downcast_output};
 use fluvia_runtime::output::{BroadcastingOutput, DiscardingOutput, Output};
@@ -58,6 +58,8 @@ pub struct ReaderFacts {
     pub hash: Option<Vec<Arc<dyn PhysicalExpr>>>,
     pub constants: Vec<Arc<dyn PhysicalExpr>>,
     pub classes: Vec<Vec<Arc<dyn PhysicalExpr>>>,
+    /// Kept only over a one-to-one edge.
+    pub ordering: Option<LexOrdering>,
 }
 
 impl ReaderFacts {
@@ -76,7 +78,19 @@ impl ReaderFacts {
             hash,
             constants,
             classes,
+            ordering: None,
         }
+    }
+
+    /// The facts of a producer whose subtask `i` feeds consumer subtask `i`.
+    pub fn forwarded(producer: &Arc<dyn ExecutionPlan>) -> Self {
+        let hash = match producer.output_partitioning() {
+            Partitioning::Hash(exprs, _) => Some(exprs.clone()),
+            _ => None,
+        };
+        let mut facts = Self::of(producer, hash);
+        facts.ordering = producer.output_ordering().cloned();
+        facts
     }
 }
 
@@ -92,7 +106,12 @@ pub struct ExchangeReaderExec {
 }
 
 impl ExchangeReaderExec {
-    pub fn new(stage: usize, schema: SchemaRef, partitions: usize, facts: ReaderFacts) -> DfResult<Self> {
+    pub fn new(
+        stage: usize,
+        schema: SchemaRef,
+        partitions: usize,
+        facts: ReaderFacts,
+    ) -> DfResult<Self> {
         let mut eq = EquivalenceProperties::new(Arc::clone(&schema));
         eq.add_constants(
             facts
@@ -104,6 +123,9 @@ impl ExchangeReaderExec {
             for pair in class.windows(2) {
                 eq.add_equal_conditions(Arc::clone(&pair[0]), Arc::clone(&pair[1]))?;
             }
+        }
+        if let Some(ordering) = &facts.ordering {
+            eq.add_ordering(ordering.iter().cloned());
         }
         let partitioning = match &facts.hash {
             Some(exprs) => Partitioning::Hash(exprs.clone(), partitions),

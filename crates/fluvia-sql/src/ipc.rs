@@ -145,7 +145,11 @@ mod tests {
     #[test]
     fn garbage_is_an_error() {
         let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, true)]));
-        for bad in [&[1u8, 2][..], &[255, 255, 255, 255, 0][..], &[4, 0, 0, 0, 1, 2, 3, 4][..]] {
+        for bad in [
+            &[1u8, 2][..],
+            &[255, 255, 255, 255, 0][..],
+            &[4, 0, 0, 0, 1, 2, 3, 4][..],
+        ] {
             assert!(decode(bad, &schema).is_err());
         }
     }

@@ -235,8 +235,15 @@ fn stage_name(plan: &StagePlan, id: usize) -> String {
         .collect();
     let fused = split::multi_input_operators(&stage.plan);
     let body = if inputs.len() >= 2 && fused >= 2 {
-        let order = order.iter().map(|o| o.to_string()).collect::<Vec<_>>().join(",");
-        format!("MultipleInput(readOrder=[{order}], members=[{}])", members.join(", "))
+        let order = order
+            .iter()
+            .map(|o| o.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        format!(
+            "MultipleInput(readOrder=[{order}], members=[{}])",
+            members.join(", ")
+        )
     } else {
         members.join(" -> ")
     };
@@ -294,12 +301,21 @@ impl SqlJob {
         Ok(Arc::new(schema))
     }
 
-    fn partitioner(exchange: Exchange) -> PartitionerKind {
-        match exchange {
+    /// Whether stage `id` feeds its consumer one-to-one.
+    fn is_pointwise(&self, id: usize) -> bool {
+        let s = &self.stages[id];
+        let consumer_parallelism = s.consumer.map_or(1, |c| self.stages[c].parallelism);
+        s.exchange == (Exchange::Forward { offset: 0 }) && s.parallelism == consumer_parallelism
+    }
+
+    fn partitioner(&self, id: usize) -> PartitionerKind {
+        match self.stages[id].exchange {
             Exchange::Hash { .. } => PartitionerKind::Hash,
             Exchange::Broadcast => PartitionerKind::Broadcast,
             Exchange::Global { .. } => PartitionerKind::Global,
-            Exchange::Forward => PartitionerKind::Forward,
+            Exchange::Forward { .. } if self.is_pointwise(id) => PartitionerKind::Forward,
+            // A direct route: the producer picks the consumer subtask.
+            Exchange::Forward { .. } => PartitionerKind::Hash,
         }
     }
 
@@ -347,7 +363,7 @@ impl SqlJob {
             b.add_edge(
                 nodes[id],
                 target,
-                Some(Self::partitioner(s.exchange)),
+                Some(self.partitioner(id)),
                 mode,
                 type_number,
             );
@@ -434,29 +450,41 @@ impl TaskDriver for StageDriver {
         for &p in &spec.inputs {
             by_stage.entry(p).or_default();
         }
-        let task_inputs = Arc::new(TaskInputs::new(by_stage, cancel.clone(), Arc::clone(counters)));
+        let task_inputs = Arc::new(TaskInputs::new(
+            by_stage,
+            cancel.clone(),
+            Arc::clone(counters),
+        ));
         let config = session_config(&self.job.options)?.with_extension(Arc::clone(&task_inputs));
         let task_ctx = SessionContext::new_with_config(config).task_ctx();
-        let plan = physical_plan_from_bytes_with_extension_codec(&spec.plan, &task_ctx, &FluviaCodec)
-            .map_err(df_err)?;
+        let plan =
+            physical_plan_from_bytes_with_extension_codec(&spec.plan, &task_ctx, &FluviaCodec)
+                .map_err(df_err)?;
         let (plan, mut partitioner, offset) = match spec.exchange {
             Exchange::Hash { partitions, offset } => {
                 let Some(r) = plan.downcast_ref::<RepartitionExec>() else {
-                    return Err(FluviaError::Internal("hash stage without its exchange".into()));
+                    return Err(FluviaError::Internal(
+                        "hash stage without its exchange".into(),
+                    ));
                 };
                 let Partitioning::Hash(exprs, _) = r.partitioning() else {
                     return Err(FluviaError::Internal("hash stage without hash keys".into()));
                 };
-                let p = BatchPartitioner::new_hash_partitioner(exprs.clone(), partitions, Time::new())
-                    .map_err(df_err)?;
+                let p =
+                    BatchPartitioner::new_hash_partitioner(exprs.clone(), partitions, Time::new())
+                        .map_err(df_err)?;
                 (Arc::clone(r.input()), Some(p), offset)
             }
             Exchange::Global { offset } => (plan, None, offset),
-            _ => (plan, None, 0),
+            Exchange::Forward { .. } if self.job.is_pointwise(self.stage) => (plan, None, 0),
+            Exchange::Forward { offset } => (plan, None, offset + self.subtask),
+            Exchange::Broadcast => (plan, None, 0),
         };
         let rt = current_thread_runtime()?;
         let _enter = rt.enter();
-        let mut stream = plan.execute(self.subtask, Arc::clone(&task_ctx)).map_err(df_err)?;
+        let mut stream = plan
+            .execute(self.subtask, Arc::clone(&task_ctx))
+            .map_err(df_err)?;
         while let Some(next) = rt.block_on(stream.next()) {
             let batch = next.map_err(df_err)?;
             if cancel.is_cancelled() {
@@ -538,8 +566,9 @@ impl Output<SqlBatch> for ResultSink {
 
     fn close(&mut self) -> Result<()> {
         if let Some(mut w) = self.writer.take() {
-            w.finish()
-                .map_err(|e| FluviaError::Internal(format!("writing {}: {e}", self.path.display())))?;
+            w.finish().map_err(|e| {
+                FluviaError::Internal(format!("writing {}: {e}", self.path.display()))
+            })?;
         }
         Ok(())
     }
@@ -564,7 +593,8 @@ pub fn run_in_datafusion(
     format: TableFormat,
     parallelism: usize,
     config: &Configuration,
-) -> std::result::Result<(SchemaRef, Vec<datafusion::arrow::record_batch::RecordBatch>), PlanError> {
+) -> std::result::Result<(SchemaRef, Vec<datafusion::arrow::record_batch::RecordBatch>), PlanError>
+{
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(parallelism.max(1))
         .enable_all()
@@ -573,7 +603,11 @@ pub fn run_in_datafusion(
     let mut options = datafusion_options(parallelism, config)?;
     // In one process DataFusion's own defaults apply (round-robin
     // exchanges and dynamic filters are its strengths there).
-    options.retain(|(k, _)| k == "datafusion.execution.target_partitions" || k.contains("view_types") || k.contains("utf8view"));
+    options.retain(|(k, _)| {
+        k == "datafusion.execution.target_partitions"
+            || k.contains("view_types")
+            || k.contains("utf8view")
+    });
     let ctx = SessionContext::new_with_config(session_config(&options)?);
     rt.block_on(register_tables(&ctx, tables, format))?;
     rt.block_on(async {

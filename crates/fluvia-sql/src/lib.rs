@@ -14,9 +14,9 @@ pub mod codec;
 pub mod exchange;
 pub mod ipc;
 pub mod job;
+pub mod output;
 pub mod session;
 pub mod split;
-pub mod output;
 pub mod tpcds;
 
 /// The DataFusion this crate plans with (and its Arrow), for callers that

@@ -60,11 +60,23 @@ fn needs_quotes(s: &str) -> bool {
 }
 
 /// Writes the result as CSV with a header line.
-pub fn write_csv(out: &mut impl Write, batches: &[RecordBatch], schema: &datafusion::arrow::datatypes::Schema) -> Result<()> {
+pub fn write_csv(
+    out: &mut impl Write,
+    batches: &[RecordBatch],
+    schema: &datafusion::arrow::datatypes::Schema,
+) -> Result<()> {
     let io = |e| FluviaError::io("writing the result", e);
-    let header: Vec<String> = schema.fields().iter().map(|f| quote(f.name(), true)).collect();
+    let header: Vec<String> = schema
+        .fields()
+        .iter()
+        .map(|f| quote(f.name(), true))
+        .collect();
     writeln!(out, "{}", header.join(",")).map_err(io)?;
-    let strings: Vec<bool> = schema.fields().iter().map(|f| is_string(f.data_type())).collect();
+    let strings: Vec<bool> = schema
+        .fields()
+        .iter()
+        .map(|f| is_string(f.data_type()))
+        .collect();
     for row in render(batches)? {
         let line: Vec<String> = row
             .iter()
@@ -146,7 +158,11 @@ pub fn parse_csv(text: &str) -> std::result::Result<Vec<Vec<Cell>>, String> {
 fn take(field: &mut String, quoted: &mut bool) -> Cell {
     let f = std::mem::take(field);
     let was_quoted = std::mem::replace(quoted, false);
-    if f.is_empty() && !was_quoted { None } else { Some(f) }
+    if f.is_empty() && !was_quoted {
+        None
+    } else {
+        Some(f)
+    }
 }
 
 #[cfg(test)]

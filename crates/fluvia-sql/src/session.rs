@@ -41,35 +41,74 @@ impl TableFormat {
 }
 
 /// DataFusion options for `parallelism` subtasks, as `(key, value)` pairs.
-pub fn datafusion_options(parallelism: usize, config: &Configuration) -> Result<Vec<(String, String)>> {
+pub fn datafusion_options(
+    parallelism: usize,
+    config: &Configuration,
+) -> Result<Vec<(String, String)>> {
     let threshold = config.get(&options::BROADCAST_THRESHOLD)?;
     let mut opts: Vec<(String, String)> = vec![
-        ("datafusion.execution.target_partitions", parallelism.to_string()),
-        ("datafusion.optimizer.enable_round_robin_repartition", "false".into()),
+        (
+            "datafusion.execution.target_partitions",
+            parallelism.to_string(),
+        ),
+        (
+            "datafusion.optimizer.enable_round_robin_repartition",
+            "false".into(),
+        ),
         // Partitions of one scan steal each other's files in one process;
         // here each partition is its own task and must read only its own.
-        ("datafusion.execution.enable_file_stream_work_stealing", "false".into()),
-        ("datafusion.optimizer.enable_dynamic_filter_pushdown", "false".into()),
-        ("datafusion.optimizer.enable_join_dynamic_filter_pushdown", "false".into()),
-        ("datafusion.optimizer.enable_topk_dynamic_filter_pushdown", "false".into()),
-        ("datafusion.optimizer.enable_aggregate_dynamic_filter_pushdown", "false".into()),
+        (
+            "datafusion.execution.enable_file_stream_work_stealing",
+            "false".into(),
+        ),
+        (
+            "datafusion.optimizer.enable_dynamic_filter_pushdown",
+            "false".into(),
+        ),
+        (
+            "datafusion.optimizer.enable_join_dynamic_filter_pushdown",
+            "false".into(),
+        ),
+        (
+            "datafusion.optimizer.enable_topk_dynamic_filter_pushdown",
+            "false".into(),
+        ),
+        (
+            "datafusion.optimizer.enable_aggregate_dynamic_filter_pushdown",
+            "false".into(),
+        ),
         // A scalar subquery evaluated into an in-process container cannot
         // cross tasks; rewritten as a join it can.
         (
             "datafusion.optimizer.enable_physical_uncorrelated_scalar_subquery",
             "false".into(),
         ),
-        ("datafusion.execution.parquet.schema_force_view_types", "false".into()),
-        ("datafusion.sql_parser.map_string_types_to_utf8view", "false".into()),
-        ("datafusion.optimizer.hash_join_single_partition_threshold", threshold.to_string()),
+        (
+            "datafusion.execution.parquet.schema_force_view_types",
+            "false".into(),
+        ),
+        (
+            "datafusion.sql_parser.map_string_types_to_utf8view",
+            "false".into(),
+        ),
+        (
+            "datafusion.optimizer.hash_join_single_partition_threshold",
+            threshold.to_string(),
+        ),
         ("datafusion.optimizer.repartition_joins", "true".into()),
-        ("datafusion.optimizer.repartition_aggregations", "true".into()),
+        (
+            "datafusion.optimizer.repartition_aggregations",
+            "true".into(),
+        ),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect();
     if parallelism == 1 {
-        opts.push(("datafusion.optimizer.repartition_file_scans".into(), "false".into()));
+        opts.push((
+            "datafusion.optimizer.repartition_file_scans".into(),
+            "false".into(),
+        ));
     }
     Ok(opts)
 }
@@ -87,9 +126,14 @@ pub fn session_config(options: &[(String, String)]) -> Result<SessionConfig> {
 }
 
 /// Registers every sub-folder (or file) of `dir` as a table named after it.
-pub async fn register_tables(ctx: &SessionContext, dir: &Path, format: TableFormat) -> Result<Vec<String>> {
-    let entries = std::fs::read_dir(dir)
-        .map_err(|e| FluviaError::io(format!("reading the table directory {}", dir.display()), e))?;
+pub async fn register_tables(
+    ctx: &SessionContext,
+    dir: &Path,
+    format: TableFormat,
+) -> Result<Vec<String>> {
+    let entries = std::fs::read_dir(dir).map_err(|e| {
+        FluviaError::io(format!("reading the table directory {}", dir.display()), e)
+    })?;
     let mut tables = Vec::new();
     let mut paths: Vec<_> = entries.filter_map(|e| e.ok()).map(|e| e.path()).collect();
     paths.sort();

@@ -48,8 +48,10 @@ pub enum Exchange {
     /// Everything to one consumer subtask: `offset` (0 unless the reader
     /// sits under a union branch).
     Global { offset: usize },
-    /// Subtask `i` to subtask `i`.
-    Forward,
+    /// Subtask `i` to subtask `offset + i`: one-to-one (FORWARD) when the
+    /// parallelisms are equal and the offset is 0, else a direct route
+    /// over an all-to-all edge (a pipelined input under a union branch).
+    Forward { offset: usize },
 }
 
 impl Exchange {
@@ -58,7 +60,7 @@ impl Exchange {
             Exchange::Hash { .. } => "HASH",
             Exchange::Broadcast => "BROADCAST",
             Exchange::Global { .. } => "GLOBAL",
-            Exchange::Forward => "FORWARD",
+            Exchange::Forward { .. } => "FORWARD",
         }
     }
 }
@@ -141,12 +143,13 @@ impl Splitter {
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
         let id = self.stages.len();
         let schema = plan.schema();
-        let hash = if hash_exprs.is_empty() {
-            None
-        } else {
-            Some(hash_exprs.clone())
+        let facts = match exchange {
+            // One producer subtask feeds one consumer subtask in order: the
+            // partitioning and the order of the rows are kept.
+            Exchange::Forward { .. } => ReaderFacts::forwarded(&plan),
+            _ if hash_exprs.is_empty() => ReaderFacts::of(&plan, None),
+            _ => ReaderFacts::of(&plan, Some(hash_exprs.clone())),
         };
-        let facts = ReaderFacts::of(&plan, hash);
         self.stages.push(Stage {
             parallelism: partitions(&plan),
             plan,
@@ -227,7 +230,12 @@ impl Splitter {
                 && partitions(&child) == own_partitions
                 && !child.is::<ExchangeReaderExec>()
             {
-                child = self.cut(child, Exchange::Forward, Vec::new(), own_partitions)?;
+                child = self.cut(
+                    child,
+                    Exchange::Forward { offset: 0 },
+                    Vec::new(),
+                    own_partitions,
+                )?;
             }
             children.push(child);
         }
@@ -237,17 +245,13 @@ impl Splitter {
 
 /// Records, for the readers of `consumer`, which stage they read and at
 /// which partition offset.
-fn connect(
-    plan: &Arc<dyn ExecutionPlan>,
-    offset: usize,
-    consumer: usize,
-    stages: &mut [Stage],
-) {
+fn connect(plan: &Arc<dyn ExecutionPlan>, offset: usize, consumer: usize, stages: &mut [Stage]) {
     if let Some(r) = plan.downcast_ref::<ExchangeReaderExec>() {
         let producer = &mut stages[r.stage()];
         producer.consumer = Some(consumer);
-        if let Exchange::Hash { offset: o, .. } | Exchange::Global { offset: o } =
-            &mut producer.exchange
+        if let Exchange::Hash { offset: o, .. }
+        | Exchange::Global { offset: o }
+        | Exchange::Forward { offset: o } = &mut producer.exchange
         {
             *o = offset;
         }
@@ -276,7 +280,7 @@ pub fn split(plan: Arc<dyn ExecutionPlan>, policy: CutPolicy) -> DfResult<StageP
         plan: root,
         parallelism,
         exchange: if parallelism == 1 {
-            Exchange::Forward
+            Exchange::Forward { offset: 0 }
         } else {
             Exchange::Global { offset: 0 }
         },
@@ -423,7 +427,11 @@ pub struct BroadcastSafety;
 pub fn broadcast_safe(join_type: &JoinType) -> bool {
     matches!(
         join_type,
-        JoinType::Inner | JoinType::Right | JoinType::RightSemi | JoinType::RightAnti | JoinType::RightMark
+        JoinType::Inner
+            | JoinType::Right
+            | JoinType::RightSemi
+            | JoinType::RightAnti
+            | JoinType::RightMark
     )
 }
 

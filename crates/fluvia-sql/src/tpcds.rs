@@ -2,11 +2,11 @@
 //! answers), table checksums, and comparison of results with answers.
 
 use crate::output::{Cell, parse_csv};
-use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, RecordBatch,
-};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
 use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::{DataType, Date32Type, Field, Int32Type, Int64Type, Schema, SchemaRef};
+use datafusion::arrow::datatypes::{
+    DataType, Date32Type, Field, Int32Type, Int64Type, Schema, SchemaRef,
+};
 use datafusion::arrow::error::ArrowError;
 use datafusion::parquet::arrow::ArrowWriter;
 use datafusion::parquet::basic::Compression;
@@ -95,12 +95,21 @@ fn plain_schema(schema: &Schema) -> SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
-fn plain_batch(batch: &RecordBatch, schema: &SchemaRef) -> std::result::Result<RecordBatch, ArrowError> {
+fn plain_batch(
+    batch: &RecordBatch,
+    schema: &SchemaRef,
+) -> std::result::Result<RecordBatch, ArrowError> {
     let cols = batch
         .columns()
         .iter()
         .zip(schema.fields())
-        .map(|(c, f)| if c.data_type() == f.data_type() { Ok(Arc::clone(c)) } else { cast(c, f.data_type()) })
+        .map(|(c, f)| {
+            if c.data_type() == f.data_type() {
+                Ok(Arc::clone(c))
+            } else {
+                cast(c, f.data_type())
+            }
+        })
         .collect::<std::result::Result<Vec<ArrayRef>, _>>()?;
     RecordBatch::try_new(Arc::clone(schema), cols)
 }
@@ -135,26 +144,35 @@ pub fn generate(scale: f64, out: &Path, csv: bool, threads: usize) -> Result<()>
 }
 
 fn generate_table(table: &str, session: Session, out: &Path, csv: bool) -> Result<()> {
-    let (schema, batches) =
-        generator(table, session).ok_or_else(|| FluviaError::Config(format!("unknown table {table}")))?;
+    let (schema, batches) = generator(table, session)
+        .ok_or_else(|| FluviaError::Config(format!("unknown table {table}")))?;
     let schema = plain_schema(&schema);
     let dir = out.join(table);
-    std::fs::create_dir_all(&dir).map_err(|e| FluviaError::io(format!("creating {}", dir.display()), e))?;
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| FluviaError::io(format!("creating {}", dir.display()), e))?;
     let ext = if csv { "csv" } else { "parquet" };
     let path = dir.join(format!("{table}.1.{ext}"));
-    let file = std::fs::File::create(&path).map_err(|e| FluviaError::io(format!("creating {}", path.display()), e))?;
+    let file = std::fs::File::create(&path)
+        .map_err(|e| FluviaError::io(format!("creating {}", path.display()), e))?;
     let fail = |e: String| FluviaError::Internal(format!("writing {}: {e}", path.display()));
     if csv {
-        let mut w = datafusion::arrow::csv::WriterBuilder::new().with_header(true).build(file);
+        let mut w = datafusion::arrow::csv::WriterBuilder::new()
+            .with_header(true)
+            .build(file);
         for b in batches {
-            let b = plain_batch(&b.map_err(|e| fail(e.to_string()))?, &schema).map_err(|e| fail(e.to_string()))?;
+            let b = plain_batch(&b.map_err(|e| fail(e.to_string()))?, &schema)
+                .map_err(|e| fail(e.to_string()))?;
             w.write(&b).map_err(|e| fail(e.to_string()))?;
         }
     } else {
-        let props = WriterProperties::builder().set_compression(Compression::SNAPPY).build();
-        let mut w = ArrowWriter::try_new(file, Arc::clone(&schema), Some(props)).map_err(|e| fail(e.to_string()))?;
+        let props = WriterProperties::builder()
+            .set_compression(Compression::SNAPPY)
+            .build();
+        let mut w = ArrowWriter::try_new(file, Arc::clone(&schema), Some(props))
+            .map_err(|e| fail(e.to_string()))?;
         for b in batches {
-            let b = plain_batch(&b.map_err(|e| fail(e.to_string()))?, &schema).map_err(|e| fail(e.to_string()))?;
+            let b = plain_batch(&b.map_err(|e| fail(e.to_string()))?, &schema)
+                .map_err(|e| fail(e.to_string()))?;
             w.write(&b).map_err(|e| fail(e.to_string()))?;
         }
         w.close().map_err(|e| fail(e.to_string()))?;
@@ -181,9 +199,30 @@ impl TableChecksum {
         for c in batch.columns() {
             self.null_cells += c.null_count() as i128;
             match c.data_type() {
-                DataType::Int32 => self.int_sum += c.as_primitive::<Int32Type>().iter().flatten().map(i128::from).sum::<i128>(),
-                DataType::Int64 => self.int_sum += c.as_primitive::<Int64Type>().iter().flatten().map(i128::from).sum::<i128>(),
-                DataType::Date32 => self.date_sum += c.as_primitive::<Date32Type>().iter().flatten().map(i128::from).sum::<i128>(),
+                DataType::Int32 => {
+                    self.int_sum += c
+                        .as_primitive::<Int32Type>()
+                        .iter()
+                        .flatten()
+                        .map(i128::from)
+                        .sum::<i128>()
+                }
+                DataType::Int64 => {
+                    self.int_sum += c
+                        .as_primitive::<Int64Type>()
+                        .iter()
+                        .flatten()
+                        .map(i128::from)
+                        .sum::<i128>()
+                }
+                DataType::Date32 => {
+                    self.date_sum += c
+                        .as_primitive::<Date32Type>()
+                        .iter()
+                        .flatten()
+                        .map(i128::from)
+                        .sum::<i128>()
+                }
                 DataType::Decimal128(_, _) => {
                     self.decimal_unscaled_sum += c
                         .as_primitive::<datafusion::arrow::datatypes::Decimal128Type>()
@@ -191,8 +230,22 @@ impl TableChecksum {
                         .flatten()
                         .sum::<i128>()
                 }
-                DataType::Utf8 => self.string_bytes += c.as_string::<i32>().iter().flatten().map(|s| s.len() as i128).sum::<i128>(),
-                DataType::Utf8View => self.string_bytes += c.as_string_view().iter().flatten().map(|s| s.len() as i128).sum::<i128>(),
+                DataType::Utf8 => {
+                    self.string_bytes += c
+                        .as_string::<i32>()
+                        .iter()
+                        .flatten()
+                        .map(|s| s.len() as i128)
+                        .sum::<i128>()
+                }
+                DataType::Utf8View => {
+                    self.string_bytes += c
+                        .as_string_view()
+                        .iter()
+                        .flatten()
+                        .map(|s| s.len() as i128)
+                        .sum::<i128>()
+                }
                 _ => {}
             }
         }
@@ -201,7 +254,13 @@ impl TableChecksum {
     pub fn line(&self, table: &str) -> String {
         format!(
             "{table},{},{},{},{},{},{},{}",
-            self.rows, self.int_sum, self.date_sum, self.decimal_unscaled_sum, self.string_bytes, self.null_cells, self.columns
+            self.rows,
+            self.int_sum,
+            self.date_sum,
+            self.decimal_unscaled_sum,
+            self.string_bytes,
+            self.null_cells,
+            self.columns
         )
     }
 }
@@ -217,12 +276,18 @@ pub fn checksum_parquet(dir: &Path, table: &str) -> Result<TableChecksum> {
         .collect();
     files.sort();
     for f in files {
-        let file = std::fs::File::open(&f).map_err(|e| FluviaError::io(format!("opening {}", f.display()), e))?;
-        let reader = datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+        let file = std::fs::File::open(&f)
+            .map_err(|e| FluviaError::io(format!("opening {}", f.display()), e))?;
+        let reader =
+            datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+                file,
+            )
             .and_then(|b| b.build())
             .map_err(|e| FluviaError::Internal(format!("reading {}: {e}", f.display())))?;
         for b in reader {
-            sum.add(&b.map_err(|e| FluviaError::Internal(format!("reading {}: {e}", f.display())))?);
+            sum.add(
+                &b.map_err(|e| FluviaError::Internal(format!("reading {}: {e}", f.display())))?,
+            );
         }
     }
     Ok(sum)
@@ -232,16 +297,28 @@ pub fn checksum_parquet(dir: &Path, table: &str) -> Result<TableChecksum> {
 
 /// The statements of a query file: split on `;`, empty pieces dropped.
 pub fn statements(sql: &str) -> Vec<String> {
-    sql.split(';').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect()
+    sql.split(';')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect()
 }
 
 /// The answer file of statement `k` (1-based) of query `q`, preferring
 /// the PostgreSQL-semantics answer where there is one (integer division,
 /// NULLs first under DESC, as DataFusion).
 pub fn answer_path(answers: &Path, q: usize, k: usize) -> PathBuf {
-    let stem = if k == 1 { format!("q{q}") } else { format!("q{q}_{k}") };
+    let stem = if k == 1 {
+        format!("q{q}")
+    } else {
+        format!("q{q}_{k}")
+    };
     let pg = answers.join(format!("{stem}.pg.csv"));
-    if pg.exists() { pg } else { answers.join(format!("{stem}.csv")) }
+    if pg.exists() {
+        pg
+    } else {
+        answers.join(format!("{stem}.csv"))
+    }
 }
 
 fn close(a: f64, b: f64) -> bool {
@@ -275,19 +352,31 @@ fn parse_num(s: &str) -> Option<f64> {
 }
 
 fn row_eq(a: &[Cell], b: &[Cell], numeric: &[bool]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).zip(numeric).all(|((x, y), &n)| cell_eq(x, y, n))
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .zip(numeric)
+            .all(|((x, y), &n)| cell_eq(x, y, n))
 }
 
 /// Compares `actual` with the answer CSV text as multisets of rows (see
 /// the answers' README). `numeric[i]`: column i holds numbers.
-pub fn compare(actual: &[Vec<Cell>], answer_csv: &str, numeric: &[bool]) -> std::result::Result<(), String> {
+pub fn compare(
+    actual: &[Vec<Cell>],
+    answer_csv: &str,
+    numeric: &[bool],
+) -> std::result::Result<(), String> {
     let mut expected = parse_csv(answer_csv)?;
     if expected.is_empty() {
         return Err("the answer file has no header".into());
     }
     expected.remove(0);
     if expected.len() != actual.len() {
-        return Err(format!("{} rows, expected {}", actual.len(), expected.len()));
+        return Err(format!(
+            "{} rows, expected {}",
+            actual.len(),
+            expected.len()
+        ));
     }
     let key = |r: &Vec<Cell>| -> Vec<String> {
         r.iter()
