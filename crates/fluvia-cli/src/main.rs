@@ -459,10 +459,10 @@ fn sql_command(a: SqlArgs) -> Result<ExitCode> {
         fluvia_sql::output::write_csv(&mut stdout, &run.batches, &run.schema)?;
         let rows: usize = run.batches.iter().map(|b| b.num_rows()).sum();
         note!("{rows} rows in {:.3} s", run.elapsed.as_secs_f64());
-        if a.stats {
-            if let (Some(g), Some(st)) = (&run.graph, &run.status) {
-                print_stats(g, st);
-            }
+        if a.stats
+            && let (Some(g), Some(st)) = (&run.graph, &run.status)
+        {
+            print_stats(g, st);
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -3,6 +3,8 @@
 //! optimisation switched off and at other parallelisms, q96's JobGraph and
 //! shuffle bytes, and errors in queries and data.
 
+#![allow(clippy::unwrap_used)]
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;

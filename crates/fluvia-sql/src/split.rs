@@ -453,16 +453,17 @@ impl PhysicalOptimizerRule for BroadcastSafety {
                         .build_exec()?;
                     return Ok(Transformed::yes(rebuilt));
                 }
-            } else if let Some(nlj) = node.downcast_ref::<NestedLoopJoinExec>() {
-                if !broadcast_safe(nlj.join_type()) && partitions(nlj.right()) > 1 {
-                    let right: Arc<dyn ExecutionPlan> =
-                        Arc::new(CoalescePartitionsExec::new(Arc::clone(nlj.right())));
-                    let children = vec![Arc::clone(nlj.left()), right];
-                    return Ok(Transformed::yes(replace_children_if_necessary(
-                        Arc::clone(&node),
-                        children,
-                    )?));
-                }
+            } else if let Some(nlj) = node.downcast_ref::<NestedLoopJoinExec>()
+                && !broadcast_safe(nlj.join_type())
+                && partitions(nlj.right()) > 1
+            {
+                let right: Arc<dyn ExecutionPlan> =
+                    Arc::new(CoalescePartitionsExec::new(Arc::clone(nlj.right())));
+                let children = vec![Arc::clone(nlj.left()), right];
+                return Ok(Transformed::yes(replace_children_if_necessary(
+                    Arc::clone(&node),
+                    children,
+                )?));
             }
             Ok(Transformed::no(node))
         })

@@ -128,10 +128,10 @@ pub fn generate(scale: f64, out: &Path, csv: bool, threads: usize) -> Result<()>
                 loop {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let Some(table) = TABLES.get(i) else { break };
-                    if let Err(e) = generate_table(table, session.clone(), out, csv) {
-                        if let Ok(mut v) = errors.lock() {
-                            v.push(e);
-                        }
+                    if let Err(e) = generate_table(table, session.clone(), out, csv)
+                        && let Ok(mut v) = errors.lock()
+                    {
+                        v.push(e);
                     }
                 }
             });
