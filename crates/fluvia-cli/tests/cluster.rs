@@ -665,3 +665,72 @@ fn list_and_cancel_a_running_job() {
     let o = cluster.run(&["wordcount", "--input", input.to_str().unwrap(), "-p", "2"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
+
+/// Two CSV tables: `sales(item, qty)` and `items(id, name)`.
+fn write_sql_tables(dir: &Path) -> (PathBuf, std::collections::BTreeMap<String, u64>) {
+    let tables = dir.join("tables");
+    std::fs::create_dir_all(tables.join("sales")).unwrap();
+    std::fs::create_dir_all(tables.join("items")).unwrap();
+    let mut sales = String::from("item,qty\n");
+    let mut expected = std::collections::BTreeMap::new();
+    for i in 0..30_000u64 {
+        let item = (i * 7919) % 50;
+        let qty = i % 13;
+        sales.push_str(&format!("{item},{qty}\n"));
+        *expected.entry(format!("item {}", item % 10)).or_insert(0) += qty;
+    }
+    std::fs::write(tables.join("sales/sales.csv"), sales).unwrap();
+    let mut items = String::from("id,name\n");
+    for id in 0..50 {
+        items.push_str(&format!("{id},item {}\n", id % 10));
+    }
+    std::fs::write(tables.join("items/items.csv"), items).unwrap();
+    (tables, expected)
+}
+
+#[test]
+fn sql_on_a_cluster_matches_the_embedded_run_and_spans_task_managers() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tables, expected) = write_sql_tables(dir.path());
+    let query = "select name, sum(qty) as total from sales join items on item = id \
+                 group by name order by name";
+    let args = |extra: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = ["sql", "--tables", tables.to_str().unwrap(), "--format", "csv"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        v.extend(["-p", "3", "-e", query].iter().map(|s| s.to_string()));
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    };
+    let embedded = fluvia().args(args(&[])).output().unwrap();
+    assert!(embedded.status.success(), "{}", String::from_utf8_lossy(&embedded.stderr));
+    let mut reference = String::from("name,total\n");
+    for (name, total) in &expected {
+        reference.push_str(&format!("{name},{total}\n"));
+    }
+    assert_eq!(String::from_utf8_lossy(&embedded.stdout), reference);
+
+    let cluster = Cluster::start(&[], 2, &["--slots", "2"]);
+    let o = fluvia()
+        .args(args(&["--jobmanager", &cluster.rpc, "--stats"]))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(o.stdout, embedded.stdout);
+    let stats = String::from_utf8_lossy(&o.stderr);
+    assert!(stats.contains("HASH"), "{stats}");
+    let list = fluvia().args(["list", "--jobmanager", &cluster.rpc]).output().unwrap();
+    let list = String::from_utf8_lossy(&list.stdout);
+    let id = list.split_whitespace().next().unwrap().to_string();
+    let details = get(&cluster.rest, &format!("/jobs/{id}"));
+    assert_eq!(details["state"], "FINISHED");
+    let hosts: std::collections::BTreeSet<String> = details["vertices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|v| v["subtasks"].as_array().unwrap().clone())
+        .map(|s| s["host"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(hosts.len(), 2, "{hosts:?}");
+}

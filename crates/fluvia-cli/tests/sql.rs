@@ -14,7 +14,7 @@ fn fluvia() -> Command {
 }
 
 fn shared() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/tpcds")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tpcds")
 }
 
 /// SF 0.1 tables, generated once per build directory and checked against
