@@ -5,10 +5,12 @@
 //! cargo run --release -p fluvia-bench -- datastream   # jobs vs Flink, chaining on/off, hand-written loop
 //! cargo run --release -p fluvia-bench -- network      # channels vs raw TCP and memcpy, keyed exchange
 //! cargo run --release -p fluvia-bench -- startup      # submission to finish, embedded and on a cluster
+//! cargo run --release -p fluvia-bench -- sql --data DIR  # TPC-DS: Fluvia vs DataFusion, multiple-input on/off
 //! ```
 
 mod datastream;
 mod network;
+mod sql;
 mod startup;
 
 use clap::{Parser, Subcommand};
@@ -27,6 +29,8 @@ enum Suite {
     Network(network::Args),
     /// Time from submission to the end of a trivial job, embedded and on a cluster.
     Startup(startup::Args),
+    /// TPC-DS queries: DataFusion in one process vs Fluvia, multiple-input on and off.
+    Sql(sql::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -34,5 +38,6 @@ fn main() -> anyhow::Result<()> {
         Suite::Datastream(a) => datastream::run(a),
         Suite::Network(a) => network::run(a),
         Suite::Startup(a) => startup::run(a),
+        Suite::Sql(a) => sql::run_suite(a),
     }
 }

@@ -458,7 +458,14 @@ fn sql_command(a: SqlArgs) -> Result<ExitCode> {
         }
         fluvia_sql::output::write_csv(&mut stdout, &run.batches, &run.schema)?;
         let rows: usize = run.batches.iter().map(|b| b.num_rows()).sum();
-        note!("{rows} rows in {:.3} s", run.elapsed.as_secs_f64());
+        let shuffled: u64 = match (&run.graph, &run.status) {
+            (Some(g), Some(st)) => fluvia_cli::sql::edge_stats(g, st).iter().map(|e| e.3).sum(),
+            _ => 0,
+        };
+        note!(
+            "{rows} rows in {:.3} s; {shuffled} bytes exchanged between tasks",
+            run.elapsed.as_secs_f64()
+        );
         if a.stats
             && let (Some(g), Some(st)) = (&run.graph, &run.status)
         {

@@ -275,3 +275,66 @@ fn csv_tables_give_the_same_result_as_parquet() {
     let sum: u64 = (0..1000u64).filter(|i| i % 21 == 0).sum();
     assert_eq!(lines[1], format!("0,\"n, 0\",48,{sum}"));
 }
+
+/// Tables `a(k, v)` (large) and `b(k, w)`, as CSV.
+fn small_tables() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, rows) in [("a", 5000), ("b", 3000)] {
+        std::fs::create_dir(dir.path().join(name)).unwrap();
+        let mut text = format!("k,{}\n", if name == "a" { "v" } else { "w" });
+        for i in 0..rows {
+            text.push_str(&format!("{},{}\n", i % 97, i));
+        }
+        std::fs::write(dir.path().join(name).join(format!("{name}.csv")), text).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn an_aggregate_feeding_a_join_on_its_key_is_not_shuffled_again() {
+    let dir = small_tables();
+    let d = dir.path().to_string_lossy().to_string();
+    // Both sides hash-partitioned (no broadcast): the aggregate's output is
+    // already partitioned on k, so only b is shuffled for the join.
+    let q = "select s.k, s.total, count(*) from (select k, sum(v) total from a group by k) s \
+             join b on s.k = b.k group by s.k, s.total";
+    let o = sql(&[
+        "--tables", &d, "--format", "csv", "-p", "2", "-D",
+        "table.optimizer.join.broadcast-threshold=0", "--explain", "-e", q,
+    ]);
+    let plan = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // a -> final aggregate, b -> join; the join's output is partitioned on
+    // s.k already, so the outer group by needs no exchange either.
+    assert_eq!(plan.matches("HASH").count(), 2, "{plan}");
+    assert_eq!(plan.matches("BROADCAST").count(), 0, "{plan}");
+    let run = sql(&["--tables", &d, "--format", "csv", "-p", "2", "-D",
+        "table.optimizer.join.broadcast-threshold=0", "-e", q]);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let out = String::from_utf8_lossy(&run.stdout);
+    assert_eq!(out.lines().count(), 1 + 97);
+}
+
+#[test]
+fn a_left_join_with_a_small_preserved_side_is_not_broadcast_and_counts_once() {
+    let dir = small_tables();
+    std::fs::create_dir(dir.path().join("c")).unwrap();
+    let mut text = String::from("ck\n");
+    for k in (0..10).chain(200..210) {
+        text.push_str(&format!("{k}\n"));
+    }
+    std::fs::write(dir.path().join("c/c.csv"), text).unwrap();
+    let d = dir.path().to_string_lossy().to_string();
+    let q = "select count(*) n, count(v) matched from c left join a on ck = k";
+    // Keys 0..9 match 52 rows of a each (i % 97 over 0..5000); 200..209 match none.
+    let expected = format!("n,matched\n{},{}\n", 10 * 52 + 10, 10 * 52);
+    for p in ["1", "2", "4"] {
+        let o = sql(&["--tables", &d, "--format", "csv", "-p", p, "-e", q]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert_eq!(String::from_utf8_lossy(&o.stdout), expected, "p={p}");
+    }
+    let o = sql(&["--tables", &d, "--format", "csv", "-p", "2", "--explain", "-e", q]);
+    let plan = String::from_utf8_lossy(&o.stdout);
+    assert!(plan.contains("HashJoin[Left, Partitioned]"), "{plan}");
+    assert!(!plan.contains("BROADCAST"), "{plan}");
+}

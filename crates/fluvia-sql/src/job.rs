@@ -15,7 +15,7 @@ use base64::Engine;
 use datafusion::arrow::datatypes::{Schema, SchemaRef};
 use datafusion::arrow::ipc::writer::FileWriter;
 use datafusion::error::DataFusionError;
-use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::{SessionState, SessionStateBuilder, TaskContext};
 use datafusion::execution::context::SessionContext;
 use datafusion::physical_expr::Partitioning;
 use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
@@ -39,7 +39,7 @@ use prost::Message;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// The name of the SQL program in a binary's program catalog.
 pub const PROGRAM: &str = "sql";
@@ -376,6 +376,7 @@ impl SqlJob {
         let graph = self.stream_graph()?;
         let job = JobGraphGenerator::new(&graph).create_job_graph(self.configuration(), true)?;
         let mut registry = OperatorRegistry::new();
+        let session = Arc::new(OnceLock::new());
         for id in 0..self.stages.len() {
             registry.register(
                 id,
@@ -383,6 +384,7 @@ impl SqlJob {
                     job: Arc::clone(self),
                     stage: id,
                     schema: self.stage_schema(id)?,
+                    session: Arc::clone(&session),
                 }),
             );
         }
@@ -404,11 +406,25 @@ struct StageFactory {
     job: Arc<SqlJob>,
     stage: usize,
     schema: SchemaRef,
+    /// DataFusion's functions and runtime, built once per process and job:
+    /// building a session costs more than running a small fragment.
+    session: Arc<OnceLock<SessionState>>,
 }
 
 impl OperatorFactory for StageFactory {
     fn create(&self, ctx: &OperatorContext, output: AnyOutput) -> Result<OperatorInstance> {
+        let state = match self.session.get() {
+            Some(s) => s,
+            None => {
+                let state = SessionStateBuilder::new()
+                    .with_config(session_config(&self.job.options)?)
+                    .with_default_features()
+                    .build();
+                self.session.get_or_init(|| state)
+            }
+        };
         Ok(OperatorInstance::Driver(Box::new(StageDriver {
+            state: state.clone(),
             job: Arc::clone(&self.job),
             stage: self.stage,
             subtask: ctx.subtask_index,
@@ -425,6 +441,7 @@ impl OperatorFactory for StageFactory {
 
 /// Runs partition `subtask` of one fragment on a current-thread runtime.
 struct StageDriver {
+    state: SessionState,
     job: Arc<SqlJob>,
     stage: usize,
     subtask: usize,
@@ -455,8 +472,21 @@ impl TaskDriver for StageDriver {
             cancel.clone(),
             Arc::clone(counters),
         ));
-        let config = session_config(&self.job.options)?.with_extension(Arc::clone(&task_inputs));
-        let task_ctx = SessionContext::new_with_config(config).task_ctx();
+        let config = self
+            .state
+            .config()
+            .clone()
+            .with_extension(Arc::clone(&task_inputs));
+        let task_ctx = Arc::new(TaskContext::new(
+            None,
+            self.state.session_id().to_string(),
+            config,
+            self.state.scalar_functions().clone(),
+            self.state.higher_order_functions().clone(),
+            self.state.aggregate_functions().clone(),
+            self.state.window_functions().clone(),
+            Arc::clone(self.state.runtime_env()),
+        ));
         let plan =
             physical_plan_from_bytes_with_extension_codec(&spec.plan, &task_ctx, &FluviaCodec)
                 .map_err(df_err)?;

@@ -96,6 +96,9 @@ pub fn datafusion_options(
             threshold.to_string(),
         ),
         ("datafusion.optimizer.repartition_joins", "true".into()),
+        // Flink's non-strict rule: data hash-partitioned on a subset of the
+        // required keys is already distributed correctly; no new shuffle.
+        ("datafusion.optimizer.subset_repartition_threshold", "1".into()),
         (
             "datafusion.optimizer.repartition_aggregations",
             "true".into(),
