@@ -58,7 +58,10 @@ pub fn run_suite(a: Args) -> Result<()> {
     let format = TableFormat::parse(&a.format)?;
     let settings = |multiple_input: bool| {
         let mut config = Configuration::new();
-        config.set("table.optimizer.multiple-input-enabled", multiple_input.to_string());
+        config.set(
+            "table.optimizer.multiple-input-enabled",
+            multiple_input.to_string(),
+        );
         SqlSettings {
             tables: a.data.clone(),
             format,
@@ -67,7 +70,11 @@ pub fn run_suite(a: Args) -> Result<()> {
         }
     };
     let (on, off) = (settings(true), settings(false));
-    let numbers: Vec<usize> = if a.query.is_empty() { (1..=99).collect() } else { a.query.clone() };
+    let numbers: Vec<usize> = if a.query.is_empty() {
+        (1..=99).collect()
+    } else {
+        a.query.clone()
+    };
     println!(
         "{:<8} {:>10} {:>10} {:>7} {:>12} {:>14} {:>14}",
         "query", "datafusion", "fluvia", "ratio", "fluvia MI-off", "net bytes MI", "net MI-off"

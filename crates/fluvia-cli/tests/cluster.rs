@@ -695,16 +695,26 @@ fn sql_on_a_cluster_matches_the_embedded_run_and_spans_task_managers() {
     let query = "select name, sum(qty) as total from sales join items on item = id \
                  group by name order by name";
     let args = |extra: &[&str]| -> Vec<String> {
-        let mut v: Vec<String> = ["sql", "--tables", tables.to_str().unwrap(), "--format", "csv"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let mut v: Vec<String> = [
+            "sql",
+            "--tables",
+            tables.to_str().unwrap(),
+            "--format",
+            "csv",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
         v.extend(["-p", "3", "-e", query].iter().map(|s| s.to_string()));
         v.extend(extra.iter().map(|s| s.to_string()));
         v
     };
     let embedded = fluvia().args(args(&[])).output().unwrap();
-    assert!(embedded.status.success(), "{}", String::from_utf8_lossy(&embedded.stderr));
+    assert!(
+        embedded.status.success(),
+        "{}",
+        String::from_utf8_lossy(&embedded.stderr)
+    );
     let mut reference = String::from("name,total\n");
     for (name, total) in &expected {
         reference.push_str(&format!("{name},{total}\n"));
@@ -720,7 +730,10 @@ fn sql_on_a_cluster_matches_the_embedded_run_and_spans_task_managers() {
     assert_eq!(o.stdout, embedded.stdout);
     let stats = String::from_utf8_lossy(&o.stderr);
     assert!(stats.contains("HASH"), "{stats}");
-    let list = fluvia().args(["list", "--jobmanager", &cluster.rpc]).output().unwrap();
+    let list = fluvia()
+        .args(["list", "--jobmanager", &cluster.rpc])
+        .output()
+        .unwrap();
     let list = String::from_utf8_lossy(&list.stdout);
     let id = list.split_whitespace().next().unwrap().to_string();
     let details = get(&cluster.rest, &format!("/jobs/{id}"));

@@ -299,8 +299,17 @@ fn an_aggregate_feeding_a_join_on_its_key_is_not_shuffled_again() {
     let q = "select s.k, s.total, count(*) from (select k, sum(v) total from a group by k) s \
              join b on s.k = b.k group by s.k, s.total";
     let o = sql(&[
-        "--tables", &d, "--format", "csv", "-p", "2", "-D",
-        "table.optimizer.join.broadcast-threshold=0", "--explain", "-e", q,
+        "--tables",
+        &d,
+        "--format",
+        "csv",
+        "-p",
+        "2",
+        "-D",
+        "table.optimizer.join.broadcast-threshold=0",
+        "--explain",
+        "-e",
+        q,
     ]);
     let plan = String::from_utf8_lossy(&o.stdout).to_string();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -308,9 +317,23 @@ fn an_aggregate_feeding_a_join_on_its_key_is_not_shuffled_again() {
     // s.k already, so the outer group by needs no exchange either.
     assert_eq!(plan.matches("HASH").count(), 2, "{plan}");
     assert_eq!(plan.matches("BROADCAST").count(), 0, "{plan}");
-    let run = sql(&["--tables", &d, "--format", "csv", "-p", "2", "-D",
-        "table.optimizer.join.broadcast-threshold=0", "-e", q]);
-    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let run = sql(&[
+        "--tables",
+        &d,
+        "--format",
+        "csv",
+        "-p",
+        "2",
+        "-D",
+        "table.optimizer.join.broadcast-threshold=0",
+        "-e",
+        q,
+    ]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
     let out = String::from_utf8_lossy(&run.stdout);
     assert_eq!(out.lines().count(), 1 + 97);
 }
@@ -333,7 +356,17 @@ fn a_left_join_with_a_small_preserved_side_is_not_broadcast_and_counts_once() {
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         assert_eq!(String::from_utf8_lossy(&o.stdout), expected, "p={p}");
     }
-    let o = sql(&["--tables", &d, "--format", "csv", "-p", "2", "--explain", "-e", q]);
+    let o = sql(&[
+        "--tables",
+        &d,
+        "--format",
+        "csv",
+        "-p",
+        "2",
+        "--explain",
+        "-e",
+        q,
+    ]);
     let plan = String::from_utf8_lossy(&o.stdout);
     assert!(plan.contains("HashJoin[Left, Partitioned]"), "{plan}");
     assert!(!plan.contains("BROADCAST"), "{plan}");

@@ -98,7 +98,10 @@ pub fn datafusion_options(
         ("datafusion.optimizer.repartition_joins", "true".into()),
         // Flink's non-strict rule: data hash-partitioned on a subset of the
         // required keys is already distributed correctly; no new shuffle.
-        ("datafusion.optimizer.subset_repartition_threshold", "1".into()),
+        (
+            "datafusion.optimizer.subset_repartition_threshold",
+            "1".into(),
+        ),
         (
             "datafusion.optimizer.repartition_aggregations",
             "true".into(),
