@@ -59,8 +59,14 @@ impl ClusterClient {
     }
 
     pub async fn status(&mut self, job_id: &str) -> Result<JobStatus> {
+        self.status_after(job_id, Duration::ZERO).await
+    }
+
+    /// The job's status once it has ended, or after at most `wait`.
+    async fn status_after(&mut self, job_id: &str, wait: Duration) -> Result<JobStatus> {
         let req = JobRequest {
             job_id: job_id.into(),
+            wait_ms: wait.as_millis() as u64,
         };
         Ok(self
             .client
@@ -70,17 +76,15 @@ impl ClusterClient {
             .into_inner())
     }
 
-    /// Polls until the job is FINISHED, FAILED or CANCELED: often at first
-    /// (short jobs end within milliseconds), then every 100 ms.
+    /// Waits until the job is FINISHED, FAILED or CANCELED. The JobManager
+    /// answers as soon as the job ends (a long poll of one second at most),
+    /// so the end is seen within a round trip, not a polling interval.
     pub async fn wait(&mut self, job_id: &str) -> Result<JobStatus> {
-        let mut pause = Duration::from_millis(2);
         loop {
-            let s = self.status(job_id).await?;
+            let s = self.status_after(job_id, Duration::from_secs(1)).await?;
             if matches!(s.state.as_str(), "FINISHED" | "FAILED" | "CANCELED") {
                 return Ok(s);
             }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(100));
         }
     }
 
@@ -97,6 +101,7 @@ impl ClusterClient {
     pub async fn cancel(&mut self, job_id: &str) -> Result<()> {
         let req = JobRequest {
             job_id: job_id.into(),
+            wait_ms: 0,
         };
         self.client
             .cancel_job(security::authorize(req, &self.secret))

@@ -155,6 +155,8 @@ pub(crate) struct JmShared {
     catalog: Arc<dyn ProgramCatalog>,
     pub state: Mutex<JmState>,
     wake: tokio::sync::Notify,
+    /// Signalled when a job reaches a final state (long-polling clients).
+    job_ended: tokio::sync::Notify,
     heartbeat_interval: Duration,
     heartbeat_timeout: Duration,
     slot_timeout: Duration,
@@ -220,6 +222,7 @@ impl JmShared {
             job.state = JobState::Failed;
             job.error = Some(reason);
             job.end_time = Some(now_millis());
+            self.job_ended.notify_waiters();
             self.wake.notify_one();
             return;
         }
@@ -403,6 +406,7 @@ impl JmShared {
                         if state == JobState::Cancelling {
                             j.state = JobState::Canceled;
                             j.end_time = Some(now_millis());
+                            self.job_ended.notify_waiters();
                             j.cancel_sent = false;
                         }
                     }
@@ -494,6 +498,7 @@ impl JmShared {
                     job.state = JobState::Failed;
                     job.error = Some(reason);
                     job.end_time = Some(now_millis());
+                    self.job_ended.notify_waiters();
                 }
                 return;
             }
@@ -522,6 +527,7 @@ impl JmShared {
         if (0..n).all(|v| job.vertex_finished(v)) {
             job.state = JobState::Finished;
             job.end_time = Some(now_millis());
+            self.job_ended.notify_waiters();
             return;
         }
         let mut deployable = Vec::new();
@@ -686,13 +692,19 @@ impl JmShared {
                     }
                 }
                 Action::Cancel { job, mut client } => {
-                    let req = security::authorize(JobRequest { job_id: job }, &self.secret);
+                    let req = security::authorize(JobRequest {
+                        job_id: job,
+                        wait_ms: 0,
+                    }, &self.secret);
                     let _ =
                         tokio::time::timeout(Duration::from_secs(5), client.cancel_job_tasks(req))
                             .await;
                 }
                 Action::Release { job, mut client } => {
-                    let req = security::authorize(JobRequest { job_id: job }, &self.secret);
+                    let req = security::authorize(JobRequest {
+                        job_id: job,
+                        wait_ms: 0,
+                    }, &self.secret);
                     let _ =
                         tokio::time::timeout(Duration::from_secs(5), client.release_job(req)).await;
                 }
@@ -1096,13 +1108,30 @@ impl JobManager for JmService {
 
     async fn get_job(&self, req: Request<JobRequest>) -> RpcResult<JobStatus> {
         security::check_request(&self.shared.secret, &req, "GetJob")?;
-        let id = req.into_inner().job_id;
-        let st = self.shared.state();
-        let job = st
-            .jobs
-            .get(&id)
-            .ok_or_else(|| Status::not_found(format!("no job {id}")))?;
-        Ok(Response::new(self.shared.status_of(&st, job)))
+        let req = req.into_inner();
+        let id = req.job_id;
+        // With `wait_ms` the call returns as soon as the job has ended (or
+        // the wait is over), so a client learns of the end without polling.
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(req.wait_ms);
+        loop {
+            let ended = self.shared.job_ended.notified();
+            {
+                let st = self.shared.state();
+                let job = st
+                    .jobs
+                    .get(&id)
+                    .ok_or_else(|| Status::not_found(format!("no job {id}")))?;
+                if job.end_time.is_some() || tokio::time::Instant::now() >= deadline {
+                    return Ok(Response::new(self.shared.status_of(&st, job)));
+                }
+            }
+            // The timeout only bounds a missed signal; ends are signalled.
+            let _ = tokio::time::timeout_at(
+                deadline.min(tokio::time::Instant::now() + Duration::from_millis(50)),
+                ended,
+            )
+            .await;
+        }
     }
 
     async fn list_jobs(&self, req: Request<Empty>) -> RpcResult<JobList> {
@@ -1169,6 +1198,7 @@ pub async fn start(
             job_order: Vec::new(),
         }),
         wake: tokio::sync::Notify::new(),
+        job_ended: tokio::sync::Notify::new(),
         heartbeat_interval: config.get(&cfg::HEARTBEAT_INTERVAL)?,
         heartbeat_timeout: config.get(&cfg::HEARTBEAT_TIMEOUT)?,
         slot_timeout: config.get(&cfg::SLOT_REQUEST_TIMEOUT)?,
