@@ -692,19 +692,25 @@ impl JmShared {
                     }
                 }
                 Action::Cancel { job, mut client } => {
-                    let req = security::authorize(JobRequest {
-                        job_id: job,
-                        wait_ms: 0,
-                    }, &self.secret);
+                    let req = security::authorize(
+                        JobRequest {
+                            job_id: job,
+                            wait_ms: 0,
+                        },
+                        &self.secret,
+                    );
                     let _ =
                         tokio::time::timeout(Duration::from_secs(5), client.cancel_job_tasks(req))
                             .await;
                 }
                 Action::Release { job, mut client } => {
-                    let req = security::authorize(JobRequest {
-                        job_id: job,
-                        wait_ms: 0,
-                    }, &self.secret);
+                    let req = security::authorize(
+                        JobRequest {
+                            job_id: job,
+                            wait_ms: 0,
+                        },
+                        &self.secret,
+                    );
                     let _ =
                         tokio::time::timeout(Duration::from_secs(5), client.release_job(req)).await;
                 }

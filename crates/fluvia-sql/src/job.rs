@@ -23,8 +23,9 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::metrics::Time;
 use datafusion::physical_plan::repartition::{BatchPartitioner, RepartitionExec};
 use datafusion_proto::bytes::{
-    physical_plan_from_bytes_with_extension_codec, physical_plan_to_bytes_with_extension_codec,
+    physical_plan_from_bytes_with_proto_converter, physical_plan_to_bytes_with_proto_converter,
 };
+use datafusion_proto::physical_plan::DeduplicatingProtoConverter;
 use datafusion_proto::protobuf;
 use fluvia_core::config::options;
 use fluvia_core::{Configuration, ExchangeMode, FluviaError, PartitionerKind, Result, RuntimeMode};
@@ -175,8 +176,12 @@ pub fn plan(req: &PlanRequest) -> std::result::Result<PlannedQuery, PlanError> {
             ),
             _ => Arc::clone(&s.plan),
         };
-        let bytes = physical_plan_to_bytes_with_extension_codec(shipped, &FluviaCodec)
-            .map_err(|e| PlanError::Query(QueryError(format!("stage {id}: {e}"))))?;
+        let bytes = physical_plan_to_bytes_with_proto_converter(
+            shipped,
+            &FluviaCodec,
+            &DeduplicatingProtoConverter {},
+        )
+        .map_err(|e| PlanError::Query(QueryError(format!("stage {id}: {e}"))))?;
         let schema: protobuf::Schema = s
             .plan
             .schema()
@@ -487,9 +492,15 @@ impl TaskDriver for StageDriver {
             self.state.window_functions().clone(),
             Arc::clone(self.state.runtime_env()),
         ));
-        let plan =
-            physical_plan_from_bytes_with_extension_codec(&spec.plan, &task_ctx, &FluviaCodec)
-                .map_err(df_err)?;
+        // Deduplicating keeps one dynamic filter shared by the join that
+        // fills it and the scan that reads it.
+        let plan = physical_plan_from_bytes_with_proto_converter(
+            &spec.plan,
+            &task_ctx,
+            &FluviaCodec,
+            &DeduplicatingProtoConverter {},
+        )
+        .map_err(df_err)?;
         let (plan, mut partitioner, offset) = match spec.exchange {
             Exchange::Hash { partitions, offset } => {
                 let Some(r) = plan.downcast_ref::<RepartitionExec>() else {
@@ -512,9 +523,10 @@ impl TaskDriver for StageDriver {
         };
         let rt = current_thread_runtime()?;
         let _enter = rt.enter();
-        let mut stream = plan
-            .execute(self.subtask, Arc::clone(&task_ctx))
-            .map_err(df_err)?;
+        // One partition: state DataFusion shares between the partitions of
+        // an operator (a join's dynamic filter) is complete in this task.
+        let plan = split::task_view(&plan, self.subtask).map_err(df_err)?;
+        let mut stream = plan.execute(0, Arc::clone(&task_ctx)).map_err(df_err)?;
         while let Some(next) = rt.block_on(stream.next()) {
             let batch = next.map_err(df_err)?;
             if cancel.is_cancelled() {
@@ -632,7 +644,8 @@ pub fn run_in_datafusion(
         .map_err(|e| FluviaError::io("starting the DataFusion runtime", e))?;
     let mut options = datafusion_options(parallelism, config)?;
     // In one process DataFusion's own defaults apply (round-robin
-    // exchanges and dynamic filters are its strengths there).
+    // exchanges, work stealing between scan partitions, physical scalar
+    // subqueries are its strengths there).
     options.retain(|(k, _)| {
         k == "datafusion.execution.target_partitions"
             || k.contains("view_types")

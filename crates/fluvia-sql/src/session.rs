@@ -2,9 +2,11 @@
 //!
 //! The settings make DataFusion plan for a distributed run: partitions are
 //! Fluvia subtasks, so every option that couples partitions inside one
-//! process (dynamic filters shared by all probe partitions, scalar subqueries
+//! process (work stealing between scan partitions, scalar subqueries
 //! evaluated into an in-process container) is switched off, and round-robin
-//! exchanges, which only spread work across threads, are not planned. The
+//! exchanges, which only spread work across threads, are not planned.
+//! Dynamic filters stay on: each task runs its fragment as a plan of one
+//! partition (`split::task_view`), where a join's filter is complete. The
 //! same options are shipped with the job so every process decodes fragments
 //! with the planner's settings.
 
@@ -59,22 +61,6 @@ pub fn datafusion_options(
         // here each partition is its own task and must read only its own.
         (
             "datafusion.execution.enable_file_stream_work_stealing",
-            "false".into(),
-        ),
-        (
-            "datafusion.optimizer.enable_dynamic_filter_pushdown",
-            "false".into(),
-        ),
-        (
-            "datafusion.optimizer.enable_join_dynamic_filter_pushdown",
-            "false".into(),
-        ),
-        (
-            "datafusion.optimizer.enable_topk_dynamic_filter_pushdown",
-            "false".into(),
-        ),
-        (
-            "datafusion.optimizer.enable_aggregate_dynamic_filter_pushdown",
             "false".into(),
         ),
         // A scalar subquery evaluated into an in-process container cannot

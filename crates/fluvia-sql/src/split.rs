@@ -32,6 +32,7 @@ use datafusion::physical_plan::limit::GlobalLimitExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
+use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use datafusion::physical_plan::union::UnionExec;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use serde::{Deserialize, Serialize};
@@ -411,7 +412,46 @@ pub fn members(plan: &Arc<dyn ExecutionPlan>) -> Vec<String> {
 
 // ---------------------------------------------------------------- planning rule
 
-/// Keeps collect-left joins only where a broadcast build side is correct.
+/// Largest estimated build side a cost comparison may broadcast.
+const BROADCAST_COST_CAP: usize = 64 * 1024 * 1024;
+
+/// Whether broadcasting the build side (`p - 1` extra copies) moves fewer
+/// bytes than hash-partitioning both sides (the probe side crosses the
+/// network), by DataFusion's estimates. Without estimates: no.
+fn broadcast_is_cheaper(hj: &HashJoinExec, parallelism: usize) -> bool {
+    let bytes = |p: &Arc<dyn ExecutionPlan>| {
+        let s = StatisticsContext::new()
+            .compute(p.as_ref(), &StatisticsArgs::new())
+            .ok()?;
+        // Joins often know their rows but not their bytes.
+        s.total_byte_size.get_value().copied().or_else(|| {
+            let width: usize = p
+                .schema()
+                .fields()
+                .iter()
+                .map(|f| f.data_type().primitive_width().unwrap_or(16))
+                .sum();
+            s.num_rows
+                .get_value()
+                .map(|rows| rows.saturating_mul(width))
+        })
+    };
+    match (bytes(hj.left()), bytes(hj.right())) {
+        (Some(build), Some(probe)) => {
+            build <= BROADCAST_COST_CAP
+                && build.saturating_mul(parallelism.saturating_sub(1)) < probe
+        }
+        _ => false,
+    }
+}
+
+/// Chooses broadcast joins by cost and keeps them only where they are
+/// correct.
+///
+/// Beyond DataFusion's size threshold, a partitioned join whose build side
+/// is estimated smaller than its probe side by more than the parallelism
+/// is broadcast: the probe side then stays where it is, chained to its
+/// producer, instead of crossing the network.
 ///
 /// In one process all probe partitions of a collect-left join share one
 /// build side and one "matched" bitmap. Distributed, every probe subtask
@@ -439,11 +479,22 @@ impl PhysicalOptimizerRule for BroadcastSafety {
     fn optimize(
         &self,
         plan: Arc<dyn ExecutionPlan>,
-        _config: &ConfigOptions,
+        config: &ConfigOptions,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
         use datafusion::common::tree_node::{Transformed, TreeNode};
+        let parallelism = config.execution.target_partitions;
         plan.transform_up(|node| {
             if let Some(hj) = node.downcast_ref::<HashJoinExec>() {
+                if *hj.partition_mode() == PartitionMode::Partitioned
+                    && broadcast_safe(hj.join_type())
+                    && broadcast_is_cheaper(hj, parallelism)
+                {
+                    let rebuilt = hj
+                        .builder()
+                        .with_partition_mode(PartitionMode::CollectLeft)
+                        .build_exec()?;
+                    return Ok(Transformed::yes(rebuilt));
+                }
                 if *hj.partition_mode() == PartitionMode::CollectLeft
                     && !broadcast_safe(hj.join_type())
                 {
@@ -477,4 +528,91 @@ impl PhysicalOptimizerRule for BroadcastSafety {
     fn schema_check(&self) -> bool {
         true
     }
+}
+
+// ---------------------------------------------------------------- task view
+
+/// The fragment as subtask `p` runs it: a plan of one partition that
+/// computes partition `p` of `plan`. Scans keep only their `p`-th file
+/// group, a union keeps the branch that holds `p`, readers declare one
+/// partition. In one partition, state DataFusion shares between the
+/// partitions of an operator (a join's dynamic filter waits for a report
+/// from every partition) is complete within the task, so dynamic filters
+/// prune the scans of the task's own fragment.
+pub fn task_view(plan: &Arc<dyn ExecutionPlan>, p: usize) -> DfResult<Arc<dyn ExecutionPlan>> {
+    use datafusion::common::internal_err;
+    use datafusion::datasource::physical_plan::FileScanConfigBuilder;
+    use datafusion::physical_plan::union::InterleaveExec;
+
+    let n = partitions(plan);
+    if p >= n {
+        return internal_err!("{} has {n} partitions, not {}", plan.name(), p + 1);
+    }
+    if let Some(r) = plan.downcast_ref::<ExchangeReaderExec>() {
+        return Ok(Arc::new(ExchangeReaderExec::new(
+            r.stage(),
+            r.schema(),
+            1,
+            r.facts().clone(),
+        )?));
+    }
+    if let Some(ds) = plan.downcast_ref::<DataSourceExec>() {
+        if n == 1 {
+            return Ok(Arc::clone(plan));
+        }
+        let Some(config) = ds.data_source().downcast_ref::<FileScanConfig>() else {
+            return internal_err!("a scan of {n} partitions that is not a file scan");
+        };
+        let group = config.file_groups[p].clone();
+        let one = FileScanConfigBuilder::from(config.clone())
+            .with_file_groups(vec![group])
+            .build();
+        return Ok(DataSourceExec::from_data_source(one));
+    }
+    if plan.is::<UnionExec>() {
+        let mut offset = 0;
+        for child in plan.children() {
+            let k = partitions(child);
+            if p < offset + k {
+                return task_view(child, p - offset);
+            }
+            offset += k;
+        }
+        return internal_err!("union without partition {p}");
+    }
+    if plan.is::<InterleaveExec>() {
+        // Partition p of an interleave is partition p of every input.
+        let views = plan
+            .children()
+            .into_iter()
+            .map(|c| task_view(c, p))
+            .collect::<DfResult<Vec<_>>>()?;
+        let union = UnionExec::try_new(views)?;
+        return Ok(Arc::new(CoalescePartitionsExec::new(union)));
+    }
+    let collect_left = is_collect_left(plan);
+    let children = plan
+        .children()
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            if collect_left && i == 0 {
+                // Every partition of the join reads the whole build side.
+                if partitions(c) != 1 {
+                    return internal_err!("a collect-left build side of several partitions");
+                }
+                task_view(c, 0)
+            } else if partitions(c) == n {
+                task_view(c, p)
+            } else {
+                internal_err!(
+                    "{} has {n} partitions but its input {} has {}",
+                    plan.name(),
+                    c.name(),
+                    partitions(c)
+                )
+            }
+        })
+        .collect::<DfResult<Vec<_>>>()?;
+    replace_children_if_necessary(Arc::clone(plan), children)
 }
