@@ -35,6 +35,22 @@ pub async fn run_job(
         }
     }
     c.set_option(&cfg::SLOTS, slots);
+    // The embedded TaskManagers spill under a directory this call owns and
+    // removes when it returns: they stop with the call, before a release
+    // message from the JobManager could clean up after them.
+    let base = config.get(&options::TMP_DIRS)?;
+    let spill = if base.is_empty() {
+        tempfile::Builder::new().prefix("fluvia-mini-").tempdir()
+    } else {
+        tempfile::Builder::new()
+            .prefix("fluvia-mini-")
+            .tempdir_in(base)
+    }
+    .map_err(|e| fluvia_core::FluviaError::io("creating the spill directory", e))?;
+    c.set(
+        options::TMP_DIRS.key,
+        spill.path().to_string_lossy().to_string(),
+    );
     let jm = crate::jobmanager::start(c.clone(), Arc::clone(&catalog)).await?;
     let address = jm.rpc_address.to_string();
     for _ in 0..task_managers {
