@@ -5,8 +5,8 @@
 use anyhow::{Context, Result, anyhow, bail};
 use clap::{Args, Parser, Subcommand};
 use fluvia_cli::catalog::{Example, ExampleCatalog};
-use fluvia_cli::examples;
 use fluvia_cli::sql::{SqlError, SqlSettings, Target};
+use fluvia_cli::{block_on, examples};
 use fluvia_cluster::client::ClusterClient;
 use fluvia_cluster::config as cluster_config;
 use fluvia_cluster::program::ProgramSpec;
@@ -310,19 +310,6 @@ fn program_spec(example: &Example) -> ProgramSpec {
         name: name.to_string(),
         args: after,
     }
-}
-
-/// Runs `future` on a fresh async runtime and shuts the runtime down without
-/// waiting for background work (servers of an embedded cluster).
-fn block_on<T>(future: impl std::future::Future<Output = T>) -> Result<T> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    let out = rt.block_on(future);
-    rt.shutdown_timeout(std::time::Duration::from_millis(100));
-    Ok(out)
 }
 
 fn run_on_cluster(jobmanager: &str, example: Example) -> Result<()> {

@@ -1,6 +1,7 @@
 //! `fluvia sql` and `fluvia tpcds`: plan with fluvia-sql in the client, run
 //! the job on the embedded mini-cluster or a cluster, print the result.
 
+use crate::block_on;
 use anyhow::{Context, Result, anyhow};
 use fluvia_cluster::client::ClusterClient;
 use fluvia_cluster::config as cluster_config;
@@ -57,17 +58,6 @@ pub struct SqlSettings {
     pub format: TableFormat,
     pub parallelism: usize,
     pub config: Configuration,
-}
-
-fn block_on<T>(future: impl std::future::Future<Output = T>) -> Result<T> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    let out = rt.block_on(future);
-    rt.shutdown_timeout(Duration::from_millis(100));
-    Ok(out)
 }
 
 /// Plans one statement; the result file goes to `work`.

@@ -41,12 +41,6 @@ impl OperatorRegistry {
         self.key_hashers.insert(edge, Arc::new(hasher));
     }
 
-    /// Routing data of a stream edge that the edge's record type interprets
-    /// (e.g. the hash expressions of a SQL exchange).
-    pub fn register_edge_data(&mut self, edge: usize, data: Arc<dyn Any + Send + Sync>) {
-        self.key_hashers.insert(edge, data);
-    }
-
     pub fn factory(&self, node: StreamNodeId) -> Result<&Arc<dyn OperatorFactory>> {
         self.factories.get(&node).ok_or_else(|| {
             FluviaError::Plan(format!(

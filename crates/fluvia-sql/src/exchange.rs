@@ -209,10 +209,12 @@ impl ExecutionPlan for ExchangeReaderExec {
                     "an exchange reader ran outside a Fluvia task".to_string(),
                 )
             })?;
-        let channels = inputs.take(self.stage)?;
+        let gate = InputGate::new(inputs.take(self.stage)?);
         let stream = GateStream {
-            gate: Some(InputGate::new(channels)),
-            deserializers: Vec::new(),
+            deserializers: (0..gate.num_channels())
+                .map(|_| RecordDeserializer::new())
+                .collect(),
+            gate: Some(gate),
             pending: VecDeque::new(),
             schema: Arc::clone(&self.schema),
             inputs: Arc::clone(&inputs),
@@ -306,11 +308,6 @@ impl GateStream {
         let Some(gate) = self.gate.as_mut() else {
             return Ok(false);
         };
-        if self.deserializers.is_empty() {
-            self.deserializers = (0..gate.num_channels())
-                .map(|_| RecordDeserializer::new())
-                .collect();
-        }
         match gate.get_next(&self.inputs.cancel)? {
             Some(GateEvent::Buffer { channel, buffer }) => {
                 let (schema, pending) = (&self.schema, &mut self.pending);
