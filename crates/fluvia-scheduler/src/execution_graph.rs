@@ -18,7 +18,7 @@ use fluvia_graph::JobGraph;
 use serde::{Deserialize, Serialize};
 
 /// Flink's `ExecutionState`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum ExecutionState {
     Created,
     Scheduled,
@@ -32,19 +32,147 @@ pub enum ExecutionState {
 }
 
 impl ExecutionState {
+    pub const ALL: [ExecutionState; 9] = [
+        ExecutionState::Created,
+        ExecutionState::Scheduled,
+        ExecutionState::Deploying,
+        ExecutionState::Initializing,
+        ExecutionState::Running,
+        ExecutionState::Finished,
+        ExecutionState::Canceling,
+        ExecutionState::Canceled,
+        ExecutionState::Failed,
+    ];
+
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
             ExecutionState::Finished | ExecutionState::Canceled | ExecutionState::Failed
         )
     }
+
+    /// Deployed (or being deployed) and not yet ended: the attempt holds a
+    /// slot.
+    pub fn is_live(self) -> bool {
+        matches!(
+            self,
+            ExecutionState::Deploying
+                | ExecutionState::Initializing
+                | ExecutionState::Running
+                | ExecutionState::Canceling
+        )
+    }
+
+    /// Flink's name (`RUNNING`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            ExecutionState::Created => "CREATED",
+            ExecutionState::Scheduled => "SCHEDULED",
+            ExecutionState::Deploying => "DEPLOYING",
+            ExecutionState::Initializing => "INITIALIZING",
+            ExecutionState::Running => "RUNNING",
+            ExecutionState::Finished => "FINISHED",
+            ExecutionState::Canceling => "CANCELING",
+            ExecutionState::Canceled => "CANCELED",
+            ExecutionState::Failed => "FAILED",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<ExecutionState> {
+        Self::ALL.into_iter().find(|st| st.name() == s)
+    }
+
+    /// How close to FINISHED: the vertex shows its most advanced attempt.
+    fn progress(self) -> u8 {
+        match self {
+            ExecutionState::Finished => 9,
+            ExecutionState::Running => 8,
+            ExecutionState::Initializing => 7,
+            ExecutionState::Deploying => 6,
+            ExecutionState::Scheduled => 5,
+            ExecutionState::Created => 4,
+            ExecutionState::Canceling => 3,
+            ExecutionState::Failed => 2,
+            ExecutionState::Canceled => 1,
+        }
+    }
 }
 
 /// One attempt to run a subtask.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Execution {
     pub attempt_number: u32,
     pub state: ExecutionState,
+    /// Scheduler-clock milliseconds at which each state was entered
+    /// (indexed like [`ExecutionState::ALL`]).
+    pub state_timestamps: [Option<u64>; 9],
+    /// Where it runs (or ran).
+    pub task_manager: Option<String>,
+    /// The job's shared slot hosting it.
+    pub slot: Option<u64>,
+    pub failure_cause: Option<String>,
+    /// What it reported when it ended.
+    pub metrics: Option<AttemptMetrics>,
+}
+
+impl Execution {
+    pub fn new(attempt_number: u32, now_ms: u64) -> Self {
+        let mut e = Execution {
+            attempt_number,
+            state: ExecutionState::Created,
+            state_timestamps: [None; 9],
+            task_manager: None,
+            slot: None,
+            failure_cause: None,
+            metrics: None,
+        };
+        e.state_timestamps[0] = Some(now_ms);
+        e
+    }
+
+    /// Moves to `state`, stamping the time it was entered.
+    pub fn transition(&mut self, state: ExecutionState, now_ms: u64) {
+        self.state = state;
+        let i = ExecutionState::ALL
+            .iter()
+            .position(|s| *s == state)
+            .unwrap_or(0);
+        self.state_timestamps[i].get_or_insert(now_ms);
+    }
+
+    pub fn timestamp(&self, state: ExecutionState) -> Option<u64> {
+        ExecutionState::ALL
+            .iter()
+            .position(|s| *s == state)
+            .and_then(|i| self.state_timestamps[i])
+    }
+}
+
+/// What an attempt reports when it ends: Flink's task I/O metrics, and per
+/// produced result the bytes and records of each subpartition (what the
+/// adaptive batch scheduler decides parallelism from).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AttemptMetrics {
+    pub records_in: u64,
+    pub records_out: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub buffers_in: u64,
+    pub buffers_out: u64,
+    /// Per chained operator: records received (sources: emitted).
+    pub operator_records: Vec<u64>,
+    /// Per produced data set (the vertex's order), per subpartition.
+    pub subpartition_bytes: Vec<Vec<u64>>,
+    pub subpartition_records: Vec<Vec<u64>>,
+    pub output_buffers_max_in_use: u64,
+    pub output_buffers_limit: u64,
+    pub backpressure_waits: u64,
+    /// Averages over the attempt's run.
+    pub busy_ms_per_second: f64,
+    pub idle_ms_per_second: f64,
+    pub back_pressured_ms_per_second: f64,
+    /// Named results a sink hands back to the client (`collect()`).
+    pub accumulators: Vec<(String, Vec<u8>)>,
 }
 
 /// An inclusive range of subpartition indices.
@@ -75,38 +203,67 @@ pub struct ConsumedPartition {
     pub type_number: u8,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExecutionVertex {
     pub subtask_index: usize,
+    /// Every attempt so far, by attempt number; several may be live at once
+    /// (speculative execution).
     pub attempts: Vec<Execution>,
+    /// The first attempt that finished: the one whose partitions consumers
+    /// read. Cleared when its results are lost.
+    pub finished_attempt: Option<u32>,
     /// Indices into [`ExecutionGraph::results`] this subtask produces.
     pub produced_results: Vec<usize>,
     pub consumed: Vec<ConsumedPartition>,
 }
 
 impl ExecutionVertex {
-    pub fn current_attempt(&self) -> &Execution {
+    /// The newest attempt.
+    pub fn latest_attempt(&self) -> &Execution {
         // Invariant: every vertex is created with attempt 0.
         &self.attempts[self.attempts.len() - 1]
     }
 
-    pub fn current_attempt_mut(&mut self) -> &mut Execution {
-        let last = self.attempts.len() - 1;
-        &mut self.attempts[last]
+    pub fn attempt(&self, n: u32) -> Option<&Execution> {
+        self.attempts.get(n as usize)
+    }
+
+    pub fn attempt_mut(&mut self, n: u32) -> Option<&mut Execution> {
+        self.attempts.get_mut(n as usize)
+    }
+
+    /// The attempt consumers read, if one finished.
+    pub fn winner(&self) -> Option<&Execution> {
+        self.finished_attempt.and_then(|n| self.attempt(n))
+    }
+
+    /// Attempts deployed and not ended.
+    pub fn live_attempts(&self) -> impl Iterator<Item = &Execution> {
+        self.attempts.iter().filter(|a| a.state.is_live())
+    }
+
+    /// Flink's rule: the state of the attempt closest to FINISHED.
+    pub fn state(&self) -> ExecutionState {
+        if self.finished_attempt.is_some() {
+            return ExecutionState::Finished;
+        }
+        self.attempts
+            .iter()
+            .map(|a| a.state)
+            .filter(|s| *s != ExecutionState::Finished)
+            .max_by_key(|s| s.progress())
+            .unwrap_or(ExecutionState::Created)
     }
 
     /// Starts a new attempt (failover, speculation) and returns its number.
-    pub fn new_attempt(&mut self) -> u32 {
+    pub fn new_attempt(&mut self, now_ms: u64) -> u32 {
         let n = self.attempts.len() as u32;
-        self.attempts.push(Execution {
-            attempt_number: n,
-            state: ExecutionState::Created,
-        });
+        self.attempts.push(Execution::new(n, now_ms));
         n
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExecutionJobVertex {
     pub job_vertex: JobVertexId,
     pub name: String,
@@ -130,7 +287,7 @@ pub struct IntermediateResult {
     pub consumer_max_parallelism: usize,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExecutionGraph {
     pub job_id: JobId,
     pub job_name: String,
@@ -152,10 +309,8 @@ impl ExecutionGraph {
                 subtasks: (0..v.parallelism)
                     .map(|i| ExecutionVertex {
                         subtask_index: i,
-                        attempts: vec![Execution {
-                            attempt_number: 0,
-                            state: ExecutionState::Created,
-                        }],
+                        attempts: vec![Execution::new(0, 0)],
+                        finished_attempt: None,
                         produced_results: Vec::new(),
                         consumed: Vec::new(),
                     })
@@ -322,8 +477,26 @@ mod tests {
     fn attempts_start_at_zero_and_grow() {
         let mut eg = graph(1, 1, PartitionerKind::Forward);
         let v = &mut eg.vertices[0].subtasks[0];
-        assert_eq!(v.current_attempt().attempt_number, 0);
-        assert_eq!(v.new_attempt(), 1);
-        assert_eq!(v.current_attempt().state, ExecutionState::Created);
+        assert_eq!(v.latest_attempt().attempt_number, 0);
+        assert_eq!(v.new_attempt(5), 1);
+        assert_eq!(v.latest_attempt().state, ExecutionState::Created);
+        assert_eq!(v.latest_attempt().timestamp(ExecutionState::Created), Some(5));
+    }
+
+    #[test]
+    fn a_vertex_shows_the_attempt_closest_to_finished() {
+        let mut eg = graph(1, 1, PartitionerKind::Forward);
+        let v = &mut eg.vertices[0].subtasks[0];
+        v.attempts[0].transition(ExecutionState::Failed, 1);
+        assert_eq!(v.state(), ExecutionState::Failed);
+        v.new_attempt(2);
+        v.attempts[1].transition(ExecutionState::Running, 3);
+        v.new_attempt(4);
+        v.attempts[2].transition(ExecutionState::Deploying, 5);
+        assert_eq!(v.state(), ExecutionState::Running);
+        v.attempts[2].transition(ExecutionState::Finished, 6);
+        v.finished_attempt = Some(2);
+        assert_eq!(v.state(), ExecutionState::Finished);
+        assert_eq!(v.winner().map(|a| a.attempt_number), Some(2));
     }
 }

@@ -1,15 +1,27 @@
-//! Scheduling data structures. For now: the [`ExecutionGraph`], the JobGraph
-//! expanded by parallelism into execution vertices with their attempts, the
-//! result partitions each subtask produces and the subpartition *ranges* each
-//! consumer reads (ranges, not single indices, because the adaptive batch
-//! scheduler will hand one consumer several subpartitions).
+//! Scheduling: the [`ExecutionGraph`] (the JobGraph expanded by parallelism
+//! into execution vertices with their attempts, the result partitions each
+//! subtask produces and the subpartition *ranges* each consumer reads) and
+//! the [`Scheduler`], a deterministic state machine that decides where and
+//! when attempts run, fails over and ends jobs (Flink's SchedulerNG).
 //!
-//! This crate decides who reads what; it does not run anything and knows
-//! nothing of buffers or threads.
+//! This crate decides; it does not run anything. It knows nothing of gRPC,
+//! tokio, sockets, threads or real clocks: the JobManager feeds it events
+//! and performs the actions it returns, and the simulation tests drive it
+//! with a virtual clock.
 
+pub mod deployment;
 pub mod execution_graph;
+pub mod scheduler;
+pub mod validate;
 
-pub use execution_graph::{
-    ConsumedPartition, Execution, ExecutionGraph, ExecutionJobVertex, ExecutionState,
-    ExecutionVertex, IntermediateResult, SubpartitionRange,
+pub use deployment::{
+    Deployment, ExecutionAttemptId, InputDescriptor, OutputDescriptor, PartitionRef,
 };
+pub use execution_graph::{
+    AttemptMetrics, ConsumedPartition, Execution, ExecutionGraph, ExecutionJobVertex,
+    ExecutionState, ExecutionVertex, IntermediateResult, SubpartitionRange,
+};
+pub use scheduler::{
+    Action, Event, Job, JobState, Scheduler, SchedulerConfig, SharedSlot, TaskManagerSpec,
+};
+pub use validate::validate_job_graph;

@@ -1,0 +1,1617 @@
+//! The scheduler: Flink's SchedulerNG as a deterministic state machine.
+//!
+//! It is fed [`Event`]s (a job submitted, a TaskManager registered, lost or
+//! heartbeating, an attempt's state report, a deploy acknowledged or failed,
+//! a probe answered) with the current time of an injected clock, and it
+//! queues [`Action`]s (deploy an attempt, cancel an attempt, release
+//! partitions or a job's resources, probe a TaskManager, a job ended) that
+//! the caller performs however it likes. It never touches a socket, a thread
+//! or a real clock: the JobManager is a thin shell around it, and the
+//! simulation tests drive it with a virtual clock and seeded faults.
+//!
+//! Model (Flink's names):
+//! - **Pipelined regions.** Vertices joined by pipelined edges form a region
+//!   that is scheduled (slots for all its subtasks at once) and restarted as
+//!   one. With only blocking edges (batch), each subtask is its own region: a
+//!   subtask is deployed when every partition it reads was finished by a
+//!   producer attempt whose TaskManager is alive, and a failure re-runs only
+//!   that subtask. Within a region a consumer is deployed once its producers'
+//!   deployments were acknowledged, so their partitions exist when it asks.
+//! - **Attempts.** An execution vertex may have several live attempts (a
+//!   failover creates a new one only when none is live; [`Event::AddAttempt`]
+//!   adds a concurrent one, as speculative execution will). The first attempt
+//!   to finish wins: its partitions are the ones consumers read, the others
+//!   are cancelled, and cancelling them is not a failure. A failed attempt
+//!   fails its subtask only when no other attempt of it can still finish.
+//! - **Slots.** A job's subtasks run in shared slots: slot `(group, i)` hosts
+//!   subtask `i` of each vertex of a slot sharing group. Slots are taken from
+//!   TaskManagers whose program fingerprint is the job's, in registration
+//!   order, preferring the TaskManager that hosted the same slot before, and
+//!   given back when they host nothing live (the TaskManager keeps serving
+//!   the finished partitions).
+//! - **Failover.** A failure starts a restart after the restart strategy's
+//!   delay; failures that arrive before it fires join it (one restart).
+//!   Before restarting, every TaskManager is probed, so a dead one is found
+//!   at once rather than after the heartbeat timeout. A lost TaskManager
+//!   fails what ran there and re-runs the finished subtasks whose partitions
+//!   it held, where a consumer still needs them (transitively).
+//! - **Reconciliation.** Heartbeats list the attempts a TaskManager runs; an
+//!   acknowledged attempt missing from two heartbeats in a row is failed (its
+//!   final report was lost), and an attempt a TaskManager runs that the
+//!   scheduler does not know as live is cancelled.
+
+use crate::deployment::{
+    Deployment, ExecutionAttemptId, InputDescriptor, OutputDescriptor, PartitionRef,
+};
+use crate::execution_graph::{AttemptMetrics, ExecutionGraph, ExecutionState};
+use crate::validate::validate_job_graph;
+use fluvia_core::{FluviaError, JobId, Result, ResultPartitionType};
+use fluvia_graph::{JobGraph, JobType};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Flink's job states (the ones Fluvia uses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum JobState {
+    Created,
+    Running,
+    Restarting,
+    Finished,
+    Failed,
+    Canceled,
+}
+
+impl JobState {
+    pub fn name(self) -> &'static str {
+        match self {
+            JobState::Created => "CREATED",
+            JobState::Running => "RUNNING",
+            JobState::Restarting => "RESTARTING",
+            JobState::Finished => "FINISHED",
+            JobState::Failed => "FAILED",
+            JobState::Canceled => "CANCELED",
+        }
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            JobState::Finished | JobState::Failed | JobState::Canceled
+        )
+    }
+}
+
+/// Settings of the scheduler (Flink's keys are read by the JobManager).
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    /// `slot.request.timeout`: how long a job waits for slots it cannot get
+    /// while nothing of it runs.
+    pub slot_request_timeout: Duration,
+    /// Restarts allowed (`restart-strategy.fixed-delay.attempts`; 0: none).
+    pub restart_attempts: usize,
+    /// `restart-strategy.fixed-delay.delay`.
+    pub restart_delay: Duration,
+    /// `heartbeat.timeout`: silence after which a TaskManager is lost.
+    pub heartbeat_timeout: Duration,
+    /// How long a restart waits for probe answers before going on.
+    pub probe_timeout: Duration,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            slot_request_timeout: Duration::from_secs(300),
+            restart_attempts: 0,
+            restart_delay: Duration::from_secs(1),
+            heartbeat_timeout: Duration::from_secs(50),
+            probe_timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+/// A TaskManager as it registers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskManagerSpec {
+    pub id: String,
+    pub slots: usize,
+    /// The programs its binary carries; only jobs of that fingerprint go there.
+    pub fingerprint: String,
+    /// Where its partitions are served.
+    pub data_address: String,
+}
+
+/// Something that happened.
+#[derive(Debug, Clone)]
+pub enum Event {
+    SubmitJob {
+        job: JobId,
+        graph: Arc<JobGraph>,
+        /// The program's name, for messages.
+        program: String,
+        fingerprint: String,
+    },
+    CancelJob {
+        job: JobId,
+    },
+    RegisterTaskManager(TaskManagerSpec),
+    /// The attempts the TaskManager runs right now.
+    Heartbeat {
+        task_manager: String,
+        running: Vec<ExecutionAttemptId>,
+    },
+    TaskManagerLost {
+        task_manager: String,
+        reason: String,
+    },
+    ProbeAnswered {
+        task_manager: String,
+        alive: bool,
+    },
+    DeployAcknowledged {
+        attempt: ExecutionAttemptId,
+    },
+    DeployFailed {
+        attempt: ExecutionAttemptId,
+        reason: String,
+    },
+    /// A state report from the TaskManager running the attempt.
+    AttemptState {
+        attempt: ExecutionAttemptId,
+        state: ExecutionState,
+        failure: Option<String>,
+        metrics: Option<AttemptMetrics>,
+    },
+    /// Start one more concurrent attempt of a subtask (speculation).
+    AddAttempt {
+        job: JobId,
+        vertex: usize,
+        subtask: usize,
+    },
+    /// Time passed.
+    Tick,
+}
+
+/// Something the caller must do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    Deploy(Box<Deployment>),
+    CancelAttempt {
+        task_manager: String,
+        attempt: ExecutionAttemptId,
+    },
+    /// Partitions of an attempt that lost (or failed): drop them.
+    ReleasePartitions {
+        task_manager: String,
+        job: JobId,
+        partitions: Vec<PartitionRef>,
+    },
+    /// The job ended: cancel whatever of it still runs there and drop its
+    /// partitions.
+    ReleaseJob {
+        task_manager: String,
+        job: JobId,
+    },
+    /// Ask whether the TaskManager still answers (feed back
+    /// [`Event::ProbeAnswered`]).
+    Probe {
+        task_manager: String,
+    },
+    JobEnded {
+        job: JobId,
+        state: JobState,
+    },
+}
+
+struct Tm {
+    spec: TaskManagerSpec,
+    last_heartbeat: Duration,
+    used_slots: usize,
+}
+
+/// A slot of one job on one TaskManager, hosting at most one attempt of
+/// each vertex of its slot sharing group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedSlot {
+    pub task_manager: String,
+    pub group: String,
+    pub index: usize,
+    /// (vertex, attempt) of the attempts it hosts (scheduled or live).
+    pub hosted: BTreeSet<(usize, usize, u32)>,
+}
+
+#[derive(Debug, Clone)]
+struct PendingRestart {
+    at: Duration,
+    subtasks: BTreeSet<(usize, usize)>,
+}
+
+/// One job as the scheduler sees it.
+pub struct Job {
+    pub id: JobId,
+    pub graph: Arc<JobGraph>,
+    pub program: String,
+    pub fingerprint: String,
+    pub eg: ExecutionGraph,
+    pub state: JobState,
+    pub failure_cause: Option<String>,
+    pub submitted_at: Duration,
+    pub ended_at: Option<Duration>,
+    /// Failovers so far (each may re-run several subtasks).
+    pub restarts: usize,
+    /// Shared slots by id.
+    pub slots: BTreeMap<u64, SharedSlot>,
+    next_slot: u64,
+    /// Pipelined region of each vertex, and whether it spans pipelined edges.
+    region_of: Vec<usize>,
+    region_pipelined: Vec<bool>,
+    pending_restart: Option<PendingRestart>,
+    preferred: BTreeMap<(String, usize), String>,
+    waiting_since: Option<Duration>,
+    probes: BTreeSet<String>,
+    probe_deadline: Duration,
+    touched: BTreeSet<String>,
+    missed: BTreeMap<ExecutionAttemptId, u32>,
+    /// TaskManagers an added attempt should avoid (where its siblings run).
+    avoid: BTreeMap<(usize, usize, u32), BTreeSet<String>>,
+}
+
+impl Job {
+    fn attempt_id(&self, vertex: usize, subtask: usize, attempt: u32) -> ExecutionAttemptId {
+        ExecutionAttemptId {
+            job: self.id,
+            vertex,
+            subtask,
+            attempt,
+        }
+    }
+
+    /// Subtasks of vertex `c` that read partition `producer` of result `r`.
+    fn consumers_of(&self, r: usize, producer: usize) -> Vec<(usize, usize)> {
+        let c = self.eg.results[r].consumer;
+        self.eg.vertices[c]
+            .subtasks
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| {
+                s.consumed
+                    .iter()
+                    .any(|cp| cp.result == r && cp.producer_subtask == producer)
+            })
+            .map(|(i, _)| (c, i))
+            .collect()
+    }
+
+    fn all_finished(&self) -> bool {
+        self.eg
+            .vertices
+            .iter()
+            .all(|v| v.subtasks.iter().all(|s| s.finished_attempt.is_some()))
+    }
+
+    fn has_live_attempts(&self) -> bool {
+        self.eg.vertices.iter().any(|v| {
+            v.subtasks
+                .iter()
+                .any(|s| s.attempts.iter().any(|a| a.state.is_live()))
+        })
+    }
+
+    /// Slots the job holds per TaskManager.
+    pub fn slots_per_task_manager(&self) -> BTreeMap<String, usize> {
+        let mut m = BTreeMap::new();
+        for s in self.slots.values() {
+            *m.entry(s.task_manager.clone()).or_insert(0) += 1;
+        }
+        m
+    }
+
+    /// Subtasks in the same pipelined region as `(v, i)`.
+    fn region_members(&self, v: usize, i: usize) -> Vec<(usize, usize)> {
+        let r = self.region_of[v];
+        if !self.region_pipelined[r] {
+            return vec![(v, i)];
+        }
+        let mut out = Vec::new();
+        for (u, ejv) in self.eg.vertices.iter().enumerate() {
+            if self.region_of[u] == r {
+                out.extend((0..ejv.subtasks.len()).map(|j| (u, j)));
+            }
+        }
+        out
+    }
+}
+
+/// The scheduler of every job of a cluster.
+pub struct Scheduler {
+    config: SchedulerConfig,
+    tms: BTreeMap<String, Tm>,
+    tm_order: Vec<String>,
+    jobs: BTreeMap<JobId, Job>,
+    job_order: Vec<JobId>,
+    actions: VecDeque<Action>,
+    now: Duration,
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+impl Scheduler {
+    pub fn new(config: SchedulerConfig) -> Self {
+        Scheduler {
+            config,
+            tms: BTreeMap::new(),
+            tm_order: Vec::new(),
+            jobs: BTreeMap::new(),
+            job_order: Vec::new(),
+            actions: VecDeque::new(),
+            now: Duration::ZERO,
+        }
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    pub fn now(&self) -> Duration {
+        self.now
+    }
+
+    pub fn job(&self, id: JobId) -> Option<&Job> {
+        self.jobs.get(&id)
+    }
+
+    /// Jobs in submission order.
+    pub fn jobs(&self) -> impl Iterator<Item = &Job> {
+        self.job_order.iter().filter_map(|id| self.jobs.get(id))
+    }
+
+    /// Registered TaskManagers in registration order, with their used slots.
+    pub fn task_managers(&self) -> impl Iterator<Item = (&TaskManagerSpec, usize)> {
+        self.tm_order
+            .iter()
+            .filter_map(|id| self.tms.get(id))
+            .map(|t| (&t.spec, t.used_slots))
+    }
+
+    pub fn is_registered(&self, tm: &str) -> bool {
+        self.tms.contains_key(tm)
+    }
+
+    /// The next action to perform.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    pub fn drain_actions(&mut self) -> Vec<Action> {
+        self.actions.drain(..).collect()
+    }
+
+    /// When the scheduler next needs a [`Event::Tick`] (absent other events).
+    pub fn poll_timeout(&self) -> Option<Duration> {
+        let mut t: Option<Duration> = None;
+        let mut at = |d: Duration| t = Some(t.map_or(d, |x| x.min(d)));
+        for tm in self.tms.values() {
+            at(tm.last_heartbeat + self.config.heartbeat_timeout);
+        }
+        for j in self.jobs.values().filter(|j| !j.state.is_terminal()) {
+            if let Some(p) = &j.pending_restart {
+                at(p.at.max(self.now));
+                if !j.probes.is_empty() {
+                    at(j.probe_deadline);
+                }
+            }
+            if let Some(since) = j.waiting_since {
+                at(since + self.config.slot_request_timeout);
+            }
+        }
+        t
+    }
+
+    /// Feeds one event at time `now` (monotonic, from the caller's clock).
+    pub fn handle(&mut self, now: Duration, event: Event) -> Result<()> {
+        self.now = self.now.max(now);
+        let outcome = match event {
+            Event::SubmitJob {
+                job,
+                graph,
+                program,
+                fingerprint,
+            } => self.submit(job, graph, program, fingerprint),
+            Event::CancelJob { job } => self.cancel(job),
+            Event::RegisterTaskManager(spec) => {
+                self.register(spec);
+                Ok(())
+            }
+            Event::Heartbeat {
+                task_manager,
+                running,
+            } => self.heartbeat(&task_manager, &running),
+            Event::TaskManagerLost {
+                task_manager,
+                reason,
+            } => {
+                self.lose_task_manager(&task_manager, &reason);
+                Ok(())
+            }
+            Event::ProbeAnswered {
+                task_manager,
+                alive,
+            } => {
+                if alive {
+                    for j in self.jobs.values_mut() {
+                        j.probes.remove(&task_manager);
+                    }
+                } else {
+                    self.lose_task_manager(&task_manager, "it does not answer");
+                }
+                Ok(())
+            }
+            Event::DeployAcknowledged { attempt } => {
+                self.deploy_acknowledged(attempt);
+                Ok(())
+            }
+            Event::DeployFailed { attempt, reason } => {
+                self.deploy_failed(attempt, reason);
+                Ok(())
+            }
+            Event::AttemptState {
+                attempt,
+                state,
+                failure,
+                metrics,
+            } => {
+                self.attempt_state(attempt, state, failure, metrics);
+                Ok(())
+            }
+            Event::AddAttempt {
+                job,
+                vertex,
+                subtask,
+            } => self.add_attempt(job, vertex, subtask),
+            Event::Tick => Ok(()),
+        };
+        self.check_timeouts();
+        self.schedule_all();
+        outcome
+    }
+
+    // ------------------------------------------------------------ events
+
+    fn submit(
+        &mut self,
+        id: JobId,
+        graph: Arc<JobGraph>,
+        program: String,
+        fingerprint: String,
+    ) -> Result<()> {
+        if self.jobs.contains_key(&id) {
+            return Err(FluviaError::Plan(format!("job {id} was submitted already")));
+        }
+        validate_job_graph(&graph)?;
+        let eg = ExecutionGraph::from_job_graph(&graph)?;
+        // Pipelined regions: union-find over pipelined edges.
+        let n = graph.vertices.len();
+        let mut parent: Vec<usize> = (0..n).collect();
+        fn find(p: &mut [usize], x: usize) -> usize {
+            let mut r = x;
+            while p[r] != r {
+                r = p[r];
+            }
+            p[x] = r;
+            r
+        }
+        let mut pipelined = vec![false; n];
+        for r in &eg.results {
+            if r.result_partition_type == ResultPartitionType::PipelinedBounded {
+                let (a, b) = (find(&mut parent, r.producer), find(&mut parent, r.consumer));
+                parent[a] = b;
+                pipelined[r.producer] = true;
+                pipelined[r.consumer] = true;
+            }
+        }
+        let region_of: Vec<usize> = (0..n).map(|v| find(&mut parent, v)).collect();
+        let mut region_pipelined = vec![false; n];
+        for v in 0..n {
+            if pipelined[v] {
+                region_pipelined[region_of[v]] = true;
+            }
+        }
+        self.jobs.insert(
+            id,
+            Job {
+                id,
+                graph,
+                program,
+                fingerprint,
+                eg,
+                state: JobState::Created,
+                failure_cause: None,
+                submitted_at: self.now,
+                ended_at: None,
+                restarts: 0,
+                slots: BTreeMap::new(),
+                next_slot: 0,
+                region_of,
+                region_pipelined,
+                pending_restart: None,
+                preferred: BTreeMap::new(),
+                waiting_since: None,
+                probes: BTreeSet::new(),
+                probe_deadline: Duration::ZERO,
+                touched: BTreeSet::new(),
+                missed: BTreeMap::new(),
+                avoid: BTreeMap::new(),
+            },
+        );
+        self.job_order.push(id);
+        Ok(())
+    }
+
+    fn cancel(&mut self, id: JobId) -> Result<()> {
+        let job = self
+            .jobs
+            .get(&id)
+            .ok_or_else(|| FluviaError::Plan(format!("no job {id}")))?;
+        if job.state.is_terminal() {
+            return Err(FluviaError::Plan(format!(
+                "job {id} is {} already",
+                job.state.name()
+            )));
+        }
+        self.end_job(id, JobState::Canceled, None);
+        Ok(())
+    }
+
+    fn register(&mut self, spec: TaskManagerSpec) {
+        let id = spec.id.clone();
+        if let Some(t) = self.tms.get_mut(&id) {
+            // A re-registration of a TaskManager we still know: keep its
+            // slot accounting.
+            t.spec = spec;
+            t.last_heartbeat = self.now;
+            return;
+        }
+        self.tms.insert(
+            id.clone(),
+            Tm {
+                spec,
+                last_heartbeat: self.now,
+                used_slots: 0,
+            },
+        );
+        if !self.tm_order.contains(&id) {
+            self.tm_order.push(id);
+        }
+    }
+
+    fn heartbeat(&mut self, tm: &str, running: &[ExecutionAttemptId]) -> Result<()> {
+        let Some(t) = self.tms.get_mut(tm) else {
+            return Err(FluviaError::Execution(format!(
+                "TaskManager {tm} is not registered"
+            )));
+        };
+        t.last_heartbeat = self.now;
+        let running: BTreeSet<ExecutionAttemptId> = running.iter().copied().collect();
+        // Attempts it runs that are not live here: cancel them.
+        for a in &running {
+            let live = self
+                .jobs
+                .get(&a.job)
+                .filter(|j| !j.state.is_terminal())
+                .and_then(|j| j.eg.vertices.get(a.vertex))
+                .and_then(|v| v.subtasks.get(a.subtask))
+                .and_then(|s| s.attempt(a.attempt))
+                .is_some_and(|e| e.state.is_live() && e.task_manager.as_deref() == Some(tm));
+            if !live {
+                self.actions.push_back(Action::CancelAttempt {
+                    task_manager: tm.to_string(),
+                    attempt: *a,
+                });
+            }
+        }
+        // Acknowledged attempts it no longer runs: their final report was lost.
+        let mut lost = Vec::new();
+        for job in self.jobs.values_mut().filter(|j| !j.state.is_terminal()) {
+            let mut seen = Vec::new();
+            for (v, ejv) in job.eg.vertices.iter().enumerate() {
+                for (i, s) in ejv.subtasks.iter().enumerate() {
+                    for e in &s.attempts {
+                        let acked = matches!(
+                            e.state,
+                            ExecutionState::Initializing
+                                | ExecutionState::Running
+                                | ExecutionState::Canceling
+                        );
+                        if acked && e.task_manager.as_deref() == Some(tm) {
+                            seen.push(ExecutionAttemptId {
+                                job: job.id,
+                                vertex: v,
+                                subtask: i,
+                                attempt: e.attempt_number,
+                            });
+                        }
+                    }
+                }
+            }
+            for a in seen {
+                if running.contains(&a) {
+                    job.missed.remove(&a);
+                } else {
+                    let n = job.missed.entry(a).or_insert(0);
+                    *n += 1;
+                    if *n >= 2 {
+                        job.missed.remove(&a);
+                        lost.push(a);
+                    }
+                }
+            }
+        }
+        for a in lost {
+            self.attempt_state(
+                a,
+                ExecutionState::Failed,
+                Some(format!(
+                    "TaskManager {tm} no longer runs this attempt (its final state report was lost)"
+                )),
+                None,
+            );
+        }
+        Ok(())
+    }
+
+    fn deploy_acknowledged(&mut self, a: ExecutionAttemptId) {
+        let now = ms(self.now);
+        if let Some(e) = self.execution_mut(a)
+            && e.state == ExecutionState::Deploying
+        {
+            e.transition(ExecutionState::Initializing, now);
+        }
+    }
+
+    fn deploy_failed(&mut self, a: ExecutionAttemptId, reason: String) {
+        let Some(e) = self.execution_mut(a) else {
+            return;
+        };
+        if !e.state.is_live() {
+            return;
+        }
+        let tm = e.task_manager.clone();
+        self.attempt_state(
+            a,
+            ExecutionState::Failed,
+            Some(format!("deploying failed: {reason}")),
+            None,
+        );
+        // (Its partitions, if it registered any, were released with the
+        // failure.) A TaskManager that fails a deployment may be dying.
+        if let Some(tm) = tm
+            && self.tms.contains_key(&tm)
+        {
+            self.actions.push_back(Action::Probe { task_manager: tm });
+        }
+    }
+
+    fn add_attempt(&mut self, id: JobId, v: usize, i: usize) -> Result<()> {
+        let now = ms(self.now);
+        let job = self
+            .jobs
+            .get_mut(&id)
+            .ok_or_else(|| FluviaError::Plan(format!("no job {id}")))?;
+        if job.state.is_terminal() || job.graph.job_type != JobType::Batch {
+            return Err(FluviaError::Plan(format!(
+                "job {id} takes no additional attempts (it is {} or not a batch job)",
+                job.state.name()
+            )));
+        }
+        let sub = job
+            .eg
+            .vertices
+            .get_mut(v)
+            .and_then(|x| x.subtasks.get_mut(i))
+            .ok_or_else(|| FluviaError::Plan(format!("job {id} has no subtask {v}/{i}")))?;
+        if sub.finished_attempt.is_some() {
+            return Err(FluviaError::Plan(format!("subtask {v}/{i} finished already")));
+        }
+        if matches!(
+            sub.latest_attempt().state,
+            ExecutionState::Created | ExecutionState::Scheduled
+        ) {
+            return Ok(()); // one is waiting to be deployed already
+        }
+        let avoid: BTreeSet<String> = sub
+            .live_attempts()
+            .filter_map(|a| a.task_manager.clone())
+            .collect();
+        let n = sub.new_attempt(now);
+        job.avoid.insert((v, i, n), avoid);
+        Ok(())
+    }
+
+    fn execution_mut(
+        &mut self,
+        a: ExecutionAttemptId,
+    ) -> Option<&mut crate::execution_graph::Execution> {
+        self.jobs
+            .get_mut(&a.job)
+            .filter(|j| !j.state.is_terminal())?
+            .eg
+            .vertices
+            .get_mut(a.vertex)?
+            .subtasks
+            .get_mut(a.subtask)?
+            .attempt_mut(a.attempt)
+    }
+
+    /// An attempt's state report. Reports of attempts that ended already
+    /// (duplicates, stale attempts) change nothing.
+    fn attempt_state(
+        &mut self,
+        a: ExecutionAttemptId,
+        state: ExecutionState,
+        failure: Option<String>,
+        metrics: Option<AttemptMetrics>,
+    ) {
+        let now = ms(self.now);
+        let Some(job) = self.jobs.get_mut(&a.job) else {
+            return;
+        };
+        if job.state.is_terminal() {
+            return;
+        }
+        let Some(sub) = job
+            .eg
+            .vertices
+            .get_mut(a.vertex)
+            .and_then(|v| v.subtasks.get_mut(a.subtask))
+        else {
+            return;
+        };
+        let Some(e) = sub.attempt_mut(a.attempt) else {
+            return;
+        };
+        if !e.state.is_live() {
+            return;
+        }
+        let was_canceling = e.state == ExecutionState::Canceling;
+        match state {
+            ExecutionState::Initializing | ExecutionState::Running => {
+                if !was_canceling && e.state < state {
+                    e.transition(state, now);
+                }
+            }
+            ExecutionState::Finished => {
+                e.transition(ExecutionState::Finished, now);
+                e.metrics = metrics;
+                let tm = e.task_manager.clone();
+                self.free_slot_of(a);
+                self.attempt_finished(a, tm);
+            }
+            ExecutionState::Canceled | ExecutionState::Failed => {
+                if was_canceling {
+                    e.transition(ExecutionState::Canceled, now);
+                    self.free_slot_of(a);
+                    return;
+                }
+                let cause = match (state, failure) {
+                    (_, Some(f)) if !f.is_empty() => f,
+                    (ExecutionState::Canceled, _) => {
+                        "the attempt was cancelled on its TaskManager".to_string()
+                    }
+                    _ => "the task failed".to_string(),
+                };
+                e.transition(ExecutionState::Failed, now);
+                e.failure_cause = Some(cause.clone());
+                e.metrics = metrics;
+                let tm = e.task_manager.clone();
+                self.free_slot_of(a);
+                if let Some(tm) = tm {
+                    self.release_partitions_of(a, &tm);
+                }
+                self.subtask_failed(a.job, a.vertex, a.subtask, cause);
+            }
+            _ => {}
+        }
+    }
+
+    fn attempt_finished(&mut self, a: ExecutionAttemptId, tm: Option<String>) {
+        let now = ms(self.now);
+        let Some(job) = self.jobs.get_mut(&a.job) else {
+            return;
+        };
+        let sub = &mut job.eg.vertices[a.vertex].subtasks[a.subtask];
+        if sub.finished_attempt.is_some() {
+            // Another attempt won; this one's partitions are not read.
+            if let Some(tm) = tm {
+                self.release_partitions_of(a, &tm);
+            }
+            return;
+        }
+        sub.finished_attempt = Some(a.attempt);
+        // Cancel the other attempts: losing is not a failure.
+        let mut cancels = Vec::new();
+        let mut unslot = Vec::new();
+        for e in &mut sub.attempts {
+            if e.attempt_number == a.attempt {
+                continue;
+            }
+            match e.state {
+                ExecutionState::Created | ExecutionState::Scheduled => {
+                    if e.state == ExecutionState::Scheduled {
+                        unslot.push(e.attempt_number);
+                    }
+                    e.transition(ExecutionState::Canceled, now);
+                }
+                ExecutionState::Deploying
+                | ExecutionState::Initializing
+                | ExecutionState::Running => {
+                    e.transition(ExecutionState::Canceling, now);
+                    if let Some(tm) = &e.task_manager {
+                        cancels.push((tm.clone(), e.attempt_number));
+                    }
+                }
+                _ => {}
+            }
+        }
+        for n in unslot {
+            self.free_slot_of(ExecutionAttemptId { attempt: n, ..a });
+        }
+        for (tm, n) in cancels {
+            self.actions.push_back(Action::CancelAttempt {
+                task_manager: tm,
+                attempt: ExecutionAttemptId { attempt: n, ..a },
+            });
+        }
+        if let Some(job) = self.jobs.get(&a.job)
+            && job.all_finished()
+        {
+            self.end_job(a.job, JobState::Finished, None);
+        }
+    }
+
+    /// The subtask's attempt failed: fail over unless another attempt of it
+    /// can still finish.
+    fn subtask_failed(&mut self, id: JobId, v: usize, i: usize, cause: String) {
+        let Some(job) = self.jobs.get(&id) else {
+            return;
+        };
+        let sub = &job.eg.vertices[v].subtasks[i];
+        let sibling_waits = matches!(
+            sub.latest_attempt().state,
+            ExecutionState::Created | ExecutionState::Scheduled
+        );
+        if sub.finished_attempt.is_some()
+            || sibling_waits
+            || sub.live_attempts().any(|e| e.state != ExecutionState::Canceling)
+        {
+            return;
+        }
+        let name = &job.graph.vertices[v].name;
+        let cause = format!(
+            "{name} ({}/{}) failed: {cause}",
+            i + 1,
+            job.graph.vertices[v].parallelism
+        );
+        let members = job.region_members(v, i);
+        self.restart(id, members, cause);
+    }
+
+    /// Schedules a restart of `subtasks` (and cancels what of them runs), or
+    /// fails the job when no restart is left.
+    fn restart(&mut self, id: JobId, subtasks: Vec<(usize, usize)>, cause: String) {
+        let now = self.now;
+        let (attempts, delay, probe_timeout) = (
+            self.config.restart_attempts,
+            self.config.restart_delay,
+            self.config.probe_timeout,
+        );
+        let alive: Vec<String> = self.tm_order.clone();
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        if job.state.is_terminal() {
+            return;
+        }
+        if job.pending_restart.is_none() {
+            if job.restarts >= attempts {
+                self.end_job(id, JobState::Failed, Some(cause));
+                return;
+            }
+            job.restarts += 1;
+            job.pending_restart = Some(PendingRestart {
+                at: now + delay,
+                subtasks: BTreeSet::new(),
+            });
+            job.probes = alive.iter().cloned().collect();
+            job.probe_deadline = now + probe_timeout;
+            for tm in &alive {
+                self.actions.push_back(Action::Probe {
+                    task_manager: tm.clone(),
+                });
+            }
+        }
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        job.failure_cause = Some(cause);
+        if job.graph.job_type == JobType::Streaming {
+            job.state = JobState::Restarting;
+        }
+        let mut cancels = Vec::new();
+        let mut unslot = Vec::new();
+        let now_ms = ms(now);
+        for &(v, i) in &subtasks {
+            let streaming_region = job.region_pipelined[job.region_of[v]];
+            let sub = &mut job.eg.vertices[v].subtasks[i];
+            if streaming_region {
+                // Pipelined data is gone with its readers: finished members
+                // of the region run again too.
+                sub.finished_attempt = None;
+            }
+            for e in &mut sub.attempts {
+                match e.state {
+                    ExecutionState::Deploying
+                    | ExecutionState::Initializing
+                    | ExecutionState::Running => {
+                        e.transition(ExecutionState::Canceling, now_ms);
+                        if let Some(tm) = &e.task_manager {
+                            cancels.push((tm.clone(), v, i, e.attempt_number));
+                        }
+                    }
+                    ExecutionState::Scheduled => {
+                        unslot.push((v, i, e.attempt_number));
+                        e.transition(ExecutionState::Canceled, now_ms);
+                    }
+                    ExecutionState::Created => e.transition(ExecutionState::Canceled, now_ms),
+                    _ => {}
+                }
+            }
+        }
+        if let Some(p) = &mut job.pending_restart {
+            p.subtasks.extend(subtasks);
+        }
+        for (v, i, n) in unslot {
+            self.free_slot_of(ExecutionAttemptId {
+                job: id,
+                vertex: v,
+                subtask: i,
+                attempt: n,
+            });
+        }
+        for (tm, v, i, n) in cancels {
+            self.actions.push_back(Action::CancelAttempt {
+                task_manager: tm,
+                attempt: ExecutionAttemptId {
+                    job: id,
+                    vertex: v,
+                    subtask: i,
+                    attempt: n,
+                },
+            });
+        }
+    }
+
+    /// A TaskManager is gone: what ran there failed, what it held is lost.
+    fn lose_task_manager(&mut self, tm: &str, reason: &str) {
+        if self.tms.remove(tm).is_none() {
+            return;
+        }
+        self.tm_order.retain(|t| t != tm);
+        let now = ms(self.now);
+        let ids: Vec<JobId> = self.job_order.clone();
+        for id in ids {
+            let Some(job) = self.jobs.get_mut(&id) else {
+                continue;
+            };
+            job.probes.remove(tm);
+            job.touched.remove(tm);
+            if job.state.is_terminal() {
+                continue;
+            }
+            // Its shared slots vanish with it.
+            let gone: Vec<u64> = job
+                .slots
+                .iter()
+                .filter(|(_, s)| s.task_manager == tm)
+                .map(|(k, _)| *k)
+                .collect();
+            for k in gone {
+                job.slots.remove(&k);
+            }
+            let mut failed = Vec::new();
+            for (v, ejv) in job.eg.vertices.iter_mut().enumerate() {
+                for (i, s) in ejv.subtasks.iter_mut().enumerate() {
+                    for e in &mut s.attempts {
+                        if e.task_manager.as_deref() != Some(tm) {
+                            continue;
+                        }
+                        match e.state {
+                            ExecutionState::Canceling => {
+                                e.transition(ExecutionState::Canceled, now);
+                                e.slot = None;
+                            }
+                            ExecutionState::Scheduled => {
+                                e.state = ExecutionState::Created;
+                                e.slot = None;
+                                e.task_manager = None;
+                            }
+                            s if s.is_live() => {
+                                e.transition(ExecutionState::Failed, now);
+                                e.failure_cause =
+                                    Some(format!("TaskManager {tm} was lost: {reason}"));
+                                e.slot = None;
+                                failed.push((v, i));
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+            }
+            for (v, i) in failed {
+                self.subtask_failed(
+                    id,
+                    v,
+                    i,
+                    format!("TaskManager {tm} was lost: {reason}"),
+                );
+            }
+            self.invalidate_lost_results(id, &format!("TaskManager {tm} was lost: {reason}"));
+        }
+    }
+
+    /// Finished subtasks whose partitions sit on a TaskManager that is gone
+    /// run again where a consumer still needs them, until nothing changes
+    /// (a re-run producer needs its own inputs).
+    fn invalidate_lost_results(&mut self, id: JobId, cause: &str) {
+        loop {
+            let Some(job) = self.jobs.get(&id) else {
+                return;
+            };
+            if job.state.is_terminal() {
+                return;
+            }
+            let mut lost = None;
+            'search: for (v, ejv) in job.eg.vertices.iter().enumerate() {
+                for (i, s) in ejv.subtasks.iter().enumerate() {
+                    let Some(w) = s.winner() else { continue };
+                    let here = w
+                        .task_manager
+                        .as_deref()
+                        .is_some_and(|t| self.tms.contains_key(t));
+                    if here {
+                        continue;
+                    }
+                    let needed = s.produced_results.iter().any(|&r| {
+                        job.eg.results[r].result_partition_type == ResultPartitionType::Blocking
+                            && job
+                                .consumers_of(r, i)
+                                .iter()
+                                .any(|&(c, j)| {
+                                    job.eg.vertices[c].subtasks[j].finished_attempt.is_none()
+                                })
+                    });
+                    if needed {
+                        lost = Some((v, i));
+                        break 'search;
+                    }
+                }
+            }
+            let Some((v, i)) = lost else { return };
+            if let Some(job) = self.jobs.get_mut(&id) {
+                job.eg.vertices[v].subtasks[i].finished_attempt = None;
+            }
+            let name = self.jobs[&id].graph.vertices[v].name.clone();
+            self.restart(
+                id,
+                vec![(v, i)],
+                format!("the results of {name} ({}) were lost: {cause}", i + 1),
+            );
+        }
+    }
+
+    fn release_partitions_of(&mut self, a: ExecutionAttemptId, tm: &str) {
+        let Some(job) = self.jobs.get(&a.job) else {
+            return;
+        };
+        let partitions: Vec<PartitionRef> = job.graph.vertices[a.vertex]
+            .produced_data_sets
+            .iter()
+            .map(|ds| PartitionRef {
+                data_set: ds.id.0,
+                producer_subtask: a.subtask as u32,
+                attempt: a.attempt,
+            })
+            .collect();
+        if !partitions.is_empty() && self.tms.contains_key(tm) {
+            self.actions.push_back(Action::ReleasePartitions {
+                task_manager: tm.to_string(),
+                job: a.job,
+                partitions,
+            });
+        }
+    }
+
+    /// Takes the attempt out of its shared slot, giving the slot back when
+    /// it hosts nothing more.
+    fn free_slot_of(&mut self, a: ExecutionAttemptId) {
+        let Some(job) = self.jobs.get_mut(&a.job) else {
+            return;
+        };
+        let e = &mut job.eg.vertices[a.vertex].subtasks[a.subtask].attempts[a.attempt as usize];
+        let Some(k) = e.slot.take() else {
+            return;
+        };
+        let Some(slot) = job.slots.get_mut(&k) else {
+            return;
+        };
+        slot.hosted.remove(&(a.vertex, a.subtask, a.attempt));
+        if slot.hosted.is_empty() {
+            let slot = job.slots.remove(&k).expect("slot exists");
+            job.preferred
+                .insert((slot.group.clone(), slot.index), slot.task_manager.clone());
+            if let Some(t) = self.tms.get_mut(&slot.task_manager) {
+                t.used_slots = t.used_slots.saturating_sub(1);
+            }
+        }
+    }
+
+    fn end_job(&mut self, id: JobId, state: JobState, cause: Option<String>) {
+        let now = self.now;
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        if job.state.is_terminal() {
+            return;
+        }
+        job.state = state;
+        job.ended_at = Some(now);
+        if cause.is_some() {
+            job.failure_cause = cause;
+        } else if state == JobState::Finished {
+            job.failure_cause = None;
+        }
+        job.pending_restart = None;
+        job.waiting_since = None;
+        job.probes.clear();
+        job.missed.clear();
+        for ejv in &mut job.eg.vertices {
+            for s in &mut ejv.subtasks {
+                for e in &mut s.attempts {
+                    if !e.state.is_terminal() {
+                        e.transition(ExecutionState::Canceled, ms(now));
+                    }
+                    e.slot = None;
+                }
+            }
+        }
+        for slot in std::mem::take(&mut job.slots).into_values() {
+            if let Some(t) = self.tms.get_mut(&slot.task_manager) {
+                t.used_slots = t.used_slots.saturating_sub(1);
+            }
+        }
+        for tm in std::mem::take(&mut job.touched) {
+            if self.tms.contains_key(&tm) {
+                self.actions.push_back(Action::ReleaseJob {
+                    task_manager: tm,
+                    job: id,
+                });
+            }
+        }
+        self.actions.push_back(Action::JobEnded { job: id, state });
+    }
+
+    // ------------------------------------------------------------ time
+
+    fn check_timeouts(&mut self) {
+        let timeout = self.config.heartbeat_timeout;
+        let now = self.now;
+        let silent: Vec<String> = self
+            .tms
+            .values()
+            .filter(|t| now.saturating_sub(t.last_heartbeat) > timeout)
+            .map(|t| t.spec.id.clone())
+            .collect();
+        for tm in silent {
+            self.lose_task_manager(&tm, &format!("no heartbeat for {} ms", timeout.as_millis()));
+        }
+        for j in self.jobs.values_mut() {
+            if !j.probes.is_empty() && now >= j.probe_deadline {
+                // Unanswered probes: the heartbeat timeout will tell.
+                j.probes.clear();
+            }
+        }
+    }
+
+    // ------------------------------------------------------------ scheduling
+
+    fn schedule_all(&mut self) {
+        let ids: Vec<JobId> = self.job_order.clone();
+        for id in ids {
+            self.schedule(id);
+        }
+    }
+
+    fn schedule(&mut self, id: JobId) {
+        let now = self.now;
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        if job.state.is_terminal() {
+            return;
+        }
+        // A pending restart fires after its delay, once probes are answered
+        // and what it cancelled has stopped.
+        if let Some(p) = &job.pending_restart {
+            let cancelled_all = p.subtasks.iter().all(|&(v, i)| {
+                !job.eg.vertices[v].subtasks[i]
+                    .attempts
+                    .iter()
+                    .any(|e| e.state == ExecutionState::Canceling)
+            });
+            if now >= p.at && job.probes.is_empty() && cancelled_all {
+                let p = job.pending_restart.take().expect("pending restart");
+                for (v, i) in p.subtasks {
+                    let sub = &mut job.eg.vertices[v].subtasks[i];
+                    let waiting = matches!(
+                        sub.latest_attempt().state,
+                        ExecutionState::Created | ExecutionState::Scheduled
+                    );
+                    if sub.finished_attempt.is_none()
+                        && sub.live_attempts().next().is_none()
+                        && !waiting
+                    {
+                        sub.new_attempt(ms(now));
+                    }
+                }
+                job.state = JobState::Running;
+            } else if job.state == JobState::Restarting {
+                return;
+            }
+        }
+        if job.state == JobState::Created {
+            job.state = JobState::Running;
+        }
+        self.allocate(id);
+        self.deploy_ready(id);
+        let Some(since) = self.jobs.get(&id).and_then(|j| j.waiting_since) else {
+            return;
+        };
+        if now.saturating_sub(since) >= self.config.slot_request_timeout {
+            let reason = self.slot_shortage_message(id);
+            self.end_job(id, JobState::Failed, Some(reason));
+        }
+    }
+
+    fn slot_shortage_message(&self, id: JobId) -> String {
+        let job = &self.jobs[&id];
+        let waited = self.config.slot_request_timeout.as_millis();
+        let matching: Vec<&Tm> = self
+            .tms
+            .values()
+            .filter(|t| t.spec.fingerprint == job.fingerprint)
+            .collect();
+        if matching.is_empty() {
+            return format!(
+                "no registered TaskManager carries program '{}' (fingerprint {}): {} TaskManagers \
+                 are registered, all with other programs; waited {waited} ms (slot.request.timeout). \
+                 Start a TaskManager from the program's own binary.",
+                job.program,
+                job.fingerprint,
+                self.tms.len()
+            );
+        }
+        let required = job.graph.required_slots();
+        let held = job.slots.len();
+        let free: usize = matching
+            .iter()
+            .map(|t| t.spec.slots.saturating_sub(t.used_slots))
+            .sum();
+        let total: usize = matching.iter().map(|t| t.spec.slots).sum();
+        format!(
+            "not enough slots: the job needs {required} slots ({} more), the cluster has {free} free \
+             of {total} on {} TaskManagers for program '{}', after waiting {waited} ms \
+             (slot.request.timeout)",
+            required.saturating_sub(held).max(1),
+            matching.len(),
+            job.program
+        )
+    }
+
+    /// Whether every blocking partition `(v, i)` reads was finished by an
+    /// attempt whose TaskManager is alive.
+    fn blocking_inputs_ready(&self, job: &Job, v: usize, i: usize) -> bool {
+        job.eg.vertices[v].subtasks[i].consumed.iter().all(|cp| {
+            let r = &job.eg.results[cp.result];
+            if r.result_partition_type != ResultPartitionType::Blocking {
+                return true;
+            }
+            job.eg.vertices[r.producer].subtasks[cp.producer_subtask]
+                .winner()
+                .and_then(|w| w.task_manager.as_deref())
+                .is_some_and(|t| self.tms.contains_key(t))
+        })
+    }
+
+    /// Gives slots to waiting attempts, one pipelined region at a time (all
+    /// of a region or none of it).
+    fn allocate(&mut self, id: JobId) {
+        let Some(job) = self.jobs.get(&id) else {
+            return;
+        };
+        // Waiting attempts without a slot, grouped by region.
+        let mut regions: BTreeMap<(usize, usize), Vec<(usize, usize, u32)>> = BTreeMap::new();
+        for (v, ejv) in job.eg.vertices.iter().enumerate() {
+            for (i, s) in ejv.subtasks.iter().enumerate() {
+                let e = s.latest_attempt();
+                if s.finished_attempt.is_none() && e.state == ExecutionState::Created {
+                    let key = if job.region_pipelined[job.region_of[v]] {
+                        (job.region_of[v], usize::MAX)
+                    } else {
+                        (v, i)
+                    };
+                    regions.entry(key).or_default().push((v, i, e.attempt_number));
+                }
+            }
+        }
+        let mut short = false;
+        for members in regions.into_values() {
+            let Some(job) = self.jobs.get(&id) else {
+                return;
+            };
+            // A region waits until its blocking inputs are there, and a
+            // pipelined region until all of its subtasks wait (a restart
+            // of it has fired).
+            if !members
+                .iter()
+                .all(|&(v, i, _)| self.blocking_inputs_ready(job, v, i))
+            {
+                continue;
+            }
+            let r = job.region_of[members[0].0];
+            if job.region_pipelined[r] {
+                let busy = job.eg.vertices.iter().enumerate().any(|(u, ejv)| {
+                    job.region_of[u] == r
+                        && ejv.subtasks.iter().any(|s| {
+                            s.finished_attempt.is_none()
+                                && s.latest_attempt().state != ExecutionState::Created
+                                && s.live_attempts().next().is_none()
+                                && !members.iter().any(|m| m.0 == u)
+                        })
+                });
+                if busy {
+                    continue;
+                }
+            }
+            match self.find_slots(id, &members) {
+                Some(plan) => self.commit_slots(id, &members, plan),
+                None => short = true,
+            }
+        }
+        // The slot wait clock runs only while nothing of the job runs: a
+        // running job frees slots itself.
+        if let Some(job) = self.jobs.get_mut(&id) {
+            if short && !job.has_live_attempts() {
+                job.waiting_since.get_or_insert(self.now);
+            } else {
+                job.waiting_since = None;
+            }
+        }
+    }
+
+    /// A slot for each member: an existing shared slot of the job
+    /// (`Ok(slot)`) or a new one on a TaskManager (`Err(tm)`).
+    fn find_slots(
+        &self,
+        id: JobId,
+        members: &[(usize, usize, u32)],
+    ) -> Option<Vec<std::result::Result<u64, (String, String, usize)>>> {
+        let job = &self.jobs[&id];
+        let mut free: BTreeMap<&str, usize> = self
+            .tms
+            .values()
+            .filter(|t| t.spec.fingerprint == job.fingerprint)
+            .map(|t| (t.spec.id.as_str(), t.spec.slots.saturating_sub(t.used_slots)))
+            .collect();
+        // New shared slots planned in this pass, by (group, index): reuse
+        // them for the other vertices of the group.
+        let mut planned: Vec<(String, usize, String, BTreeSet<usize>)> = Vec::new();
+        let mut taken: BTreeMap<u64, BTreeSet<usize>> = BTreeMap::new();
+        let mut out = Vec::new();
+        for &(v, i, n) in members {
+            let group = job.graph.vertices[v].slot_sharing_group.clone();
+            let avoid = job.avoid.get(&(v, i, n));
+            let avoided = |tm: &str| avoid.is_some_and(|a| a.contains(tm));
+            // 1. An existing shared slot without an attempt of this vertex.
+            let existing = job.slots.iter().find(|(k, s)| {
+                s.group == group
+                    && s.index == i
+                    && !avoided(&s.task_manager)
+                    && self.tms.contains_key(&s.task_manager)
+                    && !s.hosted.iter().any(|h| h.0 == v)
+                    && !taken.get(k).is_some_and(|t| t.contains(&v))
+            });
+            if let Some((k, _)) = existing {
+                taken.entry(*k).or_default().insert(v);
+                out.push(Ok(*k));
+                continue;
+            }
+            // 2. A slot planned in this pass.
+            if let Some(p) = planned
+                .iter_mut()
+                .find(|p| p.0 == group && p.1 == i && !p.3.contains(&v) && !avoided(&p.2))
+            {
+                p.3.insert(v);
+                out.push(Err((p.2.clone(), group, i)));
+                continue;
+            }
+            // 3. A new slot: the preferred TaskManager, else the first in
+            // registration order (one that no sibling attempt uses first).
+            let preferred = job.preferred.get(&(group.clone(), i));
+            let has_free = |tm: &str, free: &BTreeMap<&str, usize>| {
+                free.get(tm).is_some_and(|&n| n > 0)
+            };
+            let choice = preferred
+                .filter(|p| has_free(p, &free) && !avoided(p))
+                .cloned()
+                .or_else(|| {
+                    self.tm_order
+                        .iter()
+                        .find(|t| has_free(t, &free) && !avoided(t))
+                        .cloned()
+                })
+                .or_else(|| {
+                    self.tm_order
+                        .iter()
+                        .find(|t| has_free(t, &free))
+                        .cloned()
+                })?;
+            if let Some(n) = free.get_mut(choice.as_str()) {
+                *n -= 1;
+            }
+            planned.push((group.clone(), i, choice.clone(), BTreeSet::from([v])));
+            out.push(Err((choice, group, i)));
+        }
+        Some(out)
+    }
+
+    fn commit_slots(
+        &mut self,
+        id: JobId,
+        members: &[(usize, usize, u32)],
+        plan: Vec<std::result::Result<u64, (String, String, usize)>>,
+    ) {
+        let now = ms(self.now);
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        let mut new_slots: BTreeMap<(String, String, usize), Vec<u64>> = BTreeMap::new();
+        for (&(v, i, n), choice) in members.iter().zip(plan) {
+            let k = match choice {
+                Ok(k) => k,
+                Err(key) => {
+                    // One new slot per (tm, group, index) not yet hosting v.
+                    let list = new_slots.entry(key.clone()).or_default();
+                    let reuse = list
+                        .iter()
+                        .copied()
+                        .find(|k| !job.slots[k].hosted.iter().any(|h| h.0 == v));
+                    match reuse {
+                        Some(k) => k,
+                        None => {
+                            let k = job.next_slot;
+                            job.next_slot += 1;
+                            job.slots.insert(
+                                k,
+                                SharedSlot {
+                                    task_manager: key.0.clone(),
+                                    group: key.1.clone(),
+                                    index: key.2,
+                                    hosted: BTreeSet::new(),
+                                },
+                            );
+                            if let Some(t) = self.tms.get_mut(&key.0) {
+                                t.used_slots += 1;
+                            }
+                            list.push(k);
+                            k
+                        }
+                    }
+                }
+            };
+            let slot = job.slots.get_mut(&k).expect("slot exists");
+            slot.hosted.insert((v, i, n));
+            let tm = slot.task_manager.clone();
+            let e = &mut job.eg.vertices[v].subtasks[i].attempts[n as usize];
+            e.slot = Some(k);
+            e.task_manager = Some(tm);
+            e.transition(ExecutionState::Scheduled, now);
+        }
+    }
+
+    /// Deploys scheduled attempts whose inputs are there: blocking ones
+    /// finished, pipelined producers acknowledged.
+    fn deploy_ready(&mut self, id: JobId) {
+        let now = ms(self.now);
+        let Some(job) = self.jobs.get(&id) else {
+            return;
+        };
+        let mut ready = Vec::new();
+        for (v, ejv) in job.eg.vertices.iter().enumerate() {
+            for (i, s) in ejv.subtasks.iter().enumerate() {
+                for e in &s.attempts {
+                    if e.state != ExecutionState::Scheduled {
+                        continue;
+                    }
+                    if let Some(d) = self.deployment(job, v, i, e.attempt_number) {
+                        ready.push(d);
+                    }
+                }
+            }
+        }
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        for d in ready {
+            let a = d.attempt;
+            job.touched.insert(d.task_manager.clone());
+            job.eg.vertices[a.vertex].subtasks[a.subtask].attempts[a.attempt as usize]
+                .transition(ExecutionState::Deploying, now);
+            self.actions.push_back(Action::Deploy(Box::new(d)));
+        }
+    }
+
+    /// The deployment of an attempt, if its inputs are available.
+    fn deployment(&self, job: &Job, v: usize, i: usize, n: u32) -> Option<Deployment> {
+        let sub = &job.eg.vertices[v].subtasks[i];
+        let tm = sub.attempt(n)?.task_manager.clone()?;
+        let mut inputs = Vec::new();
+        for cp in &sub.consumed {
+            let r = &job.eg.results[cp.result];
+            let producer = &job.eg.vertices[r.producer].subtasks[cp.producer_subtask];
+            let source = match r.result_partition_type {
+                ResultPartitionType::Blocking => producer.winner()?,
+                ResultPartitionType::PipelinedBounded => producer.winner().or_else(|| {
+                    producer.attempts.iter().rev().find(|e| {
+                        matches!(
+                            e.state,
+                            ExecutionState::Initializing | ExecutionState::Running
+                        )
+                    })
+                })?,
+            };
+            let ptm = source.task_manager.as_deref()?;
+            let address = self.tms.get(ptm)?.spec.data_address.clone();
+            for sp in cp.subpartitions.iter() {
+                inputs.push(InputDescriptor {
+                    type_number: cp.type_number,
+                    partition: PartitionRef {
+                        data_set: r.data_set.0,
+                        producer_subtask: cp.producer_subtask as u32,
+                        attempt: source.attempt_number,
+                    },
+                    subpartition: sp as u32,
+                    producer_address: address.clone(),
+                    local: ptm == tm,
+                });
+            }
+        }
+        let mut outputs = Vec::new();
+        for ds in &job.graph.vertices[v].produced_data_sets {
+            let r = job.eg.results.iter().find(|r| r.data_set == ds.id)?;
+            outputs.push(OutputDescriptor {
+                data_set: ds.id.0,
+                num_subpartitions: r.num_subpartitions[i],
+                partitioner: r.partitioner,
+                consumer_max_parallelism: r.consumer_max_parallelism,
+                blocking: r.result_partition_type == ResultPartitionType::Blocking,
+            });
+        }
+        Some(Deployment {
+            attempt: job.attempt_id(v, i, n),
+            task_manager: tm,
+            inputs,
+            outputs,
+        })
+    }
+}
