@@ -480,7 +480,10 @@ mod tests {
         assert_eq!(v.latest_attempt().attempt_number, 0);
         assert_eq!(v.new_attempt(5), 1);
         assert_eq!(v.latest_attempt().state, ExecutionState::Created);
-        assert_eq!(v.latest_attempt().timestamp(ExecutionState::Created), Some(5));
+        assert_eq!(
+            v.latest_attempt().timestamp(ExecutionState::Created),
+            Some(5)
+        );
     }
 
     #[test]

@@ -203,6 +203,13 @@ pub enum Action {
     },
 }
 
+/// An attempt waiting for a slot: (vertex, subtask, attempt).
+type Member = (usize, usize, u32);
+
+/// Where a member goes: an existing shared slot, or a new one on
+/// (TaskManager, slot sharing group, subtask index).
+type SlotChoice = std::result::Result<u64, (String, String, usize)>;
+
 struct Tm {
     spec: TaskManagerSpec,
     last_heartbeat: Duration,
@@ -712,7 +719,9 @@ impl Scheduler {
             .and_then(|x| x.subtasks.get_mut(i))
             .ok_or_else(|| FluviaError::Plan(format!("job {id} has no subtask {v}/{i}")))?;
         if sub.finished_attempt.is_some() {
-            return Err(FluviaError::Plan(format!("subtask {v}/{i} finished already")));
+            return Err(FluviaError::Plan(format!(
+                "subtask {v}/{i} finished already"
+            )));
         }
         if matches!(
             sub.latest_attempt().state,
@@ -776,10 +785,10 @@ impl Scheduler {
         }
         let was_canceling = e.state == ExecutionState::Canceling;
         match state {
-            ExecutionState::Initializing | ExecutionState::Running => {
-                if !was_canceling && e.state < state {
-                    e.transition(state, now);
-                }
+            ExecutionState::Initializing | ExecutionState::Running
+                if !was_canceling && e.state < state =>
+            {
+                e.transition(state, now);
             }
             ExecutionState::Finished => {
                 e.transition(ExecutionState::Finished, now);
@@ -883,7 +892,9 @@ impl Scheduler {
         );
         if sub.finished_attempt.is_some()
             || sibling_waits
-            || sub.live_attempts().any(|e| e.state != ExecutionState::Canceling)
+            || sub
+                .live_attempts()
+                .any(|e| e.state != ExecutionState::Canceling)
         {
             return;
         }
@@ -1049,12 +1060,7 @@ impl Scheduler {
                 }
             }
             for (v, i) in failed {
-                self.subtask_failed(
-                    id,
-                    v,
-                    i,
-                    format!("TaskManager {tm} was lost: {reason}"),
-                );
+                self.subtask_failed(id, v, i, format!("TaskManager {tm} was lost: {reason}"));
             }
             self.invalidate_lost_results(id, &format!("TaskManager {tm} was lost: {reason}"));
         }
@@ -1084,12 +1090,9 @@ impl Scheduler {
                     }
                     let needed = s.produced_results.iter().any(|&r| {
                         job.eg.results[r].result_partition_type == ResultPartitionType::Blocking
-                            && job
-                                .consumers_of(r, i)
-                                .iter()
-                                .any(|&(c, j)| {
-                                    job.eg.vertices[c].subtasks[j].finished_attempt.is_none()
-                                })
+                            && job.consumers_of(r, i).iter().any(|&(c, j)| {
+                                job.eg.vertices[c].subtasks[j].finished_attempt.is_none()
+                            })
                     });
                     if needed {
                         lost = Some((v, i));
@@ -1340,7 +1343,7 @@ impl Scheduler {
             return;
         };
         // Waiting attempts without a slot, grouped by region.
-        let mut regions: BTreeMap<(usize, usize), Vec<(usize, usize, u32)>> = BTreeMap::new();
+        let mut regions: BTreeMap<(usize, usize), Vec<Member>> = BTreeMap::new();
         for (v, ejv) in job.eg.vertices.iter().enumerate() {
             for (i, s) in ejv.subtasks.iter().enumerate() {
                 let e = s.latest_attempt();
@@ -1350,7 +1353,10 @@ impl Scheduler {
                     } else {
                         (v, i)
                     };
-                    regions.entry(key).or_default().push((v, i, e.attempt_number));
+                    regions
+                        .entry(key)
+                        .or_default()
+                        .push((v, i, e.attempt_number));
                 }
             }
         }
@@ -1401,17 +1407,18 @@ impl Scheduler {
 
     /// A slot for each member: an existing shared slot of the job
     /// (`Ok(slot)`) or a new one on a TaskManager (`Err(tm)`).
-    fn find_slots(
-        &self,
-        id: JobId,
-        members: &[(usize, usize, u32)],
-    ) -> Option<Vec<std::result::Result<u64, (String, String, usize)>>> {
+    fn find_slots(&self, id: JobId, members: &[Member]) -> Option<Vec<SlotChoice>> {
         let job = &self.jobs[&id];
         let mut free: BTreeMap<&str, usize> = self
             .tms
             .values()
             .filter(|t| t.spec.fingerprint == job.fingerprint)
-            .map(|t| (t.spec.id.as_str(), t.spec.slots.saturating_sub(t.used_slots)))
+            .map(|t| {
+                (
+                    t.spec.id.as_str(),
+                    t.spec.slots.saturating_sub(t.used_slots),
+                )
+            })
             .collect();
         // New shared slots planned in this pass, by (group, index): reuse
         // them for the other vertices of the group.
@@ -1448,9 +1455,8 @@ impl Scheduler {
             // 3. A new slot: the preferred TaskManager, else the first in
             // registration order (one that no sibling attempt uses first).
             let preferred = job.preferred.get(&(group.clone(), i));
-            let has_free = |tm: &str, free: &BTreeMap<&str, usize>| {
-                free.get(tm).is_some_and(|&n| n > 0)
-            };
+            let has_free =
+                |tm: &str, free: &BTreeMap<&str, usize>| free.get(tm).is_some_and(|&n| n > 0);
             let choice = preferred
                 .filter(|p| has_free(p, &free) && !avoided(p))
                 .cloned()
@@ -1460,12 +1466,7 @@ impl Scheduler {
                         .find(|t| has_free(t, &free) && !avoided(t))
                         .cloned()
                 })
-                .or_else(|| {
-                    self.tm_order
-                        .iter()
-                        .find(|t| has_free(t, &free))
-                        .cloned()
-                })?;
+                .or_else(|| self.tm_order.iter().find(|t| has_free(t, &free)).cloned())?;
             if let Some(n) = free.get_mut(choice.as_str()) {
                 *n -= 1;
             }
@@ -1475,12 +1476,7 @@ impl Scheduler {
         Some(out)
     }
 
-    fn commit_slots(
-        &mut self,
-        id: JobId,
-        members: &[(usize, usize, u32)],
-        plan: Vec<std::result::Result<u64, (String, String, usize)>>,
-    ) {
+    fn commit_slots(&mut self, id: JobId, members: &[Member], plan: Vec<SlotChoice>) {
         let now = ms(self.now);
         let Some(job) = self.jobs.get_mut(&id) else {
             return;

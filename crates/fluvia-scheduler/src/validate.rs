@@ -49,7 +49,11 @@ pub fn validate_job_graph(graph: &JobGraph) -> Result<()> {
             return Err(bad(graph, format!("vertex '{name}' has no operators")));
         }
         for (i, op) in v.operators.iter().enumerate() {
-            if let Some(&c) = op.chained_outputs.iter().find(|&&c| c <= i || c >= v.operators.len()) {
+            if let Some(&c) = op
+                .chained_outputs
+                .iter()
+                .find(|&&c| c <= i || c >= v.operators.len())
+            {
                 return Err(bad(
                     graph,
                     format!(
@@ -81,7 +85,10 @@ pub fn validate_job_graph(graph: &JobGraph) -> Result<()> {
             if ds.producer != v.id {
                 return Err(bad(
                     graph,
-                    format!("data set {} is listed by vertex '{name}' but names another producer", ds.id),
+                    format!(
+                        "data set {} is listed by vertex '{name}' but names another producer",
+                        ds.id
+                    ),
                 ));
             }
             if !data_sets.insert(ds.id) {
@@ -92,7 +99,10 @@ pub fn validate_job_graph(graph: &JobGraph) -> Result<()> {
             let Some(p) = graph.vertex_index(e.source_vertex) else {
                 return Err(bad(
                     graph,
-                    format!("vertex '{name}' reads from unknown vertex {}", e.source_vertex),
+                    format!(
+                        "vertex '{name}' reads from unknown vertex {}",
+                        e.source_vertex
+                    ),
                 ));
             };
             if p >= index {
@@ -122,7 +132,10 @@ pub fn validate_job_graph(graph: &JobGraph) -> Result<()> {
             if e.type_number > 2 {
                 return Err(bad(
                     graph,
-                    format!("vertex '{name}' has an input of type number {}", e.type_number),
+                    format!(
+                        "vertex '{name}' has an input of type number {}",
+                        e.type_number
+                    ),
                 ));
             }
         }
@@ -132,7 +145,12 @@ pub fn validate_job_graph(graph: &JobGraph) -> Result<()> {
         for ds in &v.produced_data_sets {
             let consumed = graph
                 .vertex_index(ds.consumer)
-                .map(|c| graph.vertices[c].inputs.iter().any(|e| e.source_data_set == ds.id))
+                .map(|c| {
+                    graph.vertices[c]
+                        .inputs
+                        .iter()
+                        .any(|e| e.source_data_set == ds.id)
+                })
                 .unwrap_or(false);
             if !consumed {
                 return Err(bad(
@@ -157,7 +175,13 @@ mod tests {
         let m = b.add_operator("Map", 1);
         b.set_parallelism(s, 2);
         b.set_parallelism(m, 3);
-        b.add_edge(s, m, Some(PartitionerKind::Hash), ExchangeMode::Undefined, 0);
+        b.add_edge(
+            s,
+            m,
+            Some(PartitionerKind::Hash),
+            ExchangeMode::Undefined,
+            0,
+        );
         JobGraphGenerator::new(&b.build().unwrap())
             .create_job_graph(Configuration::new(), false)
             .unwrap()
@@ -168,20 +192,49 @@ mod tests {
         validate_job_graph(&good()).unwrap();
     }
 
+    type Mutation = Box<dyn Fn(&mut JobGraph)>;
+
     #[test]
     fn crafted_graphs_are_refused_with_a_reason() {
-        let cases: Vec<(Box<dyn Fn(&mut JobGraph)>, &str)> = vec![
+        let cases: Vec<(Mutation, &str)> = vec![
             (Box::new(|g| g.vertices[1].parallelism = 0), "parallelism 0"),
-            (Box::new(|g| g.vertices[1].max_parallelism = 1), "max parallelism 1"),
-            (Box::new(|g| g.vertices[0].parallelism = 1 << 20), "expected 1..="),
+            (
+                Box::new(|g| g.vertices[1].max_parallelism = 1),
+                "max parallelism 1",
+            ),
+            (
+                Box::new(|g| g.vertices[0].parallelism = 1 << 20),
+                "expected 1..=",
+            ),
             (Box::new(|g| g.vertices.swap(0, 1)), "topological"),
-            (Box::new(|g| g.vertices[1].inputs[0].source_data_set.0 ^= 1), "does not produce"),
-            (Box::new(|g| g.vertices[1].inputs[0].type_number = 7), "type number 7"),
-            (Box::new(|g| g.vertices[0].operators.clear()), "no operators"),
-            (Box::new(|g| g.vertices[0].operators[0].chained_outputs.push(0)), "chains to operator 0"),
-            (Box::new(|g| g.vertices[1].inputs.clear()), "has no consumer"),
+            (
+                Box::new(|g| g.vertices[1].inputs[0].source_data_set.0 ^= 1),
+                "does not produce",
+            ),
+            (
+                Box::new(|g| g.vertices[1].inputs[0].type_number = 7),
+                "type number 7",
+            ),
+            (
+                Box::new(|g| g.vertices[0].operators.clear()),
+                "no operators",
+            ),
+            (
+                Box::new(|g| g.vertices[0].operators[0].chained_outputs.push(0)),
+                "chains to operator 0",
+            ),
+            (
+                Box::new(|g| g.vertices[1].inputs.clear()),
+                "has no consumer",
+            ),
             (Box::new(|g| g.vertices.clear()), "no vertices"),
-            (Box::new(|g| { let id = g.vertices[0].id; g.vertices[1].id = id; }), "repeats id"),
+            (
+                Box::new(|g| {
+                    let id = g.vertices[0].id;
+                    g.vertices[1].id = id;
+                }),
+                "repeats id",
+            ),
         ];
         for (mutate, expected) in cases {
             let mut g = good();
