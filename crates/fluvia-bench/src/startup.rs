@@ -6,7 +6,7 @@
 use anyhow::Result;
 use fluvia_cli::catalog::{Example, ExampleCatalog};
 use fluvia_cluster::client::ClusterClient;
-use fluvia_cluster::program::ProgramSpec;
+use fluvia_cluster::program::{ProgramCatalog, ProgramSpec};
 use fluvia_core::Configuration;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -69,7 +69,7 @@ pub fn run(args: Args) -> Result<()> {
         c.set("jobmanager.rpc.port", "0")
             .set("rest.port", "0")
             .set("heartbeat.interval", "100 ms");
-        let jm = fluvia_cluster::jobmanager::start(c.clone(), Arc::new(ExampleCatalog)).await?;
+        let jm = fluvia_cluster::jobmanager::start(c.clone()).await?;
         let address = jm.rpc_address.to_string();
         for _ in 0..2 {
             let (a, mut c) = (address.clone(), c.clone());
@@ -80,11 +80,12 @@ pub fn run(args: Args) -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
         let mut client = ClusterClient::connect(&address, None).await?;
+        let fingerprint = ExampleCatalog.fingerprint();
         for _ in 0..runs {
             let t = Instant::now();
             let env = example.environment()?;
             let graph = env.job_graph("pipeline")?;
-            let id = client.submit(&spec(), &graph).await?;
+            let id = client.submit(&spec(), &graph, &fingerprint).await?;
             let s = client.wait(&id).await?;
             anyhow::ensure!(s.state == "FINISHED", "{}", s.error);
             warm.push(t.elapsed());
@@ -96,7 +97,7 @@ pub fn run(args: Args) -> Result<()> {
     println!("| path | median ms |");
     println!("|---|---|");
     println!(
-        "| embedded runtime (library `execute`) | {:.1} |",
+        "| library `env.execute()` (embedded mini-cluster) | {:.1} |",
         median(local).as_secs_f64() * 1e3
     );
     println!(

@@ -9,7 +9,7 @@ use fluvia_cli::sql::{SqlError, SqlSettings, Target};
 use fluvia_cli::{block_on, examples};
 use fluvia_cluster::client::ClusterClient;
 use fluvia_cluster::config as cluster_config;
-use fluvia_cluster::program::ProgramSpec;
+use fluvia_cluster::program::{ProgramCatalog, ProgramSpec};
 use fluvia_core::config::options;
 use fluvia_graph::plan;
 use fluvia_sql::session::TableFormat;
@@ -223,7 +223,7 @@ fn run_embedded(example: Example) -> Result<()> {
     let spec = program_spec(&example);
     let env = example.environment()?;
     let graph = env.job_graph(example.name())?;
-    fluvia_runtime::executor::validate_job(&graph, &env.registry())?;
+    fluvia_runtime::validate_job(&graph, &env.registry())?;
     let status = block_on(fluvia_cluster::minicluster::run_job(
         &graph.config,
         Arc::new(ExampleCatalog),
@@ -316,11 +316,13 @@ fn run_on_cluster(jobmanager: &str, example: Example) -> Result<()> {
     let spec = program_spec(&example);
     let env = example.environment()?;
     let graph = env.job_graph(example.name())?;
-    fluvia_runtime::executor::validate_job(&graph, &env.registry())?;
+    fluvia_runtime::validate_job(&graph, &env.registry())?;
     let secret = cluster_config::cluster_secret(&graph.config)?;
     let status = block_on(async {
         let mut client = ClusterClient::connect(jobmanager, secret).await?;
-        let job_id = client.submit(&spec, &graph).await?;
+        let job_id = client
+            .submit(&spec, &graph, &ExampleCatalog.fingerprint())
+            .await?;
         note!("Job {job_id} submitted to {jobmanager}");
         client.wait(&job_id).await
     })??;
@@ -343,7 +345,7 @@ fn explain(example: Example, format: PlanFormat) -> Result<()> {
 fn jobmanager(conf: ConfigArgs) -> Result<()> {
     let config = conf.load()?;
     block_on(async {
-        let handle = fluvia_cluster::jobmanager::start(config, Arc::new(ExampleCatalog)).await?;
+        let handle = fluvia_cluster::jobmanager::start(config).await?;
         // Scripts and tests read these two lines to find the ports.
         println!("JobManager RPC {}", handle.rpc_address);
         println!("REST http://{}", handle.rest_address);

@@ -5,7 +5,7 @@ use crate::block_on;
 use anyhow::{Context, Result, anyhow};
 use fluvia_cluster::client::ClusterClient;
 use fluvia_cluster::config as cluster_config;
-use fluvia_cluster::program::ProgramSpec;
+use fluvia_cluster::program::{ProgramCatalog, ProgramSpec};
 use fluvia_cluster::rpc::JobStatus;
 use fluvia_core::Configuration;
 use fluvia_graph::JobGraph;
@@ -113,7 +113,7 @@ pub fn run(s: &SqlSettings, sql: &str, name: &str, target: &Target) -> Result<Qu
         args: job.to_args()?,
     };
     let (graph, registry) = job.build()?;
-    fluvia_runtime::executor::validate_job(&graph, &registry)?;
+    fluvia_runtime::validate_job(&graph, &registry)?;
     let status = match target {
         Target::Embedded => block_on(fluvia_cluster::minicluster::run_job(
             &graph.config,
@@ -125,7 +125,9 @@ pub fn run(s: &SqlSettings, sql: &str, name: &str, target: &Target) -> Result<Qu
             let secret = cluster_config::cluster_secret(&graph.config)?;
             block_on(async {
                 let mut client = ClusterClient::connect(jm, secret).await?;
-                let id = client.submit(&spec, &graph).await?;
+                let id = client
+                    .submit(&spec, &graph, &crate::catalog::ExampleCatalog.fingerprint())
+                    .await?;
                 client.wait(&id).await
             })??
         }

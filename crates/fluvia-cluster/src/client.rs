@@ -1,5 +1,6 @@
 //! Client side of a cluster: submit a program, follow it to the end, list
-//! and cancel jobs.
+//! and cancel jobs, and turn a finished job's report into the program's
+//! [`JobExecutionResult`].
 
 use crate::program::ProgramSpec;
 use crate::rpc::job_manager_client::JobManagerClient;
@@ -7,6 +8,7 @@ use crate::rpc::{Empty, JobRequest, JobStatus, SubmitJobRequest};
 use crate::security;
 use fluvia_core::{FluviaError, Result};
 use fluvia_graph::JobGraph;
+use fluvia_runtime::JobExecutionResult;
 use std::time::Duration;
 use tonic::transport::Channel;
 
@@ -37,18 +39,28 @@ impl ClusterClient {
                 FluviaError::Execution(format!("cannot reach the JobManager at {address}: {e}"))
             })?;
         Ok(ClusterClient {
-            client: JobManagerClient::new(channel),
+            client: JobManagerClient::new(channel)
+                .max_decoding_message_size(crate::jobmanager::MAX_MESSAGE_SIZE)
+                .max_encoding_message_size(crate::jobmanager::MAX_MESSAGE_SIZE),
             secret,
             address: address.to_string(),
         })
     }
 
-    pub async fn submit(&mut self, program: &ProgramSpec, graph: &JobGraph) -> Result<String> {
+    /// Submits a job; it runs only on TaskManagers whose program
+    /// fingerprint is `fingerprint` (the client binary's).
+    pub async fn submit(
+        &mut self,
+        program: &ProgramSpec,
+        graph: &JobGraph,
+        fingerprint: &str,
+    ) -> Result<String> {
         let req = SubmitJobRequest {
             program_json: serde_json::to_string(program)
                 .map_err(|e| FluviaError::Serialization(e.to_string()))?,
             job_graph_json: serde_json::to_string(graph)
                 .map_err(|e| FluviaError::Serialization(e.to_string()))?,
+            program_fingerprint: fingerprint.to_string(),
         };
         let r = self
             .client
@@ -109,4 +121,41 @@ impl ClusterClient {
             .map_err(|e| rpc_error(&self.address, e))?;
         Ok(())
     }
+}
+
+/// The program's view of a job that ended: its result if it finished, else
+/// an error with the job's failure cause.
+pub fn job_result(
+    graph: &JobGraph,
+    status: &JobStatus,
+    duration: Duration,
+) -> Result<JobExecutionResult> {
+    if status.state != "FINISHED" {
+        let cause = if status.error.is_empty() {
+            format!("job {} {}", status.job_id, status.state)
+        } else {
+            status.error.clone()
+        };
+        return Err(if status.state == "CANCELED" {
+            FluviaError::Execution(format!("job {} was CANCELED", status.job_id))
+        } else {
+            FluviaError::Execution(cause)
+        });
+    }
+    let reports = status
+        .results
+        .iter()
+        .map(|r| {
+            (
+                r.vertex_index as usize,
+                r.subtask as usize,
+                r.attempt,
+                r.metrics
+                    .as_ref()
+                    .map(crate::deployment::metrics_from_proto)
+                    .unwrap_or_default(),
+            )
+        })
+        .collect();
+    Ok(JobExecutionResult::from_reports(graph, duration, reports))
 }

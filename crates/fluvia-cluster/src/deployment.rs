@@ -1,50 +1,22 @@
-//! What the JobManager sends a TaskManager to start one subtask: everything
-//! needed to rebuild the task's chain and wire its inputs and outputs.
+//! What the JobManager sends a TaskManager to start one attempt: the
+//! scheduler's decision (inputs, outputs) plus what every process needs to
+//! rebuild the task's chain (program, fingerprint, configuration), and the
+//! conversions between the scheduler's typed reports and their protobuf form.
 
 use crate::program::ProgramSpec;
-use fluvia_core::{Configuration, PartitionerKind};
+use crate::rpc;
+use fluvia_core::{Configuration, JobId};
 use fluvia_network::net::protocol::ResultPartitionId;
+use fluvia_scheduler::{AttemptMetrics, ExecutionAttemptId, PartitionRef};
+pub use fluvia_scheduler::{InputDescriptor, OutputDescriptor};
 use serde::{Deserialize, Serialize};
 
-/// A produced partition, by data set (hex), producing subtask and attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PartitionRef {
-    pub data_set: u128,
-    pub producer_subtask: u32,
-    pub attempt: u32,
-}
-
-impl From<PartitionRef> for ResultPartitionId {
-    fn from(p: PartitionRef) -> Self {
-        ResultPartitionId {
-            data_set: p.data_set,
-            producer_subtask: p.producer_subtask,
-            attempt: p.attempt,
-        }
+pub fn partition_id(p: PartitionRef) -> ResultPartitionId {
+    ResultPartitionId {
+        data_set: p.data_set,
+        producer_subtask: p.producer_subtask,
+        attempt: p.attempt,
     }
-}
-
-/// One input channel of the task.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct InputDescriptor {
-    /// The consuming operator's input (0, or 1/2).
-    pub type_number: u8,
-    pub partition: PartitionRef,
-    pub subpartition: u32,
-    /// The producing TaskManager's data address.
-    pub producer_address: String,
-    /// The producer runs on the same TaskManager: read it in place.
-    pub local: bool,
-}
-
-/// One produced data set of the task.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct OutputDescriptor {
-    pub data_set: u128,
-    pub num_subpartitions: usize,
-    pub partitioner: PartitionerKind,
-    pub consumer_max_parallelism: usize,
-    pub blocking: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -59,4 +31,90 @@ pub struct TaskDeploymentDescriptor {
     pub attempt: u32,
     pub inputs: Vec<InputDescriptor>,
     pub outputs: Vec<OutputDescriptor>,
+}
+
+pub fn attempt_ref(a: &ExecutionAttemptId) -> rpc::AttemptRef {
+    rpc::AttemptRef {
+        job_id: a.job.to_string(),
+        vertex_index: a.vertex as u32,
+        subtask: a.subtask as u32,
+        attempt: a.attempt,
+    }
+}
+
+pub fn attempt_id(r: &rpc::AttemptRef) -> Option<ExecutionAttemptId> {
+    Some(ExecutionAttemptId {
+        job: JobId::try_from(r.job_id.clone()).ok()?,
+        vertex: r.vertex_index as usize,
+        subtask: r.subtask as usize,
+        attempt: r.attempt,
+    })
+}
+
+pub fn metrics_to_proto(m: &AttemptMetrics) -> rpc::TaskMetrics {
+    rpc::TaskMetrics {
+        records_in: m.records_in,
+        records_out: m.records_out,
+        bytes_in: m.bytes_in,
+        bytes_out: m.bytes_out,
+        buffers_in: m.buffers_in,
+        buffers_out: m.buffers_out,
+        operator_records: m.operator_records.clone(),
+        outputs: m
+            .subpartition_bytes
+            .iter()
+            .enumerate()
+            .map(|(i, bytes)| rpc::OutputStats {
+                subpartition_bytes: bytes.clone(),
+                subpartition_records: m.subpartition_records.get(i).cloned().unwrap_or_default(),
+            })
+            .collect(),
+        output_buffers_max_in_use: m.output_buffers_max_in_use,
+        output_buffers_limit: m.output_buffers_limit,
+        backpressure_waits: m.backpressure_waits,
+        busy_ms_per_second: m.busy_ms_per_second,
+        idle_ms_per_second: m.idle_ms_per_second,
+        back_pressured_ms_per_second: m.back_pressured_ms_per_second,
+        accumulators: m
+            .accumulators
+            .iter()
+            .map(|(name, value)| rpc::Accumulator {
+                name: name.clone(),
+                value: value.clone(),
+            })
+            .collect(),
+    }
+}
+
+pub fn metrics_from_proto(m: &rpc::TaskMetrics) -> AttemptMetrics {
+    AttemptMetrics {
+        records_in: m.records_in,
+        records_out: m.records_out,
+        bytes_in: m.bytes_in,
+        bytes_out: m.bytes_out,
+        buffers_in: m.buffers_in,
+        buffers_out: m.buffers_out,
+        operator_records: m.operator_records.clone(),
+        subpartition_bytes: m
+            .outputs
+            .iter()
+            .map(|o| o.subpartition_bytes.clone())
+            .collect(),
+        subpartition_records: m
+            .outputs
+            .iter()
+            .map(|o| o.subpartition_records.clone())
+            .collect(),
+        output_buffers_max_in_use: m.output_buffers_max_in_use,
+        output_buffers_limit: m.output_buffers_limit,
+        backpressure_waits: m.backpressure_waits,
+        busy_ms_per_second: m.busy_ms_per_second,
+        idle_ms_per_second: m.idle_ms_per_second,
+        back_pressured_ms_per_second: m.back_pressured_ms_per_second,
+        accumulators: m
+            .accumulators
+            .iter()
+            .map(|a| (a.name.clone(), a.value.clone()))
+            .collect(),
+    }
 }

@@ -1,6 +1,7 @@
 //! The embedded mini-cluster: a JobManager and TaskManagers in this process,
 //! talking over loopback exactly as separate processes do (Flink's
-//! `MiniCluster`). `fluvia run` without `--jobmanager` runs its job here.
+//! `MiniCluster`). `fluvia run` without `--jobmanager`, `fluvia sql` and the
+//! library's `env.execute()` run their jobs here: one execution path.
 
 use crate::client::ClusterClient;
 use crate::config as cfg;
@@ -12,7 +13,8 @@ use fluvia_graph::JobGraph;
 use std::sync::Arc;
 
 /// Starts a JobManager and `local.number-taskmanager` TaskManagers with
-/// enough slots for `graph`, runs the job to its end and returns its status.
+/// enough slots for `graph`, runs the job to its end, stops them and returns
+/// the job's status.
 pub async fn run_job(
     config: &Configuration,
     catalog: Arc<dyn ProgramCatalog>,
@@ -36,8 +38,7 @@ pub async fn run_job(
     }
     c.set_option(&cfg::SLOTS, slots);
     // The embedded TaskManagers spill under a directory this call owns and
-    // removes when it returns: they stop with the call, before a release
-    // message from the JobManager could clean up after them.
+    // removes when it returns.
     let base = config.get(&options::TMP_DIRS)?;
     let spill = if base.is_empty() {
         tempfile::Builder::new().prefix("fluvia-mini-").tempdir()
@@ -51,18 +52,32 @@ pub async fn run_job(
         options::TMP_DIRS.key,
         spill.path().to_string_lossy().to_string(),
     );
-    let jm = crate::jobmanager::start(c.clone(), Arc::clone(&catalog)).await?;
+    let jm = crate::jobmanager::start(c.clone()).await?;
     let address = jm.rpc_address.to_string();
+    let mut tms = Vec::new();
     for _ in 0..task_managers {
-        let (address, c, catalog) = (address.clone(), c.clone(), Arc::clone(&catalog));
-        tokio::spawn(async move {
-            if let Err(e) = crate::taskmanager::run(&address, c, catalog).await {
-                tracing::error!("embedded TaskManager stopped: {e}");
-            }
-        });
+        tms.push(crate::taskmanager::spawn(&address, c.clone(), Arc::clone(&catalog)).await);
     }
-    let secret = cfg::cluster_secret(&c)?;
-    let mut client = ClusterClient::connect(&address, secret).await?;
-    let id = client.submit(program, graph).await?;
-    client.wait(&id).await
+    let outcome = async {
+        for tm in &mut tms {
+            if let Err(e) = tm {
+                return Err(std::mem::replace(
+                    e,
+                    fluvia_core::FluviaError::Execution(String::new()),
+                ));
+            }
+        }
+        let secret = cfg::cluster_secret(&c)?;
+        let mut client = ClusterClient::connect(&address, secret).await?;
+        let id = client
+            .submit(program, graph, &catalog.fingerprint())
+            .await?;
+        client.wait(&id).await
+    }
+    .await;
+    for tm in tms.iter().flatten() {
+        tm.shutdown();
+    }
+    jm.abort();
+    outcome
 }

@@ -11,6 +11,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use fluvia_core::JobId;
 use fluvia_graph::plan::json_plan;
 use serde_json::{Value, json};
 use std::collections::HashMap;
@@ -25,19 +26,14 @@ fn not_found(what: String) -> Response {
 
 async fn overview(State(s): State<Shared>) -> Json<Value> {
     let st = lock(&s.state);
-    let count = |state: JobState| st.jobs.values().filter(|j| j.state == state).count();
+    let count = |state: JobState| st.scheduler.jobs().filter(|j| j.state == state).count();
     let total: usize = st.tms.values().map(|t| t.slots).sum();
-    let used: usize = st
-        .jobs
-        .values()
-        .filter(|j| !j.state.is_terminal())
-        .map(|j| j.slots_per_task_manager().values().sum::<usize>())
-        .sum();
+    let used: usize = st.scheduler.task_managers().map(|(_, used)| used).sum();
     Json(json!({
         "taskmanagers": st.tms.len(),
         "slots-total": total,
         "slots-available": total.saturating_sub(used),
-        "jobs-running": st.jobs.values().filter(|j| !j.state.is_terminal()).count(),
+        "jobs-running": st.scheduler.jobs().filter(|j| !j.state.is_terminal()).count(),
         "jobs-finished": count(JobState::Finished),
         "jobs-cancelled": count(JobState::Canceled),
         "jobs-failed": count(JobState::Failed),
@@ -48,25 +44,29 @@ async fn overview(State(s): State<Shared>) -> Json<Value> {
 async fn jobs(State(s): State<Shared>) -> Json<Value> {
     let st = lock(&s.state);
     let jobs: Vec<Value> = st
-        .job_order
-        .iter()
-        .filter_map(|id| st.jobs.get(id))
-        .map(|j| json!({ "id": j.id, "status": j.state.name() }))
+        .scheduler
+        .jobs()
+        .map(|j| json!({ "id": j.id.to_string(), "status": j.state.name() }))
         .collect();
     Json(json!({ "jobs": jobs }))
 }
 
+fn job_id(id: &str) -> Option<JobId> {
+    JobId::try_from(id.to_string()).ok()
+}
+
 async fn job(State(s): State<Shared>, Path(id): Path<String>) -> Response {
     let st = lock(&s.state);
-    match st.jobs.get(&id) {
-        Some(j) => Json(s.job_details(&st, j)).into_response(),
+    let found = job_id(&id).and_then(|j| Some((st.jobs.get(&j)?, st.scheduler.job(j)?)));
+    match found {
+        Some((meta, j)) => Json(s.job_details(&st, meta, j)).into_response(),
         None => not_found(format!("job {id} not found")),
     }
 }
 
 async fn plan(State(s): State<Shared>, Path(id): Path<String>) -> Response {
     let st = lock(&s.state);
-    match st.jobs.get(&id) {
+    match job_id(&id).and_then(|j| st.jobs.get(&j)) {
         Some(j) => Json(json!({ "plan": json_plan(&j.graph) })).into_response(),
         None => not_found(format!("job {id} not found")),
     }
@@ -74,10 +74,11 @@ async fn plan(State(s): State<Shared>, Path(id): Path<String>) -> Response {
 
 async fn vertex(State(s): State<Shared>, Path((id, vid)): Path<(String, String)>) -> Response {
     let st = lock(&s.state);
-    let Some(j) = st.jobs.get(&id) else {
+    let Some((meta, j)) = job_id(&id).and_then(|j| Some((st.jobs.get(&j)?, st.scheduler.job(j)?)))
+    else {
         return not_found(format!("job {id} not found"));
     };
-    let details = s.job_details(&st, j);
+    let details = s.job_details(&st, meta, j);
     let found = details["vertices"]
         .as_array()
         .and_then(|vs| vs.iter().find(|v| v["id"] == vid.as_str()).cloned());
@@ -126,15 +127,17 @@ async fn cancel(
 async fn taskmanagers(State(s): State<Shared>) -> Json<Value> {
     let st = lock(&s.state);
     let tms: Vec<Value> = st
-        .tm_order
-        .iter()
-        .filter_map(|id| st.tms.get(id))
-        .map(|t| {
+        .scheduler
+        .task_managers()
+        .filter_map(|(spec, used)| st.tms.get(&spec.id).map(|t| (t, used)))
+        .map(|(t, used)| {
             json!({
                 "id": t.id,
                 "path": t.rpc_address,
                 "dataAddress": t.data_address,
                 "slotsNumber": t.slots,
+                "freeSlots": t.slots.saturating_sub(used),
+                "programFingerprint": t.fingerprint,
                 "timeSinceLastHeartbeat": t.last_heartbeat.elapsed().as_millis() as u64,
             })
         })
@@ -158,7 +161,7 @@ async fn metrics(State(s): State<Shared>) -> Response {
         JobState::Canceled,
         JobState::Restarting,
     ] {
-        let n = st.jobs.values().filter(|j| j.state == state).count();
+        let n = st.scheduler.jobs().filter(|j| j.state == state).count();
         let _ = writeln!(
             out,
             "fluvia_jobmanager_jobs{{state=\"{}\"}} {n}",

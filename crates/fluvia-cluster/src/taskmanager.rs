@@ -1,20 +1,23 @@
 //! The TaskManager process: registers its slots with the JobManager, sends
-//! heartbeats, and runs the subtasks it is given.
+//! heartbeats, and runs the attempts it is given.
 //!
-//! A deployed subtask runs on its own thread with the runtime's task code.
+//! A deployed attempt runs on its own thread with the runtime's task code.
 //! Its output partitions are registered in this TaskManager's network
 //! environment (so other TaskManagers can request them); inputs produced on
-//! this TaskManager are read in place, the others over TCP. The task's end
-//! (finished, failed, cancelled) is reported to the JobManager.
+//! this TaskManager are read in place, the others over TCP. The attempt
+//! reports RUNNING when its thread starts and its end (finished with typed
+//! metrics, failed, cancelled) when it stops. A final report stays in the
+//! heartbeat until the JobManager has taken it, and every heartbeat lists
+//! the attempts running here, so a lost message cannot hang a job.
 
 use crate::config::{self as cfg};
-use crate::deployment::TaskDeploymentDescriptor;
+use crate::deployment::{TaskDeploymentDescriptor, metrics_to_proto, partition_id};
 use crate::program::ProgramCatalog;
 use crate::rpc::job_manager_client::JobManagerClient;
 use crate::rpc::task_manager_server::{TaskManager, TaskManagerServer};
 use crate::rpc::{
-    Ack, Empty, JobRequest, RegisterTaskManagerRequest, TaskDeployment as TaskDeploymentMsg,
-    TaskManagerHeartbeat, TaskStateUpdate,
+    Ack, AttemptRef, Empty, JobRequest, RegisterTaskManagerRequest, ReleasePartitionsRequest,
+    TaskDeployment as TaskDeploymentMsg, TaskManagerHeartbeat, TaskStateUpdate,
 };
 use crate::security;
 use fluvia_core::config::options;
@@ -36,10 +39,14 @@ use std::time::{Duration, Instant};
 use tonic::transport::{Channel, Server};
 use tonic::{Request, Response, Status};
 
+/// (vertex, subtask, attempt) of a job.
+type AttemptKey = (usize, usize, u32);
+
 struct TmJob {
     graph: Arc<JobGraph>,
     registry: Arc<OperatorRegistry>,
-    cancels: Vec<CancelToken>,
+    /// Attempts running here.
+    running: HashMap<AttemptKey, CancelToken>,
     partitions: Vec<ResultPartitionId>,
     spill_dir: Option<tempfile_dir::Dir>,
 }
@@ -64,6 +71,8 @@ struct Shared {
     jobmanager: JobManagerClient<Channel>,
     runtime: tokio::runtime::Handle,
     jobs: Mutex<HashMap<String, TmJob>>,
+    /// Final reports the JobManager has not acknowledged (lock after `jobs`).
+    unacknowledged: Mutex<HashMap<(String, AttemptKey), TaskStateUpdate>>,
     flush_epoch: Arc<AtomicU64>,
     stopped: AtomicBool,
 }
@@ -96,7 +105,7 @@ impl Shared {
             TmJob {
                 graph: Arc::clone(&graph),
                 registry: Arc::clone(&registry),
-                cancels: Vec::new(),
+                running: HashMap::new(),
                 partitions: Vec::new(),
                 spill_dir: None,
             },
@@ -179,7 +188,7 @@ impl Shared {
         let mut inputs = Vec::new();
         let mut remote = Vec::new();
         for input in &desc.inputs {
-            let id: ResultPartitionId = input.partition.into();
+            let id: ResultPartitionId = partition_id(input.partition);
             if input.local {
                 let partition = self.env.partitions().get(&id).ok_or_else(|| {
                     FluviaError::Execution(format!(
@@ -252,75 +261,133 @@ impl Shared {
             flush_epoch: Arc::clone(&self.flush_epoch),
             counters,
         };
+        let key: AttemptKey = (desc.vertex_index, desc.subtask, desc.attempt);
         if let Some(job) = lock(&self.jobs).get_mut(&desc.job_id) {
-            job.cancels.push(cancel);
+            job.running.insert(key, cancel);
             job.partitions.extend(partition_ids);
         }
         let shared = Arc::clone(self);
         let name = deployment.task_name();
+        let update = |state: &str| TaskStateUpdate {
+            job_id: desc.job_id.clone(),
+            vertex_index: desc.vertex_index as u32,
+            subtask: desc.subtask as u32,
+            attempt: desc.attempt,
+            state: state.into(),
+            error: String::new(),
+            metrics: None,
+        };
+        let running = update("RUNNING");
+        let mut last = update("FINISHED");
         std::thread::Builder::new()
             .name(name.clone())
             .spawn(move || {
                 tracing::info!("task {name} attempt {} started", desc.attempt);
+                // RUNNING is a hint (the scheduler also learns it from
+                // heartbeats): sent without waiting.
+                {
+                    let mut client = shared.jobmanager.clone();
+                    let req = security::authorize(running, &shared.secret);
+                    shared.runtime.spawn(async move {
+                        let _ = client.update_task_state(req).await;
+                    });
+                }
                 let result = run_task_attributed(&deployment);
                 let (state, error) = match &result {
                     Ok(_) => ("FINISHED", String::new()),
                     Err(FluviaError::Cancelled) => ("CANCELED", String::new()),
                     Err(e) => ("FAILED", e.to_string()),
                 };
+                let (busy, idle, bp) = group.run_averages();
                 let snapshot = group.snapshot();
-                let metrics_json = serde_json::json!({
-                    "records_in": snapshot.records_in,
-                    "records_out": snapshot.records_out,
-                    "bytes_in": snapshot.bytes_in,
-                    "bytes_out": snapshot.bytes_out,
-                    "operators": result.as_ref().map(|m| m.operator_records.clone()).unwrap_or_default(),
-                })
-                .to_string();
+                let metrics = match result {
+                    Ok(m) => m.into_attempt_metrics(busy, idle, bp),
+                    Err(_) => fluvia_scheduler::AttemptMetrics {
+                        records_in: snapshot.records_in,
+                        records_out: snapshot.records_out,
+                        bytes_in: snapshot.bytes_in,
+                        bytes_out: snapshot.bytes_out,
+                        ..Default::default()
+                    },
+                };
                 tracing::info!("task {name} attempt {} {state} {error}", desc.attempt);
-                shared.report(TaskStateUpdate {
-                    job_id: desc.job_id.clone(),
-                    vertex_index: desc.vertex_index as u32,
-                    subtask: desc.subtask as u32,
-                    attempt: desc.attempt,
-                    state: state.into(),
-                    error,
-                    metrics_json,
-                });
+                last.state = state.into();
+                last.error = error;
+                last.metrics = Some(metrics_to_proto(&metrics));
+                shared.finished(&desc.job_id, key, last);
             })
             .map_err(|e| FluviaError::io("starting a task thread", e))?;
         Ok(())
     }
 
-    /// Sends a task state to the JobManager, retrying for a while.
-    fn report(&self, update: TaskStateUpdate) {
-        for attempt in 0..20 {
-            let mut client = self.jobmanager.clone();
-            let req = security::authorize(update.clone(), &self.secret);
-            match self.runtime.block_on(client.update_task_state(req)) {
-                Ok(_) => return,
-                Err(e) => {
-                    if attempt == 19 || self.stopped.load(Ordering::Acquire) {
-                        tracing::error!("could not report a task state to the JobManager: {e}");
-                        return;
-                    }
-                    std::thread::sleep(Duration::from_millis(250));
-                }
+    /// An attempt ended: its final report moves from "running" to
+    /// "unacknowledged" in one step (a heartbeat sees it in one list or the
+    /// other), then goes to the JobManager.
+    fn finished(&self, job_id: &str, key: AttemptKey, update: TaskStateUpdate) {
+        {
+            let mut jobs = lock(&self.jobs);
+            let mut pending = lock(&self.unacknowledged);
+            if let Some(job) = jobs.get_mut(job_id) {
+                job.running.remove(&key);
+                pending.insert((job_id.to_string(), key), update.clone());
             }
+        }
+        if self.report(update) {
+            lock(&self.unacknowledged).remove(&(job_id.to_string(), key));
         }
     }
 
-    fn cancel_job(&self, job_id: &str) {
-        if let Some(job) = lock(&self.jobs).get(job_id) {
-            for c in &job.cancels {
-                c.cancel();
+    /// Sends a final state to the JobManager; false if it could not (the
+    /// next heartbeats carry it).
+    fn report(&self, update: TaskStateUpdate) -> bool {
+        for attempt in 0..3 {
+            let mut client = self.jobmanager.clone();
+            let req = security::authorize(update.clone(), &self.secret);
+            match self.runtime.block_on(client.update_task_state(req)) {
+                Ok(_) => return true,
+                Err(e) => {
+                    if self.stopped.load(Ordering::Acquire) {
+                        return false;
+                    }
+                    tracing::warn!("reporting a task state to the JobManager failed: {e}");
+                    std::thread::sleep(Duration::from_millis(100 << attempt));
+                }
+            }
+        }
+        false
+    }
+
+    fn cancel_attempt(&self, a: &AttemptRef) {
+        let key = (a.vertex_index as usize, a.subtask as usize, a.attempt);
+        if let Some(c) = lock(&self.jobs)
+            .get(&a.job_id)
+            .and_then(|j| j.running.get(&key))
+        {
+            c.cancel();
+        }
+    }
+
+    fn release_partitions(&self, r: &ReleasePartitionsRequest) {
+        for p in &r.partitions {
+            let Ok(data_set) = u128::from_str_radix(&p.data_set, 16) else {
+                continue;
+            };
+            let id = ResultPartitionId {
+                data_set,
+                producer_subtask: p.producer_subtask,
+                attempt: p.attempt,
+            };
+            self.env.partitions().release(&id);
+            if let Some(job) = lock(&self.jobs).get_mut(&r.job_id) {
+                job.partitions.retain(|x| *x != id);
             }
         }
     }
 
     fn release_job(&self, job_id: &str) {
-        if let Some(job) = lock(&self.jobs).remove(job_id) {
-            for c in &job.cancels {
+        let job = lock(&self.jobs).remove(job_id);
+        if let Some(job) = job {
+            for c in job.running.values() {
                 c.cancel();
             }
             for p in &job.partitions {
@@ -330,6 +397,25 @@ impl Shared {
                 self.metrics.remove_job(id);
             }
         }
+        lock(&self.unacknowledged).retain(|(j, _), _| j != job_id);
+    }
+
+    /// What the next heartbeat says: attempts running, reports pending.
+    fn heartbeat_lists(&self) -> (Vec<AttemptRef>, Vec<TaskStateUpdate>) {
+        let jobs = lock(&self.jobs);
+        let pending = lock(&self.unacknowledged);
+        let running = jobs
+            .iter()
+            .flat_map(|(id, j)| {
+                j.running.keys().map(move |&(v, i, a)| AttemptRef {
+                    job_id: id.clone(),
+                    vertex_index: v as u32,
+                    subtask: i as u32,
+                    attempt: a,
+                })
+            })
+            .collect();
+        (running, pending.values().cloned().collect())
     }
 }
 
@@ -363,12 +449,24 @@ impl TaskManager for TmService {
         }))
     }
 
-    async fn cancel_job_tasks(
+    async fn cancel_task(
         &self,
-        req: Request<JobRequest>,
+        req: Request<AttemptRef>,
     ) -> std::result::Result<Response<Ack>, Status> {
-        security::check_request(&self.shared.secret, &req, "CancelJobTasks")?;
-        self.shared.cancel_job(&req.into_inner().job_id);
+        security::check_request(&self.shared.secret, &req, "CancelTask")?;
+        self.shared.cancel_attempt(&req.into_inner());
+        Ok(Response::new(Ack {
+            ok: true,
+            message: String::new(),
+        }))
+    }
+
+    async fn release_partitions(
+        &self,
+        req: Request<ReleasePartitionsRequest>,
+    ) -> std::result::Result<Response<Ack>, Status> {
+        security::check_request(&self.shared.secret, &req, "ReleasePartitions")?;
+        self.shared.release_partitions(&req.into_inner());
         Ok(Response::new(Ack {
             ok: true,
             message: String::new(),
@@ -396,12 +494,59 @@ impl TaskManager for TmService {
     }
 }
 
+/// A TaskManager started in this process (the embedded mini-cluster).
+pub struct TaskManagerHandle {
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<Result<()>>,
+}
+
+impl TaskManagerHandle {
+    /// Cancels every attempt it runs, closes its network and stops it.
+    pub fn shutdown(&self) {
+        self.shared.stopped.store(true, Ordering::Release);
+        let ids: Vec<String> = lock(&self.shared.jobs).keys().cloned().collect();
+        for j in ids {
+            self.shared.release_job(&j);
+        }
+        self.shared.env.shutdown();
+        self.task.abort();
+    }
+}
+
+/// Starts a TaskManager on the current async runtime (see [`run`]) and
+/// returns once it listens.
+pub async fn spawn(
+    jobmanager: &str,
+    config: Configuration,
+    catalog: Arc<dyn ProgramCatalog>,
+) -> Result<TaskManagerHandle> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let jobmanager = jobmanager.to_string();
+    let task = tokio::spawn(async move { run_inner(&jobmanager, config, catalog, Some(tx)).await });
+    match rx.await {
+        Ok(shared) => Ok(TaskManagerHandle { shared, task }),
+        Err(_) => Err(match task.await {
+            Ok(Err(e)) => e,
+            _ => FluviaError::Execution("the embedded TaskManager did not start".into()),
+        }),
+    }
+}
+
 /// Runs a TaskManager until the process is stopped. `jobmanager` is the
 /// JobManager's RPC address (`host:port`).
 pub async fn run(
     jobmanager: &str,
     config: Configuration,
     catalog: Arc<dyn ProgramCatalog>,
+) -> Result<()> {
+    run_inner(jobmanager, config, catalog, None).await
+}
+
+async fn run_inner(
+    jobmanager: &str,
+    config: Configuration,
+    catalog: Arc<dyn ProgramCatalog>,
+    started: Option<tokio::sync::oneshot::Sender<Arc<Shared>>>,
 ) -> Result<()> {
     let secret = cfg::cluster_secret(&config)?;
     let host = config.get(&cfg::TASKMANAGER_HOST)?.to_string();
@@ -450,9 +595,12 @@ pub async fn run(
         catalog: Arc::clone(&catalog),
         env: Arc::clone(&env),
         metrics: Arc::new(MetricRegistry::new()),
-        jobmanager: JobManagerClient::new(channel),
+        jobmanager: JobManagerClient::new(channel)
+            .max_decoding_message_size(crate::jobmanager::MAX_MESSAGE_SIZE)
+            .max_encoding_message_size(crate::jobmanager::MAX_MESSAGE_SIZE),
         runtime: tokio::runtime::Handle::current(),
         jobs: Mutex::new(HashMap::new()),
+        unacknowledged: Mutex::new(HashMap::new()),
         flush_epoch: Arc::new(AtomicU64::new(0)),
         stopped: AtomicBool::new(false),
     });
@@ -469,9 +617,14 @@ pub async fn run(
             }
         });
     }
+    if let Some(tx) = started {
+        let _ = tx.send(Arc::clone(&shared));
+    }
     let service = TaskManagerServer::new(TmService {
         shared: Arc::clone(&shared),
-    });
+    })
+    .max_decoding_message_size(crate::jobmanager::MAX_MESSAGE_SIZE)
+    .max_encoding_message_size(crate::jobmanager::MAX_MESSAGE_SIZE);
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let server = tokio::spawn(
         Server::builder()
@@ -535,13 +688,31 @@ pub async fn run(
         } else {
             let metrics_json =
                 serde_json::to_string(&shared.metrics.snapshot()).unwrap_or_default();
+            let (running, unacknowledged) = shared.heartbeat_lists();
+            let sent: Vec<(String, AttemptKey)> = unacknowledged
+                .iter()
+                .map(|u| {
+                    (
+                        u.job_id.clone(),
+                        (u.vertex_index as usize, u.subtask as usize, u.attempt),
+                    )
+                })
+                .collect();
             let hb = TaskManagerHeartbeat {
                 task_manager_id: id.clone(),
                 metrics_json,
+                running,
+                unacknowledged,
             };
             match client.heartbeat(security::authorize(hb, &secret)).await {
                 Ok(r) => {
                     last_contact = Instant::now();
+                    {
+                        let mut pending = lock(&shared.unacknowledged);
+                        for k in &sent {
+                            pending.remove(k);
+                        }
+                    }
                     if !r.into_inner().known {
                         tracing::warn!("the JobManager forgot this TaskManager; registering again");
                         registered = false;

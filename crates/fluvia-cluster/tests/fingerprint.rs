@@ -1,13 +1,18 @@
-//! Application mode: a TaskManager whose programs differ from the
-//! JobManager's (another build) is refused at registration, over real gRPC.
+//! Application mode over real gRPC: the JobManager is generic (it carries no
+//! program), accepts TaskManagers of any program, and places a job only on
+//! TaskManagers whose program fingerprint is the job's; a job whose program
+//! no TaskManager carries fails after the slot timeout saying so. A
+//! malformed JobGraph is refused at submission with the reason.
 
 #![allow(clippy::unwrap_used)]
 
+use fluvia_cluster::client::ClusterClient;
 use fluvia_cluster::program::{ProgramCatalog, ProgramSpec};
-use fluvia_core::{Configuration, FluviaError};
-use fluvia_graph::JobGraph;
+use fluvia_core::{Configuration, ExchangeMode, FluviaError, PartitionerKind};
+use fluvia_graph::{JobGraph, JobGraphGenerator, StreamGraphBuilder};
 use fluvia_runtime::OperatorRegistry;
 use std::sync::Arc;
+use std::time::Duration;
 
 struct Catalog(&'static str);
 
@@ -24,28 +29,72 @@ fn config() -> Configuration {
     let mut c = Configuration::new();
     c.set("jobmanager.rpc.port", "0")
         .set("rest.port", "0")
-        .set("heartbeat.interval", "50");
+        .set("heartbeat.interval", "50")
+        .set("slot.request.timeout", "500");
     c
 }
 
+fn graph() -> JobGraph {
+    let mut b = StreamGraphBuilder::new("two vertices");
+    let s = b.add_source("Source: s", true);
+    let m = b.add_operator("Map", 1);
+    b.add_edge(
+        s,
+        m,
+        Some(PartitionerKind::Rebalance),
+        ExchangeMode::Undefined,
+        0,
+    );
+    JobGraphGenerator::new(&b.build().unwrap())
+        .create_job_graph(Configuration::new(), false)
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_task_manager_with_a_different_program_fingerprint_is_refused() {
-    let jm = fluvia_cluster::jobmanager::start(config(), Arc::new(Catalog("build-a")))
+async fn a_job_runs_only_where_its_program_is_and_fails_clearly_when_nowhere() {
+    let jm = fluvia_cluster::jobmanager::start(config()).await.unwrap();
+    let address = jm.rpc_address.to_string();
+    // A TaskManager of another program registers and stays up.
+    let tm = fluvia_cluster::taskmanager::spawn(&address, config(), Arc::new(Catalog("build-b")))
         .await
         .unwrap();
-    let address = jm.rpc_address.to_string();
-    let err = fluvia_cluster::taskmanager::run(&address, config(), Arc::new(Catalog("build-b")))
+    let mut client = ClusterClient::connect(&address, None).await.unwrap();
+    let spec = ProgramSpec {
+        name: "mine".into(),
+        args: vec![],
+    };
+    let id = client.submit(&spec, &graph(), "build-a").await.unwrap();
+    let status = client.wait(&id).await.unwrap();
+    assert_eq!(status.state, "FAILED");
+    assert!(
+        status
+            .error
+            .contains("no registered TaskManager carries program 'mine' (fingerprint build-a)"),
+        "{}",
+        status.error
+    );
+    // The other program's TaskManager was never given a task of it.
+    let details: serde_json::Value = serde_json::from_str(&status.details_json).unwrap();
+    for v in details["vertices"].as_array().unwrap() {
+        for s in v["subtasks"].as_array().unwrap() {
+            assert_eq!(s["taskmanager-id"], "", "{s}");
+        }
+    }
+
+    // A crafted graph is refused with the reason, not a panic.
+    let mut bad = graph();
+    bad.vertices[1].parallelism = 0;
+    bad.job_id = fluvia_core::JobId::generate();
+    let err = client
+        .submit(&spec, &bad, "build-a")
         .await
         .unwrap_err()
         .to_string();
-    assert!(err.contains("refused this TaskManager"), "{err}");
-    assert!(err.contains("build-b") && err.contains("build-a"), "{err}");
-
-    // The same fingerprint registers (and then keeps running: give it a moment).
-    let ok = tokio::time::timeout(
-        std::time::Duration::from_millis(500),
-        fluvia_cluster::taskmanager::run(&address, config(), Arc::new(Catalog("build-a"))),
-    )
-    .await;
-    assert!(ok.is_err(), "a matching TaskManager stays up: {ok:?}");
+    assert!(
+        err.contains("invalid job graph") && err.contains("parallelism 0"),
+        "{err}"
+    );
+    tm.shutdown();
+    jm.abort();
+    tokio::time::sleep(Duration::from_millis(10)).await;
 }

@@ -1,14 +1,15 @@
 //! The [`StreamExecutionEnvironment`]: job-wide settings, sources, and the
-//! path from API calls to a running job (StreamGraph → JobGraph → embedded
-//! runtime).
+//! path from API calls to a running job (StreamGraph → JobGraph → a cluster:
+//! the embedded mini-cluster, or a running one in application mode).
 
 use crate::sources::{CollectionSource, GeneratorSource, TextFileSource};
 use crate::stream::{DataStream, OperatorSettings};
+use fluvia_cluster::program::{ProgramCatalog, ProgramSpec};
 use fluvia_core::config::options;
 use fluvia_core::{Configuration, FluviaError, Result, RuntimeMode};
 use fluvia_graph::{JobGraph, JobGraphGenerator, StreamGraph, StreamGraphBuilder, StreamNodeId};
 use fluvia_runtime::operator::{OperatorFactory, SourceFactory};
-use fluvia_runtime::{Data, JobExecutionResult, LocalExecutor, OperatorRegistry, SourceOperator};
+use fluvia_runtime::{Data, JobExecutionResult, OperatorRegistry, SourceOperator, validate_job};
 use std::cell::RefCell;
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -21,6 +22,43 @@ pub(crate) struct EnvInner {
     pub config: Configuration,
     /// Misuses found while the job was written (reported at build time).
     pub deferred_errors: Vec<String>,
+    /// Collect sinks so far (they are named by position).
+    pub collects: usize,
+    /// What to do with a finished job's result (fill collect handles).
+    pub result_readers: Vec<ResultReader>,
+    /// Set by [`crate::app`]: how this program runs on a cluster.
+    pub application: Option<Application>,
+}
+
+/// Reads what a finished job handed back.
+pub type ResultReader = Box<dyn Fn(&JobExecutionResult) -> Result<()>>;
+
+/// A program in application mode: the spec every process rebuilds the job
+/// from, the fingerprint of the binary, and where to submit it.
+#[derive(Debug, Clone)]
+pub struct Application {
+    pub spec: ProgramSpec,
+    pub fingerprint: String,
+    /// A running JobManager (`host:port`); none: the embedded mini-cluster.
+    pub jobmanager: Option<String>,
+}
+
+/// This process's own job, for the embedded mini-cluster's TaskManagers
+/// (they share the registry, closures and all).
+struct InProcessCatalog {
+    graph: JobGraph,
+    registry: OperatorRegistry,
+    fingerprint: String,
+}
+
+impl ProgramCatalog for InProcessCatalog {
+    fn build(&self, _spec: &ProgramSpec) -> Result<(JobGraph, OperatorRegistry)> {
+        Ok((self.graph.clone(), self.registry.clone()))
+    }
+
+    fn fingerprint(&self) -> String {
+        self.fingerprint.clone()
+    }
 }
 
 /// Entry point of a DataStream job.
@@ -47,6 +85,9 @@ impl StreamExecutionEnvironment {
                 registry: OperatorRegistry::new(),
                 config,
                 deferred_errors: Vec::new(),
+                collects: 0,
+                result_readers: Vec::new(),
+                application: None,
             })),
         }
     }
@@ -235,6 +276,22 @@ impl StreamExecutionEnvironment {
         self.inner.borrow_mut().registry.register(node, factory);
     }
 
+    pub(crate) fn next_collect_name(&self) -> String {
+        let mut inner = self.inner.borrow_mut();
+        inner.collects += 1;
+        format!("collect-{}", inner.collects)
+    }
+
+    pub(crate) fn on_result(&self, reader: ResultReader) {
+        self.inner.borrow_mut().result_readers.push(reader);
+    }
+
+    /// Runs this program's jobs in application mode (see [`crate::app`]).
+    pub fn set_application(&self, application: Application) -> &Self {
+        self.inner.borrow_mut().application = Some(application);
+        self
+    }
+
     pub(crate) fn defer_error(&self, message: String) {
         self.inner.borrow_mut().deferred_errors.push(message);
     }
@@ -262,10 +319,74 @@ impl StreamExecutionEnvironment {
         self.inner.borrow().registry.clone()
     }
 
-    /// Builds the job and runs it on the embedded runtime until it finishes.
+    /// Builds the job and runs it until it finishes: on the embedded
+    /// mini-cluster (a JobManager and TaskManagers in this process, over
+    /// loopback, exactly as a real cluster), or, in application mode with a
+    /// JobManager address, on that cluster. Collect handles are filled from
+    /// the finished job's report.
     pub fn execute(&self, job_name: &str) -> Result<JobExecutionResult> {
         let job = self.job_graph(job_name)?;
-        let registry = Arc::new(self.registry());
-        LocalExecutor::new(self.config()).execute(job, registry)
+        let registry = self.registry();
+        validate_job(&job, &registry)?;
+        let config = self.config();
+        let application = self.inner.borrow().application.clone();
+        let started = std::time::Instant::now();
+        let graph = job.clone();
+        let status = run_on_runtime(async move {
+            match application {
+                Some(Application {
+                    spec,
+                    fingerprint,
+                    jobmanager: Some(address),
+                }) => {
+                    let secret = fluvia_cluster::config::cluster_secret(&config)?;
+                    let mut client =
+                        fluvia_cluster::client::ClusterClient::connect(&address, secret).await?;
+                    let id = client.submit(&spec, &graph, &fingerprint).await?;
+                    client.wait(&id).await
+                }
+                app => {
+                    let spec = app.map(|a| a.spec).unwrap_or(ProgramSpec {
+                        name: graph.name.clone(),
+                        args: Vec::new(),
+                    });
+                    let catalog = Arc::new(InProcessCatalog {
+                        fingerprint: format!("in-process-{}", graph.fingerprint),
+                        graph: graph.clone(),
+                        registry,
+                    });
+                    fluvia_cluster::minicluster::run_job(&config, catalog, &spec, &graph).await
+                }
+            }
+        })?;
+        let result = fluvia_cluster::client::job_result(&job, &status, started.elapsed())?;
+        let inner = self.inner.borrow();
+        for read in &inner.result_readers {
+            read(&result)?;
+        }
+        Ok(result)
     }
+}
+
+/// Runs `future` on a fresh async runtime on its own thread (so `execute`
+/// works from inside another runtime too) and stops the runtime's background
+/// work when it returns.
+fn run_on_runtime<T: Send + 'static>(
+    future: impl std::future::Future<Output = Result<T>> + Send + 'static,
+) -> Result<T> {
+    std::thread::Builder::new()
+        .name("fluvia-client".into())
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .map_err(|e| FluviaError::io("starting the async runtime", e))?;
+            let out = rt.block_on(future);
+            rt.shutdown_timeout(Duration::from_millis(100));
+            out
+        })
+        .map_err(|e| FluviaError::io("starting the client thread", e))?
+        .join()
+        .map_err(|_| FluviaError::Internal("the client thread panicked".into()))?
 }

@@ -6,7 +6,9 @@
 //! them. Every call records a StreamGraph node and registers the node's user
 //! code (closures stay in this process; the graph only holds ids). `execute`
 //! builds the JobGraph with Flink's chaining rules and runs it on the embedded
-//! runtime.
+//! mini-cluster (the same JobManager, scheduler and TaskManager code as a
+//! real cluster, over loopback); [`app`] runs a program's jobs on a running
+//! cluster, with the program's own binary as their TaskManager.
 //!
 //! ```
 //! use fluvia_datastream::prelude::*;
@@ -30,6 +32,7 @@
 //! This crate must not know about buffers, partitions or threads: it speaks
 //! StreamGraph and operator factories only.
 
+pub mod app;
 pub mod env;
 pub mod operators;
 pub mod sources;

@@ -253,13 +253,21 @@ impl<T: std::fmt::Debug + 'static> OneInputOperator<T, ()> for PrintSink {
     }
 }
 
-/// Gathers records into a shared vector (for tests and small results).
+/// Gathers a subtask's records and hands them to the client in the
+/// attempt's final report (an accumulator named after the sink), so
+/// `collect()` works on any cluster and only the winning attempt counts.
 pub struct CollectSink<T> {
+    pub name: String,
     pub local: Vec<T>,
-    pub target: Arc<Mutex<Vec<T>>>,
+    pub accumulators: Option<fluvia_runtime::operator::Accumulators>,
 }
 
-impl<T: 'static> OneInputOperator<T, ()> for CollectSink<T> {
+impl<T: Data> OneInputOperator<T, ()> for CollectSink<T> {
+    fn open(&mut self, ctx: &OperatorContext) -> Result<(), UserError> {
+        self.accumulators = Some(ctx.accumulators());
+        Ok(())
+    }
+
     #[inline]
     fn process_element(
         &mut self,
@@ -271,11 +279,12 @@ impl<T: 'static> OneInputOperator<T, ()> for CollectSink<T> {
     }
 
     fn end_input(&mut self, _out: &mut Collector<'_, ()>) -> Result<(), UserError> {
-        let mut target = self
-            .target
-            .lock()
-            .map_err(|_| "collect sink lock poisoned")?;
-        target.append(&mut self.local);
+        let bytes = bincode::serialize(&self.local)
+            .map_err(|e| format!("encoding the collected records: {e}"))?;
+        self.local.clear();
+        if let Some(acc) = &self.accumulators {
+            acc.borrow_mut().push((self.name.clone(), bytes));
+        }
         Ok(())
     }
 }

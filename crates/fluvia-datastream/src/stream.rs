@@ -9,7 +9,7 @@
 use crate::env::StreamExecutionEnvironment;
 use crate::operators::*;
 use fluvia_core::keygroup::KeyHash;
-use fluvia_core::{ChainingStrategy, ExchangeMode, PartitionerKind};
+use fluvia_core::{ChainingStrategy, ExchangeMode, FluviaError, PartitionerKind};
 use fluvia_graph::StreamNodeId;
 use fluvia_runtime::operator::{OneInputFactory, OperatorFactory, TwoInputFactory};
 use fluvia_runtime::output::KeyHasher;
@@ -310,12 +310,29 @@ impl<T: Data> DataStream<T> {
     /// Gathers the records; read them with [`CollectHandle::take`] after
     /// `execute`.
     pub fn collect(&self) -> (DataStreamSink, CollectHandle<T>) {
-        let data = Arc::new(Mutex::new(Vec::new()));
-        let target = Arc::clone(&data);
+        let data: Arc<Mutex<Vec<T>>> = Arc::new(Mutex::new(Vec::new()));
+        // Named by position, so every process of the job names it alike.
+        let name = self.env.next_collect_name();
+        let sink_name = name.clone();
         let sink = self.sink_with("Collect", move || CollectSink {
+            name: sink_name.clone(),
             local: Vec::new(),
-            target: Arc::clone(&target),
+            accumulators: None,
         });
+        let target = Arc::clone(&data);
+        self.env.on_result(Box::new(move |result| {
+            let mut all = Vec::new();
+            for bytes in result.accumulator(&name) {
+                let part: Vec<T> = bincode::deserialize(bytes).map_err(|e| {
+                    FluviaError::Serialization(format!("decoding the collected records: {e}"))
+                })?;
+                all.extend(part);
+            }
+            if let Ok(mut t) = target.lock() {
+                t.extend(all);
+            }
+            Ok(())
+        }));
         (sink, CollectHandle { data })
     }
 

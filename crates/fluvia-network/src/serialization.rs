@@ -35,6 +35,11 @@ pub struct PartitionWriter {
     records_out: u64,
     bytes_out: u64,
     buffers_out: u64,
+    /// Per subpartition, and for broadcast data (counted once, read by all).
+    subpartition_records: Vec<u64>,
+    subpartition_bytes: Vec<u64>,
+    broadcast_records: u64,
+    broadcast_bytes: u64,
     finished: bool,
     /// Shared counters, published at every buffer hand-over.
     counters: Option<Arc<crate::metrics::IoCounters>>,
@@ -70,6 +75,10 @@ impl PartitionWriter {
             records_out: 0,
             bytes_out: 0,
             buffers_out: 0,
+            subpartition_records: vec![0; n],
+            subpartition_bytes: vec![0; n],
+            broadcast_records: 0,
+            broadcast_bytes: 0,
             finished: false,
             counters: None,
             published_records: 0,
@@ -117,6 +126,24 @@ impl PartitionWriter {
         self.buffers_out
     }
 
+    /// Records written to each subpartition (a broadcast record counts for
+    /// every one).
+    pub fn subpartition_records(&self) -> Vec<u64> {
+        self.subpartition_records
+            .iter()
+            .map(|n| n + self.broadcast_records)
+            .collect()
+    }
+
+    /// Bytes handed to each subpartition (broadcast buffers count for every
+    /// one, though they are stored once).
+    pub fn subpartition_bytes(&self) -> Vec<u64> {
+        self.subpartition_bytes
+            .iter()
+            .map(|n| n + self.broadcast_bytes)
+            .collect()
+    }
+
     /// Writes one encoded record to `target`.
     #[inline]
     pub fn emit(&mut self, target: Target, record: &[u8]) -> Result<()> {
@@ -138,7 +165,8 @@ impl PartitionWriter {
                 if self.broadcast.is_some() {
                     self.hand_over_broadcast()?;
                 }
-                self.write_record(sp, record)?
+                self.write_record(sp, record)?;
+                self.subpartition_records[sp] += 1;
             }
             Target::All => {
                 if self.builders.iter().any(Option::is_some) {
@@ -146,7 +174,8 @@ impl PartitionWriter {
                         self.hand_over(sp)?;
                     }
                 }
-                self.write_broadcast(record)?
+                self.write_broadcast(record)?;
+                self.broadcast_records += 1;
             }
         }
         self.records_out += 1;
@@ -222,6 +251,7 @@ impl PartitionWriter {
                 return Ok(());
             }
             self.bytes_out += b.len() as u64;
+            self.broadcast_bytes += b.len() as u64;
             self.buffers_out += 1;
             self.publish(b.len());
             let buffer = b.finish();
@@ -238,6 +268,7 @@ impl PartitionWriter {
                 return Ok(());
             }
             self.bytes_out += b.len() as u64;
+            self.subpartition_bytes[sp] += b.len() as u64;
             self.buffers_out += 1;
             self.publish(b.len());
             self.partition.subpartition(sp).add_buffer(b.finish())?;

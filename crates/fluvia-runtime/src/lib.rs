@@ -7,22 +7,20 @@
 //! non-chained edges serialise records (with [`record`]'s codec) into network
 //! buffers.
 //!
-//! The [`executor`] is the embedded runtime: it expands a JobGraph into an
-//! ExecutionGraph, creates partitions and gates, runs one thread per subtask,
-//! cancels everything on the first failure, and reports per-vertex metrics.
+//! Tasks run inside TaskManagers (`fluvia-cluster`), embedded or remote;
+//! [`result`] sums what their attempts report into a job's outcome.
 //!
 //! Record types are known only to [`operator`] factories and [`output`]s;
 //! everything below (network, scheduler, graph) sees bytes and ids.
 
-pub mod executor;
 pub mod metrics;
 pub mod operator;
 pub mod output;
 pub mod record;
 pub mod registry;
+pub mod result;
 pub mod task;
 
-pub use executor::{JobExecutionResult, LocalExecutor, VertexMetrics};
 pub use metrics::{MetricRegistry, TaskMetricsSnapshot};
 pub use operator::{
     InputStats, OneInputOperator, OperatorContext, OperatorFactory, OperatorInstance, RecordType,
@@ -31,3 +29,4 @@ pub use operator::{
 pub use output::{Collector, Output};
 pub use record::Data;
 pub use registry::OperatorRegistry;
+pub use result::{JobExecutionResult, VertexMetrics, validate_job};

@@ -69,6 +69,18 @@ impl TaskMetricGroup {
         }
     }
 
+    /// Busy, idle and back-pressured milliseconds per second over the
+    /// task's whole run (what its final report carries).
+    pub fn run_averages(&self) -> (f64, f64, f64) {
+        let secs = self.started.elapsed().as_secs_f64().max(1e-9);
+        let per_second = |d: Duration| (d.as_secs_f64() * 1000.0 / secs).clamp(0.0, 1000.0);
+        let idle = per_second(Duration::from_nanos(IoCounters::get(
+            &self.counters.idle_nanos,
+        )));
+        let bp = per_second(self.back_pressured());
+        ((1000.0 - idle - bp).max(0.0), idle, bp)
+    }
+
     pub fn snapshot(&self) -> TaskMetricsSnapshot {
         let c = &self.counters;
         let now = Instant::now();

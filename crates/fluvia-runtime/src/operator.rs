@@ -48,7 +48,14 @@ pub struct OperatorContext {
     /// `CopyingChainingOutput`, done on the receiving side to save a call).
     pub copy_input: bool,
     pub(crate) records_in: Rc<Cell<u64>>,
+    /// Named results of the task, shipped to the client in its final report
+    /// (shared by every operator of the chain).
+    pub(crate) accumulators: Accumulators,
 }
+
+/// Where a task's operators leave named results for the client (Flink's
+/// accumulators; `collect()` sends its records this way).
+pub type Accumulators = Rc<RefCell<Vec<(String, Vec<u8>)>>>;
 
 impl OperatorContext {
     #[allow(clippy::too_many_arguments)]
@@ -75,7 +82,15 @@ impl OperatorContext {
             object_reuse,
             copy_input: false,
             records_in: Rc::new(Cell::new(0)),
+            accumulators: Rc::new(RefCell::new(Vec::new())),
         }
+    }
+
+    /// The task's accumulators: what an operator adds there reaches the
+    /// client with the attempt's final report (only the winning attempt's
+    /// count).
+    pub fn accumulators(&self) -> Accumulators {
+        Rc::clone(&self.accumulators)
     }
 
     /// Inclusive range of key groups this subtask owns.

@@ -124,6 +124,11 @@ pub struct TaskMetrics {
     pub output_buffers_max_in_use: usize,
     pub output_buffers_limit: usize,
     pub backpressure_waits: u64,
+    /// Per output, per subpartition: bytes and records written.
+    pub subpartition_bytes: Vec<Vec<u64>>,
+    pub subpartition_records: Vec<Vec<u64>>,
+    /// Named results for the client.
+    pub accumulators: Vec<(String, Vec<u8>)>,
 }
 
 struct ChainBuilder<'a> {
@@ -220,6 +225,7 @@ pub fn run_task(d: &TaskDeployment) -> Result<TaskMetrics> {
     let v = d.vertex();
     let task_name = d.task_name();
     let batch = d.job.job_type == fluvia_graph::JobType::Batch;
+    let accumulators: crate::operator::Accumulators = Default::default();
     let contexts: Vec<OperatorContext> = v
         .operators
         .iter()
@@ -238,6 +244,7 @@ pub fn run_task(d: &TaskDeployment) -> Result<TaskMetrics> {
             );
             // Every operator but the head is fed through a chained edge.
             ctx.copy_input = i > 0 && !d.job.object_reuse;
+            ctx.accumulators = std::rc::Rc::clone(&accumulators);
             ctx
         })
         .collect();
@@ -300,8 +307,12 @@ pub fn run_task(d: &TaskDeployment) -> Result<TaskMetrics> {
         metrics.output_buffers_max_in_use += w.pool().max_in_use();
         metrics.output_buffers_limit += w.pool().max_buffers();
         metrics.backpressure_waits += w.pool().waits();
+        metrics.subpartition_bytes.push(w.subpartition_bytes());
+        metrics.subpartition_records.push(w.subpartition_records());
     }
     metrics.operator_records = builder.contexts.iter().map(|c| c.records_in()).collect();
+    drop(builder);
+    metrics.accumulators = std::mem::take(&mut *accumulators.borrow_mut());
     Ok(metrics)
 }
 
