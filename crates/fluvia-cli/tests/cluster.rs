@@ -357,17 +357,30 @@ fn rest_endpoints_have_the_documented_shapes() {
 }
 
 #[test]
-fn a_job_without_enough_slots_fails_after_the_timeout() {
+fn a_streaming_job_without_enough_slots_fails_after_the_timeout_and_a_batch_job_takes_turns() {
     let dir = tempfile::tempdir().unwrap();
     let input = write_input(dir.path(), 100);
     let cluster = Cluster::start(&["-D", "slot.request.timeout=1000"], 1, &["--slots", "1"]);
     let started = Instant::now();
-    let o = cluster.run(&["wordcount", "--input", input.to_str().unwrap(), "-p", "3"]);
+    let args = ["wordcount", "--input", input.to_str().unwrap(), "-p", "3"];
+    let mut streaming = args.to_vec();
+    streaming.extend(["--mode", "streaming"]);
+    let o = cluster.run(&streaming);
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("not enough slots"), "{err}");
     assert!(err.contains("needs 3 slots"), "{err}");
     assert!(started.elapsed() >= Duration::from_millis(1000));
+    // A batch job runs its subtasks in turns on the one slot (as Flink's
+    // batch scheduling does) and gives the embedded run's answer.
+    let out = dir.path().join("out.txt");
+    let mut batch = args.to_vec();
+    let out_arg = out.to_str().unwrap().to_string();
+    batch.extend(["--mode", "batch", "--output", &out_arg]);
+    let o = cluster.run(&batch);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let expected = embedded_counts(&input, &dir.path().join("embedded.txt"));
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), expected);
 }
 
 #[test]

@@ -1,0 +1,195 @@
+//! Application mode through separate processes: a stock `fluvia jobmanager`,
+//! a `fluvia-quickstart taskmanager` (this program's own binary) and a stock
+//! `fluvia taskmanager`. The quickstart job runs only on its own
+//! TaskManager and answers as its embedded run does; a SQL query on the same
+//! cluster runs on the stock one.
+
+#![allow(clippy::unwrap_used)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The stock `fluvia` binary, built beside this package's binary.
+fn fluvia_binary() -> PathBuf {
+    let quickstart = PathBuf::from(env!("CARGO_BIN_EXE_fluvia-quickstart"));
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let o = Command::new(cargo)
+        .args(["build", "-p", "fluvia-cli", "--bin", "fluvia"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    quickstart.with_file_name(format!("fluvia{}", std::env::consts::EXE_SUFFIX))
+}
+
+/// Kills the cluster's processes however the test ends.
+struct Processes(Vec<Child>);
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn rest_get(addr: &str, path: &str) -> serde_json::Value {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    let body = &resp[resp.find("\r\n\r\n").unwrap() + 4..];
+    let json = &body[body.find('{').unwrap()..=body.rfind('}').unwrap()];
+    serde_json::from_str(json).unwrap()
+}
+
+const FAST: [&str; 4] = [
+    "-D",
+    "heartbeat.interval=100",
+    "-D",
+    "heartbeat.timeout=3000",
+];
+
+#[test]
+fn the_quickstart_runs_on_its_own_task_manager_beside_a_stock_one() {
+    let fluvia = fluvia_binary();
+    let quickstart = env!("CARGO_BIN_EXE_fluvia-quickstart");
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("words.txt");
+    let mut words = String::new();
+    for i in 0..5_000 {
+        words.push_str(&format!("alpha beta{} gamma{} delta\n", i % 7, i % 13));
+    }
+    std::fs::write(&text, words).unwrap();
+
+    let embedded = Command::new(quickstart).arg(&text).output().unwrap();
+    assert!(
+        embedded.status.success(),
+        "{}",
+        String::from_utf8_lossy(&embedded.stderr)
+    );
+
+    let mut procs = Processes(Vec::new());
+    let mut jm = Command::new(&fluvia)
+        .args([
+            "jobmanager",
+            "-D",
+            "jobmanager.rpc.port=0",
+            "-D",
+            "rest.port=0",
+        ])
+        .args(FAST)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(jm.stdout.take().unwrap());
+    procs.0.push(jm);
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let rpc = line
+        .trim()
+        .strip_prefix("JobManager RPC ")
+        .unwrap()
+        .to_string();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    let rest = line
+        .trim()
+        .strip_prefix("REST http://")
+        .unwrap()
+        .to_string();
+
+    let own = Command::new(quickstart)
+        .args(["taskmanager", "--jobmanager", &rpc, "--slots", "2"])
+        .args(FAST)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let own_pid = own.id();
+    procs.0.push(own);
+    let stock = Command::new(&fluvia)
+        .args(["taskmanager", "--jobmanager", &rpc, "--slots", "2"])
+        .args(FAST)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stock_pid = stock.id();
+    procs.0.push(stock);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while rest_get(&rest, "/overview")["taskmanagers"] != 2 {
+        assert!(Instant::now() < deadline, "TaskManagers did not register");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // TaskManager ids end with their process id.
+    let tm_of = |id: &serde_json::Value| -> u32 {
+        id.as_str()
+            .unwrap()
+            .rsplit('-')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+
+    let remote = Command::new(quickstart)
+        .args(["--jobmanager", &rpc])
+        .arg(&text)
+        .output()
+        .unwrap();
+    assert!(
+        remote.status.success(),
+        "{}",
+        String::from_utf8_lossy(&remote.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&remote.stdout),
+        String::from_utf8_lossy(&embedded.stdout)
+    );
+    let jobs = rest_get(&rest, "/jobs");
+    let id = jobs["jobs"][0]["id"].as_str().unwrap().to_string();
+    let job = rest_get(&rest, &format!("/jobs/{id}"));
+    assert_eq!(job["state"], "FINISHED");
+    let mut subtasks = 0;
+    for v in job["vertices"].as_array().unwrap() {
+        for s in v["subtasks"].as_array().unwrap() {
+            assert_eq!(tm_of(&s["taskmanager-id"]), own_pid, "{s}");
+            subtasks += 1;
+        }
+    }
+    assert_eq!(subtasks, 4);
+
+    // SQL on the same cluster runs on the stock TaskManager.
+    let tables = dir.path().join("tables");
+    std::fs::create_dir_all(tables.join("t")).unwrap();
+    std::fs::write(tables.join("t/part.csv"), "k,v\na,1\nb,2\na,3\n").unwrap();
+    let sql = Command::new(&fluvia)
+        .args(["sql", "--jobmanager", &rpc, "--format", "csv", "-p", "2"])
+        .arg("--tables")
+        .arg(&tables)
+        .args(["-e", "select k, sum(v) as s from t group by k order by k"])
+        .output()
+        .unwrap();
+    assert!(
+        sql.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sql.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&sql.stdout), "k,s\na,4\nb,2\n");
+    let jobs = rest_get(&rest, "/jobs");
+    let sql_id = jobs["jobs"][1]["id"].as_str().unwrap().to_string();
+    let job = rest_get(&rest, &format!("/jobs/{sql_id}"));
+    for v in job["vertices"].as_array().unwrap() {
+        for s in v["subtasks"].as_array().unwrap() {
+            assert_eq!(tm_of(&s["taskmanager-id"]), stock_pid, "{s}");
+        }
+    }
+}
