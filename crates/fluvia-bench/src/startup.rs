@@ -1,7 +1,8 @@
 //! `fluvia-bench startup`: how long a trivial job takes from the client's
 //! call to its end — an upper bound on the time to the first running task —
-//! on the embedded runtime, on the embedded mini-cluster (JobManager and
-//! TaskManagers started for the job), and on an already running cluster.
+//! through the library's `env.execute()` and through `fluvia run` (both start
+//! the embedded mini-cluster — JobManager and TaskManagers — for the job),
+//! and on an already running cluster.
 
 use anyhow::Result;
 use fluvia_cli::catalog::{Example, ExampleCatalog};

@@ -1,6 +1,7 @@
 //! `fluvia`: one binary for every role — the JobManager and TaskManager
 //! processes, and the client commands that run, explain, list and cancel
-//! jobs (on a cluster with `--jobmanager`, else on the embedded runtime).
+//! jobs (on a cluster with `--jobmanager`, else on the embedded
+//! mini-cluster).
 
 use anyhow::{Context, Result, anyhow, bail};
 use clap::{Args, Parser, Subcommand};

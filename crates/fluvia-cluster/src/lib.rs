@@ -1,20 +1,24 @@
 //! Fluvia as a distributed system: the JobManager and TaskManager processes.
 //!
-//! - [`jobmanager`]: accepts TaskManagers and jobs over gRPC, keeps the
-//!   ExecutionGraph of every job, assigns subtasks to slots, deploys tasks
-//!   (all at once for streaming, vertex by vertex as blocking inputs finish
-//!   for batch), detects lost TaskManagers by heartbeat, restarts jobs, and
-//!   serves the REST API ([`rest`]).
-//! - [`taskmanager`]: registers its slots and data port, runs deployed tasks
-//!   with the same task code as the embedded runtime, exchanges data with
-//!   other TaskManagers over the TCP data plane, and reports task states.
-//! - [`client`]: what `fluvia run --jobmanager`, `list` and `cancel` use.
+//! - [`jobmanager`]: a thin shell around `fluvia-scheduler`'s state machine:
+//!   accepts TaskManagers and jobs over gRPC, feeds the scheduler events
+//!   (registrations, heartbeats, attempt reports, RPC outcomes, ticks) and
+//!   performs its actions through one RPC queue per TaskManager; serves the
+//!   REST API ([`rest`]).
+//! - [`taskmanager`]: registers its slots, data port and program
+//!   fingerprint, runs deployed attempts, exchanges data with other
+//!   TaskManagers over the TCP data plane, and reports attempt states (typed,
+//!   resent with heartbeats until acknowledged).
+//! - [`minicluster`]: the same JobManager and TaskManagers inside one process.
+//! - [`client`]: what `fluvia run --jobmanager`, `list`, `cancel` and a
+//!   program's `execute` use.
 //!
-//! User code is shipped by *application mode*: every role runs the same
-//! binary, which carries the programs ([`program::ProgramCatalog`]); a job
-//! names a program and its arguments, every process rebuilds the same
-//! JobGraph from them, and fingerprints are compared so a process with
-//! different code is refused. This crate knows no concrete program.
+//! User code is shipped by *application mode*: a binary carries programs
+//! ([`program::ProgramCatalog`]); a job names a program and its arguments,
+//! every TaskManager it runs on rebuilds the same JobGraph from them and
+//! compares fingerprints. The JobManager carries no program: it places a job
+//! only on TaskManagers whose program fingerprint is the job's. This crate
+//! knows no concrete program.
 
 pub mod client;
 pub mod config;
