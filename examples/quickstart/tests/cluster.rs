@@ -2,7 +2,9 @@
 //! a `fluvia-quickstart taskmanager` (this program's own binary) and a stock
 //! `fluvia taskmanager`. The quickstart job runs only on its own
 //! TaskManager and answers as its embedded run does; a SQL query on the same
-//! cluster runs on the stock one.
+//! cluster runs on the stock one, and still does while the quickstart's
+//! TaskManager is stopped mid-deployment (one stuck TaskManager delays only
+//! its own calls).
 
 #![allow(clippy::unwrap_used)]
 
@@ -49,12 +51,22 @@ fn rest_get(addr: &str, path: &str) -> serde_json::Value {
     serde_json::from_str(json).unwrap()
 }
 
+// A stopped TaskManager must not be declared lost during the test.
 const FAST: [&str; 4] = [
     "-D",
     "heartbeat.interval=100",
     "-D",
-    "heartbeat.timeout=3000",
+    "heartbeat.timeout=60000",
 ];
+
+fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig} {pid}");
+}
 
 #[test]
 fn the_quickstart_runs_on_its_own_task_manager_beside_a_stock_one() {
@@ -171,25 +183,63 @@ fn the_quickstart_runs_on_its_own_task_manager_beside_a_stock_one() {
     let tables = dir.path().join("tables");
     std::fs::create_dir_all(tables.join("t")).unwrap();
     std::fs::write(tables.join("t/part.csv"), "k,v\na,1\nb,2\na,3\n").unwrap();
-    let sql = Command::new(&fluvia)
-        .args(["sql", "--jobmanager", &rpc, "--format", "csv", "-p", "2"])
-        .arg("--tables")
-        .arg(&tables)
-        .args(["-e", "select k, sum(v) as s from t group by k order by k"])
-        .output()
-        .unwrap();
-    assert!(
-        sql.status.success(),
-        "{}",
-        String::from_utf8_lossy(&sql.stderr)
-    );
-    assert_eq!(String::from_utf8_lossy(&sql.stdout), "k,s\na,4\nb,2\n");
-    let jobs = rest_get(&rest, "/jobs");
-    let sql_id = jobs["jobs"][1]["id"].as_str().unwrap().to_string();
-    let job = rest_get(&rest, &format!("/jobs/{sql_id}"));
-    for v in job["vertices"].as_array().unwrap() {
+    let run_sql = || {
+        let sql = Command::new(&fluvia)
+            .args(["sql", "--jobmanager", &rpc, "--format", "csv", "-p", "2"])
+            .arg("--tables")
+            .arg(&tables)
+            .args(["-e", "select k, sum(v) as s from t group by k order by k"])
+            .output()
+            .unwrap();
+        assert!(
+            sql.status.success(),
+            "{}",
+            String::from_utf8_lossy(&sql.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&sql.stdout), "k,s\na,4\nb,2\n");
+    };
+    run_sql();
+    let job_at = |n: usize| {
+        let jobs = rest_get(&rest, "/jobs");
+        let id = jobs["jobs"][n]["id"].as_str().unwrap().to_string();
+        rest_get(&rest, &format!("/jobs/{id}"))
+    };
+    for v in job_at(1)["vertices"].as_array().unwrap() {
         for s in v["subtasks"].as_array().unwrap() {
             assert_eq!(tm_of(&s["taskmanager-id"]), stock_pid, "{s}");
         }
     }
+
+    // Stop the quickstart's TaskManager and submit to it: its deployment
+    // hangs, and a SQL job still runs meanwhile.
+    signal(own_pid, "-STOP");
+    let client = Command::new(quickstart)
+        .args(["--jobmanager", &rpc])
+        .arg(&text)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let jobs = rest_get(&rest, "/jobs");
+        if jobs["jobs"].as_array().unwrap().len() == 3
+            && job_at(2)["vertices"][0]["subtasks"][0]["status"] == "DEPLOYING"
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the third job was not deploying");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    run_sql();
+    let stuck = job_at(2);
+    assert_eq!(stuck["state"], "RUNNING", "{stuck}");
+    signal(own_pid, "-CONT");
+    let out = client.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout, embedded.stdout);
 }
