@@ -300,8 +300,8 @@ impl Shared {
                 };
                 let (busy, idle, bp) = group.run_averages();
                 let snapshot = group.snapshot();
-                let metrics = match result {
-                    Ok(m) => m.into_attempt_metrics(busy, idle, bp),
+                let mut metrics = match result {
+                    Ok(m) => m,
                     Err(_) => fluvia_scheduler::AttemptMetrics {
                         records_in: snapshot.records_in,
                         records_out: snapshot.records_out,
@@ -310,6 +310,9 @@ impl Shared {
                         ..Default::default()
                     },
                 };
+                metrics.busy_ms_per_second = busy;
+                metrics.idle_ms_per_second = idle;
+                metrics.back_pressured_ms_per_second = bp;
                 tracing::info!("task {name} attempt {} {state} {error}", desc.attempt);
                 last.state = state.into();
                 last.error = error;

@@ -5,7 +5,6 @@
 
 use crate::metrics::TaskMetricsSnapshot;
 use crate::registry::OperatorRegistry;
-use crate::task::TaskMetrics;
 use fluvia_core::{JobId, Result};
 use fluvia_graph::JobGraph;
 use fluvia_scheduler::AttemptMetrics;
@@ -185,29 +184,5 @@ impl JobExecutionResult {
             .iter()
             .filter(move |(n, _)| n == name)
             .map(|(_, v)| v.as_slice())
-    }
-}
-
-impl TaskMetrics {
-    /// The report of a finished attempt, with its whole-run time rates.
-    pub fn into_attempt_metrics(self, busy: f64, idle: f64, back_pressured: f64) -> AttemptMetrics {
-        AttemptMetrics {
-            records_in: self.records_in,
-            records_out: self.records_out,
-            bytes_in: self.bytes_in,
-            bytes_out: self.bytes_out,
-            buffers_in: self.buffers_in,
-            buffers_out: self.buffers_out,
-            operator_records: self.operator_records,
-            subpartition_bytes: self.subpartition_bytes,
-            subpartition_records: self.subpartition_records,
-            output_buffers_max_in_use: self.output_buffers_max_in_use as u64,
-            output_buffers_limit: self.output_buffers_limit as u64,
-            backpressure_waits: self.backpressure_waits,
-            busy_ms_per_second: busy,
-            idle_ms_per_second: idle,
-            back_pressured_ms_per_second: back_pressured,
-            accumulators: self.accumulators,
-        }
     }
 }

@@ -21,6 +21,7 @@ use fluvia_network::{
     CancelToken, ChannelSelector, InputChannelSpec, InputGate, LocalBufferPool, PartitionWriter,
     RecordDeserializer, ResultPartition,
 };
+use fluvia_scheduler::AttemptMetrics;
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -106,31 +107,6 @@ impl TaskDeployment {
     }
 }
 
-/// What a finished subtask reports.
-#[derive(Debug, Clone, Default)]
-pub struct TaskMetrics {
-    /// Records read from the network.
-    pub records_in: u64,
-    /// Records written to the network (a broadcast record counts once).
-    pub records_out: u64,
-    pub bytes_in: u64,
-    pub bytes_out: u64,
-    pub buffers_in: u64,
-    pub buffers_out: u64,
-    /// Per chained operator: records received (sources: records emitted).
-    pub operator_records: Vec<u64>,
-    /// Output pools: most buffers in use at once, the limit, and how often the
-    /// task waited for a buffer (back-pressure).
-    pub output_buffers_max_in_use: usize,
-    pub output_buffers_limit: usize,
-    pub backpressure_waits: u64,
-    /// Per output, per subpartition: bytes and records written.
-    pub subpartition_bytes: Vec<Vec<u64>>,
-    pub subpartition_records: Vec<Vec<u64>>,
-    /// Named results for the client.
-    pub accumulators: Vec<(String, Vec<u8>)>,
-}
-
 struct ChainBuilder<'a> {
     d: &'a TaskDeployment,
     contexts: Vec<OperatorContext>,
@@ -196,7 +172,7 @@ impl ChainBuilder<'_> {
 /// Runs one subtask like [`run_task`], catching a panicking user function,
 /// and makes sure every failure names the operator and subtask (the
 /// operator that last ran user code on this thread).
-pub fn run_task_attributed(d: &TaskDeployment) -> Result<TaskMetrics> {
+pub fn run_task_attributed(d: &TaskDeployment) -> Result<AttemptMetrics> {
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_task(d)));
     let location = || d.location_of(crate::output::current_operator());
     match outcome {
@@ -221,7 +197,7 @@ pub fn run_task_attributed(d: &TaskDeployment) -> Result<TaskMetrics> {
 }
 
 /// Runs one subtask to completion.
-pub fn run_task(d: &TaskDeployment) -> Result<TaskMetrics> {
+pub fn run_task(d: &TaskDeployment) -> Result<AttemptMetrics> {
     let v = d.vertex();
     let task_name = d.task_name();
     let batch = d.job.job_type == fluvia_graph::JobType::Batch;
@@ -272,7 +248,7 @@ pub fn run_task(d: &TaskDeployment) -> Result<TaskMetrics> {
     let head_output = builder.build_output(0)?;
     let head_factory = d.registry.factory(v.head().node_id)?;
     let head = head_factory.create(&builder.contexts[0], head_output)?;
-    let mut metrics = TaskMetrics::default();
+    let mut metrics = AttemptMetrics::default();
     match head {
         OperatorInstance::Source(mut driver) => {
             if !d.inputs.is_empty() {
@@ -304,8 +280,8 @@ pub fn run_task(d: &TaskDeployment) -> Result<TaskMetrics> {
         metrics.records_out += w.records_out();
         metrics.bytes_out += w.bytes_out();
         metrics.buffers_out += w.buffers_out();
-        metrics.output_buffers_max_in_use += w.pool().max_in_use();
-        metrics.output_buffers_limit += w.pool().max_buffers();
+        metrics.output_buffers_max_in_use += w.pool().max_in_use() as u64;
+        metrics.output_buffers_limit += w.pool().max_buffers() as u64;
         metrics.backpressure_waits += w.pool().waits();
         metrics.subpartition_bytes.push(w.subpartition_bytes());
         metrics.subpartition_records.push(w.subpartition_records());
@@ -320,7 +296,7 @@ fn run_input_loop(
     d: &TaskDeployment,
     head: &mut dyn NetworkInput,
     writers: &[Rc<RefCell<PartitionWriter>>],
-    metrics: &mut TaskMetrics,
+    metrics: &mut AttemptMetrics,
 ) -> Result<()> {
     let mut gate = InputGate::new(d.inputs.clone());
     if gate.num_channels() == 0 {

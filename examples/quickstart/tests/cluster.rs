@@ -118,22 +118,19 @@ fn the_quickstart_runs_on_its_own_task_manager_beside_a_stock_one() {
         .unwrap()
         .to_string();
 
-    let own = Command::new(quickstart)
-        .args(["taskmanager", "--jobmanager", &rpc, "--slots", "2"])
-        .args(FAST)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let task_manager = |binary: &std::ffi::OsStr| {
+        Command::new(binary)
+            .args(["taskmanager", "--jobmanager", &rpc, "--slots", "2"])
+            .args(FAST)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let own = task_manager(quickstart.as_ref());
     let own_pid = own.id();
     procs.0.push(own);
-    let stock = Command::new(&fluvia)
-        .args(["taskmanager", "--jobmanager", &rpc, "--slots", "2"])
-        .args(FAST)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let stock = task_manager(fluvia.as_os_str());
     let stock_pid = stock.id();
     procs.0.push(stock);
     let deadline = Instant::now() + Duration::from_secs(20);
