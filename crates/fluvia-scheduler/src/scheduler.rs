@@ -21,7 +21,8 @@
 //!   failover creates a new one only when none is live; [`Event::AddAttempt`]
 //!   adds a concurrent one, as speculative execution will). The first attempt
 //!   to finish wins: its partitions are the ones consumers read, the others
-//!   are cancelled, and cancelling them is not a failure. A failed attempt
+//!   are cancelled, and cancelling them is not a failure (one that finishes
+//!   before its cancel arrives counts as cancelled). A failed attempt
 //!   fails its subtask only when no other attempt of it can still finish.
 //! - **Slots.** A job's subtasks run in shared slots: slot `(group, i)` hosts
 //!   subtask `i` of each vertex of a slot sharing group. Slots are taken from
@@ -34,7 +35,8 @@
 //!   Before restarting, every TaskManager is probed, so a dead one is found
 //!   at once rather than after the heartbeat timeout. A lost TaskManager
 //!   fails what ran there and re-runs the finished subtasks whose partitions
-//!   it held, where a consumer still needs them (transitively).
+//!   it held, where a consumer still needs them (transitively); those
+//!   partitions stay lost when a TaskManager of the same id registers again.
 //! - **Reconciliation.** Heartbeats list the attempts a TaskManager runs; an
 //!   acknowledged attempt missing from two heartbeats in a row is failed (its
 //!   final report was lost), and an attempt a TaskManager runs that the
@@ -261,6 +263,10 @@ pub struct Job {
     missed: BTreeMap<ExecutionAttemptId, u32>,
     /// TaskManagers an added attempt should avoid (where its siblings run).
     avoid: BTreeMap<(usize, usize, u32), BTreeSet<String>>,
+    /// (vertex, subtask, attempt) of finished attempts whose TaskManager was
+    /// lost: their partitions are gone, even once a TaskManager of the same
+    /// id registers again.
+    lost_partitions: BTreeSet<(usize, usize, u32)>,
 }
 
 impl Job {
@@ -404,7 +410,12 @@ impl Scheduler {
         }
         for j in self.jobs.values().filter(|j| !j.state.is_terminal()) {
             if let Some(p) = &j.pending_restart {
-                at(p.at.max(self.now));
+                // Once its delay is over, a restart waits for probe answers
+                // (their deadline is below) or for cancelled attempts to stop
+                // (an event); a tick now would change nothing.
+                if p.at > self.now {
+                    at(p.at);
+                }
                 if !j.probes.is_empty() {
                     at(j.probe_deadline);
                 }
@@ -550,6 +561,7 @@ impl Scheduler {
                 touched: BTreeSet::new(),
                 missed: BTreeMap::new(),
                 avoid: BTreeMap::new(),
+                lost_partitions: BTreeSet::new(),
             },
         );
         self.job_order.push(id);
@@ -754,7 +766,8 @@ impl Scheduler {
     }
 
     /// An attempt's state report. Reports of attempts that ended already
-    /// (duplicates, stale attempts) change nothing.
+    /// (duplicates, stale attempts) change nothing; a FINISHED of an attempt
+    /// being cancelled completes its cancellation.
     fn attempt_state(
         &mut self,
         a: ExecutionAttemptId,
@@ -789,6 +802,18 @@ impl Scheduler {
                 if !was_canceling && e.state < state =>
             {
                 e.transition(state, now);
+            }
+            ExecutionState::Finished if was_canceling => {
+                // It ended before the cancel reached it: cancelled all the
+                // same (Flink's `completeCancelling`). Its partitions are
+                // not read: a sibling won, or its region restarts.
+                e.transition(ExecutionState::Canceled, now);
+                e.metrics = metrics;
+                let tm = e.task_manager.clone();
+                self.free_slot_of(a);
+                if let Some(tm) = tm {
+                    self.release_partitions_of(a, &tm);
+                }
             }
             ExecutionState::Finished => {
                 e.transition(ExecutionState::Finished, now);
@@ -1038,6 +1063,9 @@ impl Scheduler {
                             continue;
                         }
                         match e.state {
+                            ExecutionState::Finished => {
+                                job.lost_partitions.insert((v, i, e.attempt_number));
+                            }
                             ExecutionState::Canceling => {
                                 e.transition(ExecutionState::Canceled, now);
                                 e.slot = None;
@@ -1080,12 +1108,7 @@ impl Scheduler {
             let mut lost = None;
             'search: for (v, ejv) in job.eg.vertices.iter().enumerate() {
                 for (i, s) in ejv.subtasks.iter().enumerate() {
-                    let Some(w) = s.winner() else { continue };
-                    let here = w
-                        .task_manager
-                        .as_deref()
-                        .is_some_and(|t| self.tms.contains_key(t));
-                    if here {
+                    if s.finished_attempt.is_none() || self.results_available(job, v, i) {
                         continue;
                     }
                     let needed = s.produced_results.iter().any(|&r| {
@@ -1212,7 +1235,7 @@ impl Scheduler {
         let silent: Vec<String> = self
             .tms
             .values()
-            .filter(|t| now.saturating_sub(t.last_heartbeat) > timeout)
+            .filter(|t| now.saturating_sub(t.last_heartbeat) >= timeout)
             .map(|t| t.spec.id.clone())
             .collect();
         for tm in silent {
@@ -1321,18 +1344,24 @@ impl Scheduler {
         )
     }
 
-    /// Whether every blocking partition `(v, i)` reads was finished by an
-    /// attempt whose TaskManager is alive.
+    /// Whether the partitions of subtask `(v, i)`'s winner can be read: it
+    /// finished on a TaskManager that has not been lost since.
+    fn results_available(&self, job: &Job, v: usize, i: usize) -> bool {
+        job.eg.vertices[v].subtasks[i].winner().is_some_and(|w| {
+            !job.lost_partitions.contains(&(v, i, w.attempt_number))
+                && w.task_manager
+                    .as_deref()
+                    .is_some_and(|t| self.tms.contains_key(t))
+        })
+    }
+
+    /// Whether every blocking partition `(v, i)` reads can be read (see
+    /// [`Self::results_available`]).
     fn blocking_inputs_ready(&self, job: &Job, v: usize, i: usize) -> bool {
         job.eg.vertices[v].subtasks[i].consumed.iter().all(|cp| {
             let r = &job.eg.results[cp.result];
-            if r.result_partition_type != ResultPartitionType::Blocking {
-                return true;
-            }
-            job.eg.vertices[r.producer].subtasks[cp.producer_subtask]
-                .winner()
-                .and_then(|w| w.task_manager.as_deref())
-                .is_some_and(|t| self.tms.contains_key(t))
+            r.result_partition_type != ResultPartitionType::Blocking
+                || self.results_available(job, r.producer, cp.producer_subtask)
         })
     }
 
@@ -1376,11 +1405,18 @@ impl Scheduler {
             }
             let r = job.region_of[members[0].0];
             if job.region_pipelined[r] {
+                // Busy: a member whose attempt ended and that has no new
+                // one yet (its restart is pending). Members that hold a
+                // slot (SCHEDULED) wait with the region: a member that lost
+                // its slot with its TaskManager is placed again alone.
                 let busy = job.eg.vertices.iter().enumerate().any(|(u, ejv)| {
                     job.region_of[u] == r
                         && ejv.subtasks.iter().any(|s| {
                             s.finished_attempt.is_none()
-                                && s.latest_attempt().state != ExecutionState::Created
+                                && !matches!(
+                                    s.latest_attempt().state,
+                                    ExecutionState::Created | ExecutionState::Scheduled
+                                )
                                 && s.live_attempts().next().is_none()
                                 && !members.iter().any(|m| m.0 == u)
                         })
@@ -1566,7 +1602,12 @@ impl Scheduler {
             let r = &job.eg.results[cp.result];
             let producer = &job.eg.vertices[r.producer].subtasks[cp.producer_subtask];
             let source = match r.result_partition_type {
-                ResultPartitionType::Blocking => producer.winner()?,
+                ResultPartitionType::Blocking => {
+                    if !self.results_available(job, r.producer, cp.producer_subtask) {
+                        return None;
+                    }
+                    producer.winner()?
+                }
                 ResultPartitionType::PipelinedBounded => producer.winner().or_else(|| {
                     producer.attempts.iter().rev().find(|e| {
                         matches!(
