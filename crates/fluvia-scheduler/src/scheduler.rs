@@ -666,6 +666,13 @@ impl Scheduler {
                     }
                 }
             }
+            // Forget attempts that ended some other way.
+            let eg = &job.eg;
+            job.missed.retain(|a, _| {
+                eg.vertices[a.vertex].subtasks[a.subtask].attempts[a.attempt as usize]
+                    .state
+                    .is_live()
+            });
         }
         for a in lost {
             self.attempt_state(

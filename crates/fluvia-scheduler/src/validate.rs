@@ -10,6 +10,11 @@ use std::collections::BTreeSet;
 /// Flink's upper bound for max parallelism (key groups).
 pub const UPPER_BOUND_MAX_PARALLELISM: usize = 1 << 15;
 
+/// Most input channels a job may have in all (an all-to-all edge between
+/// parallelism p and c has p × c): beyond this the ExecutionGraph alone
+/// would take gigabytes.
+pub const MAX_CHANNELS: usize = 10_000_000;
+
 fn bad(graph: &JobGraph, msg: String) -> FluviaError {
     FluviaError::Plan(format!("invalid job graph '{}': {msg}", graph.name))
 }
@@ -140,6 +145,24 @@ pub fn validate_job_graph(graph: &JobGraph) -> Result<()> {
             }
         }
     }
+    let mut channels = 0usize;
+    for v in &graph.vertices {
+        for e in &v.inputs {
+            let p = graph
+                .vertex_index(e.source_vertex)
+                .map_or(0, |i| graph.vertices[i].parallelism);
+            channels = channels.saturating_add(match e.distribution_pattern {
+                fluvia_core::DistributionPattern::AllToAll => p.saturating_mul(v.parallelism),
+                fluvia_core::DistributionPattern::Pointwise => p.max(v.parallelism),
+            });
+        }
+    }
+    if channels > MAX_CHANNELS {
+        return Err(bad(
+            graph,
+            format!("it needs {channels} input channels, more than the {MAX_CHANNELS} allowed"),
+        ));
+    }
     // Every produced data set is consumed by an edge.
     for v in &graph.vertices {
         for ds in &v.produced_data_sets {
@@ -228,6 +251,15 @@ mod tests {
                 "has no consumer",
             ),
             (Box::new(|g| g.vertices.clear()), "no vertices"),
+            (
+                Box::new(|g| {
+                    g.vertices[0].parallelism = 20_000;
+                    g.vertices[0].max_parallelism = 20_000;
+                    g.vertices[1].parallelism = 20_000;
+                    g.vertices[1].max_parallelism = 20_000;
+                }),
+                "input channels",
+            ),
             (
                 Box::new(|g| {
                     let id = g.vertices[0].id;
