@@ -134,11 +134,14 @@ pub fn validate_job_graph(graph: &JobGraph) -> Result<()> {
                     ),
                 ));
             }
-            if e.type_number > 2 {
+            // 0 for one input, 1 and 2 for a two-input head, one per input
+            // of a multiple-input head (some of which may be chained in).
+            let most = (v.inputs.len() + v.operators.len()).max(2);
+            if e.type_number as usize > most {
                 return Err(bad(
                     graph,
                     format!(
-                        "vertex '{name}' has an input of type number {}",
+                        "vertex '{name}' has an input of type number {} (at most {most})",
                         e.type_number
                     ),
                 ));
