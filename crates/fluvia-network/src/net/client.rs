@@ -156,22 +156,34 @@ impl std::fmt::Debug for RemoteInputChannel {
 }
 
 impl RemoteInputChannel {
-    /// Creates the channel, takes its exclusive segments and sends the
+    /// Takes `n` exclusive segments for a channel from the gate's pool. A
+    /// gate takes the exclusive segments of all its channels before it opens
+    /// any: once a channel is open, data arriving on it may take floating
+    /// segments from the same pool.
+    pub fn exclusive_segments(pool: &GateBufferPool, n: usize) -> Result<Vec<Vec<u8>>> {
+        (0..n)
+            .map(|_| {
+                pool.take().ok_or_else(|| {
+                    FluviaError::Internal(
+                        "gate buffer pool smaller than its exclusive buffers".into(),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// Creates the channel with its exclusive segments and sends the
     /// partition request announcing them as initial credit.
     pub fn request(
         connection: &Arc<ClientConnection>,
         pool: &Arc<GateBufferPool>,
         partition: ResultPartitionId,
         subpartition: u32,
-        initial_credit: usize,
+        exclusive: Vec<Vec<u8>>,
     ) -> Result<Arc<Self>> {
         let receiver = connection.next_receiver_id();
-        let mut free = Vec::with_capacity(initial_credit);
-        for _ in 0..initial_credit {
-            free.push(pool.take().ok_or_else(|| {
-                FluviaError::Internal("gate buffer pool smaller than its exclusive buffers".into())
-            })?);
-        }
+        let initial_credit = exclusive.len();
+        let free = exclusive;
         let channel = Arc::new_cyclic(|me| RemoteInputChannel {
             receiver,
             partition,

@@ -131,15 +131,21 @@ impl NetworkEnvironment {
         let size =
             specs.len() * self.config.buffers_per_channel + self.config.floating_buffers_per_gate;
         let pool = GateBufferPool::new(self.global.create_local_pool(size)?);
+        // Every channel's exclusive segments first: an opened channel may
+        // take floating ones from the same pool as soon as data arrives.
+        let exclusive = specs
+            .iter()
+            .map(|_| RemoteInputChannel::exclusive_segments(&pool, self.config.buffers_per_channel))
+            .collect::<Result<Vec<_>>>()?;
         let mut channels = Vec::with_capacity(specs.len());
-        for s in specs {
+        for (s, segments) in specs.iter().zip(exclusive) {
             let conn = self.connections.connection(s.peer)?;
             channels.push(RemoteInputChannel::request(
                 &conn,
                 &pool,
                 s.partition,
                 s.subpartition,
-                self.config.buffers_per_channel,
+                segments,
             )?);
         }
         Ok((pool, channels))
