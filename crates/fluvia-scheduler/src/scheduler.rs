@@ -832,7 +832,12 @@ impl Scheduler {
             ExecutionState::Canceled | ExecutionState::Failed => {
                 if was_canceling {
                     e.transition(ExecutionState::Canceled, now);
+                    let tm = e.task_manager.clone();
                     self.free_slot_of(a);
+                    // Nobody reads a cancelled attempt's partitions.
+                    if let Some(tm) = tm {
+                        self.release_partitions_of(a, &tm);
+                    }
                     return;
                 }
                 let cause = match (state, failure) {

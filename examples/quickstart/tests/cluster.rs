@@ -13,16 +13,23 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The stock `fluvia` binary, built beside this package's binary.
+/// The stock `fluvia` binary beside this package's binary: `cargo test
+/// --workspace` builds it for the CLI's own tests. Run alone (`cargo test -p
+/// fluvia-quickstart`), the test builds it when it is missing; a nested
+/// build of the whole CLI would otherwise recompile DataFusion with another
+/// feature set, so an existing binary is used as it is.
 fn fluvia_binary() -> PathBuf {
     let quickstart = PathBuf::from(env!("CARGO_BIN_EXE_fluvia-quickstart"));
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let o = Command::new(cargo)
-        .args(["build", "-p", "fluvia-cli", "--bin", "fluvia"])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    quickstart.with_file_name(format!("fluvia{}", std::env::consts::EXE_SUFFIX))
+    let fluvia = quickstart.with_file_name(format!("fluvia{}", std::env::consts::EXE_SUFFIX));
+    if !fluvia.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let o = Command::new(cargo)
+            .args(["build", "-p", "fluvia-cli", "--bin", "fluvia"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    fluvia
 }
 
 /// Kills the cluster's processes however the test ends.
