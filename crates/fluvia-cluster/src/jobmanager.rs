@@ -730,6 +730,7 @@ pub struct JobManagerHandle {
     pub rpc_address: SocketAddr,
     pub rest_address: SocketAddr,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    shared: Arc<JmShared>,
 }
 
 impl JobManagerHandle {
@@ -746,6 +747,8 @@ impl JobManagerHandle {
         for t in &self.tasks {
             t.abort();
         }
+        // Dropping the queues ends the TaskManagers' workers.
+        self.shared.state().tms.clear();
     }
 }
 
@@ -830,5 +833,6 @@ pub async fn start(config: Configuration) -> Result<JobManagerHandle> {
         rpc_address,
         rest_address,
         tasks: vec![timer, rest, rpc],
+        shared,
     })
 }

@@ -73,6 +73,8 @@ struct Shared {
     jobs: Mutex<HashMap<String, TmJob>>,
     /// Final reports the JobManager has not acknowledged (lock after `jobs`).
     unacknowledged: Mutex<HashMap<(String, AttemptKey), TaskStateUpdate>>,
+    /// Jobs released here: a deployment of theirs still in flight is refused.
+    released: Mutex<std::collections::HashSet<String>>,
     flush_epoch: Arc<AtomicU64>,
     stopped: AtomicBool,
 }
@@ -100,17 +102,23 @@ impl Shared {
         graph.config = desc.config.clone();
         graph.object_reuse = desc.config.get(&options::OBJECT_REUSE)?;
         let (graph, registry) = (Arc::new(graph), Arc::new(registry));
-        lock(&self.jobs).insert(
-            desc.job_id.clone(),
-            TmJob {
-                graph: Arc::clone(&graph),
-                registry: Arc::clone(&registry),
-                running: HashMap::new(),
-                partitions: Vec::new(),
-                spill_dir: None,
-            },
-        );
-        Ok((graph, registry))
+        if lock(&self.released).contains(&desc.job_id) {
+            return Err(FluviaError::Execution(format!(
+                "job {} was released on this TaskManager",
+                desc.job_id
+            )));
+        }
+        // Two deployments may build the job at once: the first one's entry
+        // stays.
+        let mut jobs = lock(&self.jobs);
+        let job = jobs.entry(desc.job_id.clone()).or_insert_with(|| TmJob {
+            graph: Arc::clone(&graph),
+            registry: Arc::clone(&registry),
+            running: HashMap::new(),
+            partitions: Vec::new(),
+            spill_dir: None,
+        });
+        Ok((Arc::clone(&job.graph), Arc::clone(&job.registry)))
     }
 
     fn spill_dir(&self, job_id: &str) -> Result<std::path::PathBuf> {
@@ -262,12 +270,26 @@ impl Shared {
             counters,
         };
         let key: AttemptKey = (desc.vertex_index, desc.subtask, desc.attempt);
-        if let Some(job) = lock(&self.jobs).get_mut(&desc.job_id) {
+        {
+            let mut jobs = lock(&self.jobs);
+            let Some(job) = jobs.get_mut(&desc.job_id) else {
+                // Released while this deployment was being built.
+                drop(jobs);
+                for p in &partition_ids {
+                    self.env.partitions().release(p);
+                }
+                self.metrics.unregister(&group);
+                return Err(FluviaError::Execution(format!(
+                    "job {} was released on this TaskManager",
+                    desc.job_id
+                )));
+            };
             job.running.insert(key, cancel);
             job.partitions.extend(partition_ids);
         }
         let shared = Arc::clone(self);
         let name = deployment.task_name();
+        let job_id_of_spawn = desc.job_id.clone();
         let update = |state: &str| TaskStateUpdate {
             job_id: desc.job_id.clone(),
             vertex_index: desc.vertex_index as u32,
@@ -279,7 +301,7 @@ impl Shared {
         };
         let running = update("RUNNING");
         let mut last = update("FINISHED");
-        std::thread::Builder::new()
+        let spawned = std::thread::Builder::new()
             .name(name.clone())
             .spawn(move || {
                 tracing::info!("task {name} attempt {} started", desc.attempt);
@@ -314,12 +336,19 @@ impl Shared {
                 metrics.idle_ms_per_second = idle;
                 metrics.back_pressured_ms_per_second = bp;
                 tracing::info!("task {name} attempt {} {state} {error}", desc.attempt);
+                // Its pools go with the task (the registry would keep them).
+                shared.metrics.unregister(&group);
                 last.state = state.into();
                 last.error = error;
                 last.metrics = Some(metrics_to_proto(&metrics));
                 shared.finished(&desc.job_id, key, last);
-            })
-            .map_err(|e| FluviaError::io("starting a task thread", e))?;
+            });
+        if let Err(e) = spawned {
+            if let Some(job) = lock(&self.jobs).get_mut(&job_id_of_spawn) {
+                job.running.remove(&key);
+            }
+            return Err(FluviaError::io("starting a task thread", e));
+        }
         Ok(())
     }
 
@@ -346,16 +375,17 @@ impl Shared {
         for attempt in 0..3 {
             let mut client = self.jobmanager.clone();
             let req = security::authorize(update.clone(), &self.secret);
-            match self.runtime.block_on(client.update_task_state(req)) {
-                Ok(_) => return true,
-                Err(e) => {
-                    if self.stopped.load(Ordering::Acquire) {
-                        return false;
-                    }
-                    tracing::warn!("reporting a task state to the JobManager failed: {e}");
-                    std::thread::sleep(Duration::from_millis(100 << attempt));
-                }
+            let call = tokio::time::timeout(RPC_TIMEOUT, client.update_task_state(req));
+            let error = match self.runtime.block_on(call) {
+                Ok(Ok(_)) => return true,
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => format!("no answer in {} s", RPC_TIMEOUT.as_secs()),
+            };
+            if self.stopped.load(Ordering::Acquire) {
+                return false;
             }
+            tracing::warn!("reporting a task state to the JobManager failed: {error}");
+            std::thread::sleep(Duration::from_millis(100 << attempt));
         }
         false
     }
@@ -387,7 +417,15 @@ impl Shared {
         }
     }
 
+    /// The JobManager says the job ended: drop it and refuse deployments of
+    /// it still in flight.
     fn release_job(&self, job_id: &str) {
+        lock(&self.released).insert(job_id.to_string());
+        self.drop_job(job_id);
+    }
+
+    /// Cancels what of the job runs here and drops its partitions.
+    fn drop_job(&self, job_id: &str) {
         let job = lock(&self.jobs).remove(job_id);
         if let Some(job) = job {
             for c in job.running.values() {
@@ -421,6 +459,10 @@ impl Shared {
         (running, pending.values().cloned().collect())
     }
 }
+
+/// Longest wait for an answer of the JobManager (a report, a heartbeat):
+/// a hung call must not outlast the checks that notice a lost JobManager.
+const RPC_TIMEOUT: Duration = Duration::from_secs(10);
 
 struct TmService {
     shared: Arc<Shared>,
@@ -497,6 +539,16 @@ impl TaskManager for TmService {
     }
 }
 
+struct AbortOnDrop(Vec<tokio::task::AbortHandle>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        for h in &self.0 {
+            h.abort();
+        }
+    }
+}
+
 /// A TaskManager started in this process (the embedded mini-cluster).
 pub struct TaskManagerHandle {
     shared: Arc<Shared>,
@@ -509,7 +561,7 @@ impl TaskManagerHandle {
         self.shared.stopped.store(true, Ordering::Release);
         let ids: Vec<String> = lock(&self.shared.jobs).keys().cloned().collect();
         for j in ids {
-            self.shared.release_job(&j);
+            self.shared.drop_job(&j);
         }
         self.shared.env.shutdown();
         self.task.abort();
@@ -604,10 +656,11 @@ async fn run_inner(
         runtime: tokio::runtime::Handle::current(),
         jobs: Mutex::new(HashMap::new()),
         unacknowledged: Mutex::new(HashMap::new()),
+        released: Mutex::new(std::collections::HashSet::new()),
         flush_epoch: Arc::new(AtomicU64::new(0)),
         stopped: AtomicBool::new(false),
     });
-    {
+    let ticker = {
         let epoch = Arc::clone(&shared.flush_epoch);
         let every = config
             .get(&options::BUFFER_TIMEOUT)?
@@ -618,8 +671,8 @@ async fn run_inner(
                 tick.tick().await;
                 epoch.fetch_add(1, Ordering::Relaxed);
             }
-        });
-    }
+        })
+    };
     if let Some(tx) = started {
         let _ = tx.send(Arc::clone(&shared));
     }
@@ -634,6 +687,9 @@ async fn run_inner(
             .add_service(service)
             .serve_with_incoming(incoming),
     );
+    // The server and the ticker stop with this TaskManager (also when an
+    // embedded one is shut down by aborting this future).
+    let _stop = AbortOnDrop(vec![server.abort_handle(), ticker.abort_handle()]);
     tracing::info!(
         "TaskManager {id}: {slots} slots, RPC {rpc_address}, data {}",
         env.data_address()
@@ -707,27 +763,41 @@ async fn run_inner(
                 running,
                 unacknowledged,
             };
-            match client.heartbeat(security::authorize(hb, &secret)).await {
-                Ok(r) => {
+            let call = tokio::time::timeout(
+                RPC_TIMEOUT,
+                client.heartbeat(security::authorize(hb, &secret)),
+            );
+            let outcome = match call.await {
+                Ok(r) => r.map_err(|e| e.message().to_string()),
+                Err(_) => Err(format!("no answer in {} s", RPC_TIMEOUT.as_secs())),
+            };
+            match outcome {
+                Ok(r) if r.get_ref().known => {
                     last_contact = Instant::now();
-                    {
-                        let mut pending = lock(&shared.unacknowledged);
-                        for k in &sent {
-                            pending.remove(k);
-                        }
-                    }
-                    if !r.into_inner().known {
-                        tracing::warn!("the JobManager forgot this TaskManager; registering again");
-                        registered = false;
+                    let mut pending = lock(&shared.unacknowledged);
+                    for k in &sent {
+                        pending.remove(k);
                     }
                 }
+                Ok(_) => {
+                    // It declared this TaskManager lost and re-ran its work
+                    // elsewhere: what runs here is of no use any more.
+                    last_contact = Instant::now();
+                    tracing::warn!("the JobManager forgot this TaskManager; registering again");
+                    let ids: Vec<String> = lock(&shared.jobs).keys().cloned().collect();
+                    for j in ids {
+                        shared.drop_job(&j);
+                    }
+                    lock(&shared.unacknowledged).clear();
+                    registered = false;
+                }
                 Err(e) => {
-                    tracing::warn!("heartbeat to {jobmanager} failed: {}", e.message());
+                    tracing::warn!("heartbeat to {jobmanager} failed: {e}");
                     if last_contact.elapsed() > timeout {
                         tracing::error!("JobManager lost: cancelling all tasks");
                         let ids: Vec<String> = lock(&shared.jobs).keys().cloned().collect();
                         for j in ids {
-                            shared.release_job(&j);
+                            shared.drop_job(&j);
                         }
                         registered = false;
                     }

@@ -173,6 +173,14 @@ impl MetricRegistry {
         g
     }
 
+    /// Forgets one task (it ended; its pools may go).
+    pub fn unregister(&self, group: &Arc<TaskMetricGroup>) {
+        self.groups
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|g| !Arc::ptr_eq(g, group));
+    }
+
     /// Forgets a finished job's tasks.
     pub fn remove_job(&self, job: JobId) {
         self.groups

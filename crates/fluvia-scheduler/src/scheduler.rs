@@ -613,8 +613,23 @@ impl Scheduler {
         };
         t.last_heartbeat = self.now;
         let running: BTreeSet<ExecutionAttemptId> = running.iter().copied().collect();
-        // Attempts it runs that are not live here: cancel them.
+        // Attempts it runs that are not live here, or that are being
+        // cancelled (the cancel may have been lost): cancel them (again).
         for a in &running {
+            let canceling = self
+                .jobs
+                .get(&a.job)
+                .and_then(|j| j.eg.vertices.get(a.vertex))
+                .and_then(|v| v.subtasks.get(a.subtask))
+                .and_then(|s| s.attempt(a.attempt))
+                .is_some_and(|e| e.state == ExecutionState::Canceling);
+            if canceling {
+                self.actions.push_back(Action::CancelAttempt {
+                    task_manager: tm.to_string(),
+                    attempt: *a,
+                });
+                continue;
+            }
             let live = self
                 .jobs
                 .get(&a.job)
