@@ -1148,6 +1148,24 @@ fn a_duplicate_failure_of_one_attempt_is_one_failure() {
 
 // -------------------------------------------------- concurrent attempts
 
+/// A one-subtask batch job on two TaskManagers with a second attempt added
+/// and both deployed (attempt 0 on tm-1, attempt 1 on tm-2), no restarts.
+fn two_live_attempts() -> (Driver, JobId) {
+    let mut d = Driver::with_restarts(0);
+    d.tm("tm-1", 2);
+    d.tm("tm-2", 2);
+    let job = d.submit(batch_forward(1));
+    d.start_deploys();
+    d.handle(Event::AddAttempt {
+        job,
+        vertex: 0,
+        subtask: 0,
+    })
+    .unwrap();
+    d.start_deploys();
+    (d, job)
+}
+
 #[test]
 fn an_added_attempt_runs_elsewhere_and_the_first_to_finish_wins() {
     let mut d = Driver::with_restarts(0);
@@ -1189,18 +1207,7 @@ fn an_added_attempt_runs_elsewhere_and_the_first_to_finish_wins() {
 
 #[test]
 fn a_loser_that_finishes_before_its_cancel_arrives_does_not_replace_the_winner() {
-    let mut d = Driver::with_restarts(0);
-    d.tm("tm-1", 2);
-    d.tm("tm-2", 2);
-    let job = d.submit(batch_forward(1));
-    d.start_deploys();
-    d.handle(Event::AddAttempt {
-        job,
-        vertex: 0,
-        subtask: 0,
-    })
-    .unwrap();
-    d.start_deploys();
+    let (mut d, job) = two_live_attempts();
     d.finish(aid(job, 0, 0, 0));
     d.take();
     d.finish(aid(job, 0, 0, 1));
@@ -1217,18 +1224,7 @@ fn a_loser_that_finishes_before_its_cancel_arrives_does_not_replace_the_winner()
 
 #[test]
 fn a_failed_attempt_with_a_live_sibling_does_not_fail_over() {
-    let mut d = Driver::with_restarts(0);
-    d.tm("tm-1", 2);
-    d.tm("tm-2", 2);
-    let job = d.submit(batch_forward(1));
-    d.start_deploys();
-    d.handle(Event::AddAttempt {
-        job,
-        vertex: 0,
-        subtask: 0,
-    })
-    .unwrap();
-    d.start_deploys();
+    let (mut d, job) = two_live_attempts();
     d.fail(aid(job, 0, 0, 0), "boom");
     let acts = d.take();
     assert!(ended(&acts).is_empty(), "{acts:?}");
