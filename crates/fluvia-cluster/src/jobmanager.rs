@@ -45,6 +45,11 @@ use tonic::{Request, Response, Status};
 /// Largest gRPC message (deployments of big SQL plans, collected results).
 pub const MAX_MESSAGE_SIZE: usize = 512 * 1024 * 1024;
 
+/// How long a probed TaskManager has to answer before it counts as lost
+/// (the ping may wait behind that TaskManager's earlier calls; a dead
+/// process is usually refused at once).
+const PING_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// An RPC to one TaskManager.
 enum TmCall {
     Deploy(ExecutionAttemptIdOf, Box<TaskDeploymentDescriptor>),
@@ -288,8 +293,7 @@ impl JmShared {
                     TmCall::Ping => {
                         let req = security::authorize(Empty {}, secret);
                         let alive = matches!(
-                            tokio::time::timeout(Duration::from_millis(500), client.ping(req))
-                                .await,
+                            tokio::time::timeout(PING_TIMEOUT, client.ping(req)).await,
                             Ok(Ok(_))
                         );
                         let _ = shared.feed_now(Event::ProbeAnswered {
@@ -773,7 +777,7 @@ pub fn scheduler_config(config: &Configuration) -> Result<SchedulerConfig> {
         restart_attempts,
         restart_delay: config.get(&cfg::RESTART_DELAY)?,
         heartbeat_timeout: config.get(&cfg::HEARTBEAT_TIMEOUT)?,
-        probe_timeout: Duration::from_secs(1),
+        probe_timeout: PING_TIMEOUT * 2,
     })
 }
 
