@@ -5,7 +5,7 @@
 
 use crate::program::ProgramSpec;
 use crate::rpc;
-use fluvia_core::{Configuration, JobId};
+use fluvia_core::{Configuration, IntermediateDataSetId, JobId};
 use fluvia_network::net::protocol::ResultPartitionId;
 use fluvia_scheduler::{AttemptMetrics, ExecutionAttemptId, PartitionRef};
 pub use fluvia_scheduler::{InputDescriptor, OutputDescriptor};
@@ -48,6 +48,23 @@ pub fn attempt_id(r: &rpc::AttemptRef) -> Option<ExecutionAttemptId> {
         vertex: r.vertex_index as usize,
         subtask: r.subtask as usize,
         attempt: r.attempt,
+    })
+}
+
+/// A partition as the control plane names it (data set in hex).
+pub fn partition_to_proto(p: &PartitionRef) -> rpc::PartitionId {
+    rpc::PartitionId {
+        data_set: IntermediateDataSetId(p.data_set).to_string(),
+        producer_subtask: p.producer_subtask,
+        attempt: p.attempt,
+    }
+}
+
+pub fn partition_from_proto(p: &rpc::PartitionId) -> Option<PartitionRef> {
+    Some(PartitionRef {
+        data_set: IntermediateDataSetId::try_from(p.data_set.clone()).ok()?.0,
+        producer_subtask: p.producer_subtask,
+        attempt: p.attempt,
     })
 }
 

@@ -16,22 +16,23 @@
 use crate::config as cfg;
 use crate::deployment::{
     TaskDeploymentDescriptor, attempt_id, attempt_ref, metrics_from_proto, metrics_to_proto,
+    partition_to_proto,
 };
 use crate::program::ProgramSpec;
 use crate::rpc::job_manager_server::{JobManager, JobManagerServer};
 use crate::rpc::task_manager_client::TaskManagerClient;
 use crate::rpc::{
-    Ack, Empty, HeartbeatResponse, JobList, JobRequest, JobStatus, PartitionId,
-    RegisterTaskManagerRequest, RegisterTaskManagerResponse, ReleasePartitionsRequest,
-    SubmitJobRequest, SubmitJobResponse, SubtaskResult, TaskDeployment, TaskManagerHeartbeat,
-    TaskStateUpdate,
+    Ack, Empty, HeartbeatResponse, JobList, JobRequest, JobStatus, RegisterTaskManagerRequest,
+    RegisterTaskManagerResponse, ReleasePartitionsRequest, SubmitJobRequest, SubmitJobResponse,
+    SubtaskResult, TaskDeployment, TaskManagerHeartbeat, TaskStateUpdate,
 };
 use crate::security;
 use fluvia_core::{Configuration, FluviaError, JobId, Result};
 use fluvia_graph::JobGraph;
 pub use fluvia_scheduler::JobState;
 use fluvia_scheduler::{
-    Action, Deployment, Event, ExecutionState, Job, Scheduler, SchedulerConfig, TaskManagerSpec,
+    Action, Deployment, Event, ExecutionAttemptId, ExecutionState, Job, Scheduler, SchedulerConfig,
+    TaskManagerSpec,
 };
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -52,21 +53,16 @@ const PING_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// An RPC to one TaskManager.
 enum TmCall {
-    Deploy(ExecutionAttemptIdOf, Box<TaskDeploymentDescriptor>),
+    Deploy(ExecutionAttemptId, Box<TaskDeploymentDescriptor>),
     Cancel(crate::rpc::AttemptRef),
     ReleasePartitions(ReleasePartitionsRequest),
     ReleaseJob(String),
     Ping,
 }
 
-type ExecutionAttemptIdOf = fluvia_scheduler::ExecutionAttemptId;
-
+/// What the shell keeps of a registered TaskManager beside the scheduler's
+/// [`TaskManagerSpec`] (slots, fingerprint, data address).
 pub(crate) struct TmEntry {
-    pub id: String,
-    pub rpc_address: String,
-    pub data_address: String,
-    pub slots: usize,
-    pub fingerprint: String,
     pub last_heartbeat: Instant,
     pub metrics_json: String,
     queue: mpsc::UnboundedSender<TmCall>,
@@ -160,14 +156,7 @@ impl JmShared {
                     task_manager,
                     TmCall::ReleasePartitions(ReleasePartitionsRequest {
                         job_id: job.to_string(),
-                        partitions: partitions
-                            .iter()
-                            .map(|p| PartitionId {
-                                data_set: format!("{:032x}", p.data_set),
-                                producer_subtask: p.producer_subtask,
-                                attempt: p.attempt,
-                            })
-                            .collect(),
+                        partitions: partitions.iter().map(partition_to_proto).collect(),
                     }),
                 ),
                 Action::ReleaseJob { task_manager, job } => {
@@ -190,15 +179,8 @@ impl JmShared {
         // TaskManagers the scheduler declared lost: stop their workers.
         st.tms.retain(|id, _| st.scheduler.is_registered(id));
         for attempt in undeliverable {
-            let now = self.clock();
-            let _ = st.scheduler.handle(
-                now,
-                Event::DeployFailed {
-                    attempt,
-                    reason: "the JobManager has no connection to that TaskManager".into(),
-                },
-            );
-            self.dispatch(st);
+            let reason = "the JobManager has no connection to that TaskManager".into();
+            let _ = self.feed(st, Event::DeployFailed { attempt, reason });
         }
     }
 
@@ -583,11 +565,6 @@ impl JobManager for JmService {
         st.tms.insert(
             r.task_manager_id.clone(),
             TmEntry {
-                id: r.task_manager_id.clone(),
-                rpc_address: r.rpc_address,
-                data_address: r.data_address.clone(),
-                slots: r.slots as usize,
-                fingerprint: r.program_fingerprint.clone(),
                 last_heartbeat: Instant::now(),
                 metrics_json: String::new(),
                 queue,

@@ -30,6 +30,20 @@ pub mod rest;
 pub mod security;
 pub mod taskmanager;
 
+/// Runs `future` on a fresh async runtime and shuts the runtime down without
+/// waiting for background work (the servers of an embedded cluster). Every
+/// client of a cluster (the CLI, a program's `execute`) uses this one.
+pub fn block_on<T>(future: impl std::future::Future<Output = T>) -> fluvia_core::Result<T> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| fluvia_core::FluviaError::io("starting the async runtime", e))?;
+    let out = rt.block_on(future);
+    rt.shutdown_timeout(std::time::Duration::from_millis(100));
+    Ok(out)
+}
+
 /// Generated gRPC code for `proto/cluster.proto`.
 pub mod rpc {
     #![allow(clippy::all, missing_docs, clippy::unwrap_used)]

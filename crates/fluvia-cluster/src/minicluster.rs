@@ -55,27 +55,31 @@ pub async fn run_job(
     let jm = crate::jobmanager::start(c.clone()).await?;
     let address = jm.rpc_address.to_string();
     let mut tms = Vec::new();
+    let mut started = Ok(());
     for _ in 0..task_managers {
-        tms.push(crate::taskmanager::spawn(&address, c.clone(), Arc::clone(&catalog)).await);
-    }
-    let outcome = async {
-        for tm in &mut tms {
-            if let Err(e) = tm {
-                return Err(std::mem::replace(
-                    e,
-                    fluvia_core::FluviaError::Execution(String::new()),
-                ));
+        match crate::taskmanager::spawn(&address, c.clone(), Arc::clone(&catalog)).await {
+            Ok(tm) => tms.push(tm),
+            Err(e) => {
+                started = Err(e);
+                break;
             }
         }
-        let secret = cfg::cluster_secret(&c)?;
-        let mut client = ClusterClient::connect(&address, secret).await?;
-        let id = client
-            .submit(program, graph, &catalog.fingerprint())
-            .await?;
-        client.wait(&id).await
     }
-    .await;
-    for tm in tms.iter().flatten() {
+    let outcome = match started {
+        Err(e) => Err(e),
+        Ok(()) => {
+            async {
+                let secret = cfg::cluster_secret(&c)?;
+                let mut client = ClusterClient::connect(&address, secret).await?;
+                let id = client
+                    .submit(program, graph, &catalog.fingerprint())
+                    .await?;
+                client.wait(&id).await
+            }
+            .await
+        }
+    };
+    for tm in &tms {
         tm.shutdown();
     }
     jm.abort();

@@ -27,10 +27,10 @@ fn not_found(what: String) -> Response {
 async fn overview(State(s): State<Shared>) -> Json<Value> {
     let st = lock(&s.state);
     let count = |state: JobState| st.scheduler.jobs().filter(|j| j.state == state).count();
-    let total: usize = st.tms.values().map(|t| t.slots).sum();
+    let total: usize = st.scheduler.task_managers().map(|(t, _)| t.slots).sum();
     let used: usize = st.scheduler.task_managers().map(|(_, used)| used).sum();
     Json(json!({
-        "taskmanagers": st.tms.len(),
+        "taskmanagers": st.scheduler.task_managers().count(),
         "slots-total": total,
         "slots-available": total.saturating_sub(used),
         "jobs-running": st.scheduler.jobs().filter(|j| !j.state.is_terminal()).count(),
@@ -129,15 +129,15 @@ async fn taskmanagers(State(s): State<Shared>) -> Json<Value> {
     let tms: Vec<Value> = st
         .scheduler
         .task_managers()
-        .filter_map(|(spec, used)| st.tms.get(&spec.id).map(|t| (t, used)))
-        .map(|(t, used)| {
+        .filter_map(|(spec, used)| st.tms.get(&spec.id).map(|t| (spec, t, used)))
+        .map(|(spec, t, used)| {
             json!({
-                "id": t.id,
-                "path": t.rpc_address,
-                "dataAddress": t.data_address,
-                "slotsNumber": t.slots,
-                "freeSlots": t.slots.saturating_sub(used),
-                "programFingerprint": t.fingerprint,
+                "id": spec.id,
+                "path": st.tm_addresses.get(&spec.id),
+                "dataAddress": spec.data_address,
+                "slotsNumber": spec.slots,
+                "freeSlots": spec.slots.saturating_sub(used),
+                "programFingerprint": spec.fingerprint,
                 "timeSinceLastHeartbeat": t.last_heartbeat.elapsed().as_millis() as u64,
             })
         })
@@ -148,9 +148,13 @@ async fn taskmanagers(State(s): State<Shared>) -> Json<Value> {
 async fn metrics(State(s): State<Shared>) -> Response {
     let st = lock(&s.state);
     let mut out = String::new();
-    let total: usize = st.tms.values().map(|t| t.slots).sum();
+    let total: usize = st.scheduler.task_managers().map(|(t, _)| t.slots).sum();
     let _ = writeln!(out, "# TYPE fluvia_jobmanager_taskmanagers gauge");
-    let _ = writeln!(out, "fluvia_jobmanager_taskmanagers {}", st.tms.len());
+    let _ = writeln!(
+        out,
+        "fluvia_jobmanager_taskmanagers {}",
+        st.scheduler.task_managers().count()
+    );
     let _ = writeln!(out, "# TYPE fluvia_jobmanager_slots_total gauge");
     let _ = writeln!(out, "fluvia_jobmanager_slots_total {total}");
     let _ = writeln!(out, "# TYPE fluvia_jobmanager_jobs gauge");
@@ -193,12 +197,12 @@ async fn metrics(State(s): State<Shared>) -> Response {
     ];
     let tasks: Vec<(String, Value)> = st
         .tms
-        .values()
-        .flat_map(|t| {
+        .iter()
+        .flat_map(|(id, t)| {
             serde_json::from_str::<Vec<Value>>(&t.metrics_json)
                 .unwrap_or_default()
                 .into_iter()
-                .map(move |v| (t.id.clone(), v))
+                .map(move |v| (id.clone(), v))
         })
         .collect();
     for (name, key, kind) in fields {

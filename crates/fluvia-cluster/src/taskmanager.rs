@@ -11,7 +11,9 @@
 //! the attempts running here, so a lost message cannot hang a job.
 
 use crate::config::{self as cfg};
-use crate::deployment::{TaskDeploymentDescriptor, metrics_to_proto, partition_id};
+use crate::deployment::{
+    TaskDeploymentDescriptor, metrics_to_proto, partition_from_proto, partition_id,
+};
 use crate::program::ProgramCatalog;
 use crate::rpc::job_manager_client::JobManagerClient;
 use crate::rpc::task_manager_server::{TaskManager, TaskManagerServer};
@@ -402,13 +404,8 @@ impl Shared {
 
     fn release_partitions(&self, r: &ReleasePartitionsRequest) {
         for p in &r.partitions {
-            let Ok(data_set) = u128::from_str_radix(&p.data_set, 16) else {
+            let Some(id) = partition_from_proto(p).map(partition_id) else {
                 continue;
-            };
-            let id = ResultPartitionId {
-                data_set,
-                producer_subtask: p.producer_subtask,
-                attempt: p.attempt,
             };
             self.env.partitions().release(&id);
             if let Some(job) = lock(&self.jobs).get_mut(&r.job_id) {
@@ -439,6 +436,13 @@ impl Shared {
             }
         }
         lock(&self.unacknowledged).retain(|(j, _), _| j != job_id);
+    }
+
+    fn drop_all_jobs(&self) {
+        let ids: Vec<String> = lock(&self.jobs).keys().cloned().collect();
+        for j in ids {
+            self.drop_job(&j);
+        }
     }
 
     /// What the next heartbeat says: attempts running, reports pending.
@@ -559,10 +563,7 @@ impl TaskManagerHandle {
     /// Cancels every attempt it runs, closes its network and stops it.
     pub fn shutdown(&self) {
         self.shared.stopped.store(true, Ordering::Release);
-        let ids: Vec<String> = lock(&self.shared.jobs).keys().cloned().collect();
-        for j in ids {
-            self.shared.drop_job(&j);
-        }
+        self.shared.drop_all_jobs();
         self.shared.env.shutdown();
         self.task.abort();
     }
@@ -784,10 +785,7 @@ async fn run_inner(
                     // elsewhere: what runs here is of no use any more.
                     last_contact = Instant::now();
                     tracing::warn!("the JobManager forgot this TaskManager; registering again");
-                    let ids: Vec<String> = lock(&shared.jobs).keys().cloned().collect();
-                    for j in ids {
-                        shared.drop_job(&j);
-                    }
+                    shared.drop_all_jobs();
                     lock(&shared.unacknowledged).clear();
                     registered = false;
                 }
@@ -795,10 +793,7 @@ async fn run_inner(
                     tracing::warn!("heartbeat to {jobmanager} failed: {e}");
                     if last_contact.elapsed() > timeout {
                         tracing::error!("JobManager lost: cancelling all tasks");
-                        let ids: Vec<String> = lock(&shared.jobs).keys().cloned().collect();
-                        for j in ids {
-                            shared.drop_job(&j);
-                        }
+                        shared.drop_all_jobs();
                         registered = false;
                     }
                 }

@@ -201,11 +201,10 @@ fn run<H: 'static>(
         }
         let config = fluvia_cluster::config::load(None, &dynamic)?;
         let catalog = Arc::new(AppCatalog { program, build });
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| FluviaError::io("starting the async runtime", e))?;
-        return rt.block_on(fluvia_cluster::taskmanager::run(&address, config, catalog));
+        // The same runtime as a stock `fluvia taskmanager`.
+        return fluvia_cluster::block_on(fluvia_cluster::taskmanager::run(
+            &address, config, catalog,
+        ))?;
     }
     let (dynamic, rest) = split_dynamic(&spec_args)?;
     let env = environment(&dynamic)?;

@@ -368,24 +368,14 @@ impl StreamExecutionEnvironment {
     }
 }
 
-/// Runs `future` on a fresh async runtime on its own thread (so `execute`
-/// works from inside another runtime too) and stops the runtime's background
-/// work when it returns.
+/// Runs `future` on its own thread (so `execute` works from inside another
+/// async runtime too) with [`fluvia_cluster::block_on`].
 fn run_on_runtime<T: Send + 'static>(
     future: impl std::future::Future<Output = Result<T>> + Send + 'static,
 ) -> Result<T> {
     std::thread::Builder::new()
         .name("fluvia-client".into())
-        .spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .map_err(|e| FluviaError::io("starting the async runtime", e))?;
-            let out = rt.block_on(future);
-            rt.shutdown_timeout(Duration::from_millis(100));
-            out
-        })
+        .spawn(move || fluvia_cluster::block_on(future)?)
         .map_err(|e| FluviaError::io("starting the client thread", e))?
         .join()
         .map_err(|_| FluviaError::Internal("the client thread panicked".into()))?
