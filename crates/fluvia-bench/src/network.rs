@@ -159,7 +159,8 @@ fn remote_channel(
     let (_gate_pool, channels) = consumer.open_remote_channels(&[RemoteChannelSpec {
         peer: producer.data_address(),
         partition: id,
-        subpartition: 0,
+        first_subpartition: 0,
+        last_subpartition: 0,
     }])?;
     let mut gate = InputGate::new(vec![InputChannelSpec {
         channel: Arc::clone(&channels[0]) as Arc<dyn InputChannel>,
@@ -181,7 +182,8 @@ fn local_channel(bytes: u64) -> Result<Duration> {
         None,
     );
     let mut gate = InputGate::new(vec![InputChannelSpec {
-        channel: Arc::clone(partition.subpartition(0)) as Arc<dyn InputChannel>,
+        channel: fluvia_network::LocalInputChannel::new(Arc::clone(&partition), 0, 0)?
+            as Arc<dyn InputChannel>,
         input_index: 0,
     }]);
     pump(writer, &mut gate, bytes)

@@ -84,6 +84,19 @@ enum Command {
         #[command(flatten)]
         conf: ConfigArgs,
     },
+    /// Start an external shuffle service (one per host) that registers with
+    /// a JobManager and serves the blocking partitions of this host's
+    /// TaskManagers (jobs with shuffle-service.type: external).
+    ShuffleService {
+        /// The JobManager's RPC address.
+        #[arg(long, value_name = "HOST:PORT")]
+        jobmanager: String,
+        /// Directory of the partition files (shuffle-service.dir).
+        #[arg(long, value_name = "DIR")]
+        dir: Option<std::path::PathBuf>,
+        #[command(flatten)]
+        conf: ConfigArgs,
+    },
     /// List the jobs of a cluster.
     List {
         #[arg(long, value_name = "HOST:PORT")]
@@ -362,6 +375,18 @@ fn taskmanager(jobmanager: String, slots: Option<usize>, conf: ConfigArgs) -> Re
     }
     block_on(async {
         fluvia_cluster::taskmanager::run(&jobmanager, config, Arc::new(ExampleCatalog)).await?;
+        Ok(())
+    })?
+}
+
+fn shuffle_service(
+    jobmanager: String,
+    dir: Option<std::path::PathBuf>,
+    conf: ConfigArgs,
+) -> Result<()> {
+    let config = conf.load()?;
+    block_on(async {
+        fluvia_cluster::shuffle_service::run(&jobmanager, config, dir).await?;
         Ok(())
     })?
 }
@@ -670,6 +695,11 @@ fn main() -> ExitCode {
             slots,
             conf,
         } => taskmanager(jobmanager, slots, conf),
+        Command::ShuffleService {
+            jobmanager,
+            dir,
+            conf,
+        } => shuffle_service(jobmanager, dir, conf),
         Command::List { jobmanager, conf } => list(jobmanager, conf),
         Command::Cancel {
             jobmanager,

@@ -104,11 +104,71 @@ pub const CLUSTER_SECRET_FILE: ConfigOption<&'static str> = ConfigOption {
 };
 
 /// (key, default, description) of the cluster options, for `fluvia config`.
+pub const SHUFFLE_SERVICE_TYPE: ConfigOption<&'static str> = ConfigOption {
+    key: "shuffle-service.type",
+    fallback_keys: &[],
+    default: "internal",
+    description: "Where blocking partitions are served from: internal (the producing \
+                  TaskManager) or external (the `fluvia shuffle-service` of its host). Set on \
+                  the JobManager as the default, or per job.",
+};
+pub const SHUFFLE_SERVICE_HOST: ConfigOption<&'static str> = ConfigOption {
+    key: "shuffle-service.host",
+    fallback_keys: &[],
+    default: "127.0.0.1",
+    description: "Address a shuffle service binds to; TaskManagers whose data address is on \
+                  this host hand their partitions to it.",
+};
+pub const SHUFFLE_SERVICE_DATA_PORT: ConfigOption<usize> = ConfigOption {
+    key: "shuffle-service.data.port",
+    fallback_keys: &[],
+    default: 0,
+    description: "Data port of a shuffle service (0 picks a free port).",
+};
+pub const SHUFFLE_SERVICE_RPC_PORT: ConfigOption<usize> = ConfigOption {
+    key: "shuffle-service.rpc.port",
+    fallback_keys: &[],
+    default: 0,
+    description: "RPC port of a shuffle service (0 picks a free port).",
+};
+pub const SHUFFLE_SERVICE_DIR: ConfigOption<&'static str> = ConfigOption {
+    key: "shuffle-service.dir",
+    fallback_keys: &[],
+    default: "",
+    description: "Directory of a shuffle service's partition files (empty: \
+                  <io.tmp.dirs>/fluvia-shuffle-service).",
+};
+
 pub fn all() -> Vec<(&'static str, String, &'static str)> {
     fn d(o: &ConfigOption<Duration>) -> String {
         format!("{} ms", o.default.as_millis())
     }
     vec![
+        (
+            SHUFFLE_SERVICE_TYPE.key,
+            SHUFFLE_SERVICE_TYPE.default.into(),
+            SHUFFLE_SERVICE_TYPE.description,
+        ),
+        (
+            SHUFFLE_SERVICE_HOST.key,
+            SHUFFLE_SERVICE_HOST.default.into(),
+            SHUFFLE_SERVICE_HOST.description,
+        ),
+        (
+            SHUFFLE_SERVICE_DATA_PORT.key,
+            SHUFFLE_SERVICE_DATA_PORT.default.to_string(),
+            SHUFFLE_SERVICE_DATA_PORT.description,
+        ),
+        (
+            SHUFFLE_SERVICE_RPC_PORT.key,
+            SHUFFLE_SERVICE_RPC_PORT.default.to_string(),
+            SHUFFLE_SERVICE_RPC_PORT.description,
+        ),
+        (
+            SHUFFLE_SERVICE_DIR.key,
+            SHUFFLE_SERVICE_DIR.default.into(),
+            SHUFFLE_SERVICE_DIR.description,
+        ),
         (
             JOBMANAGER_ADDRESS.key,
             JOBMANAGER_ADDRESS.default.into(),

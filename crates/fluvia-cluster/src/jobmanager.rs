@@ -20,11 +20,13 @@ use crate::deployment::{
 };
 use crate::program::ProgramSpec;
 use crate::rpc::job_manager_server::{JobManager, JobManagerServer};
+use crate::rpc::shuffle_service_client::ShuffleServiceClient;
 use crate::rpc::task_manager_client::TaskManagerClient;
 use crate::rpc::{
-    Ack, Empty, HeartbeatResponse, JobList, JobRequest, JobStatus, RegisterTaskManagerRequest,
-    RegisterTaskManagerResponse, ReleasePartitionsRequest, SubmitJobRequest, SubmitJobResponse,
-    SubtaskResult, TaskDeployment, TaskManagerHeartbeat, TaskStateUpdate,
+    Ack, Empty, HeartbeatResponse, JobList, JobRequest, JobStatus, RegisterShuffleServiceRequest,
+    RegisterTaskManagerRequest, RegisterTaskManagerResponse, ReleasePartitionsRequest,
+    ShuffleServiceHeartbeatRequest, SubmitJobRequest, SubmitJobResponse, SubtaskResult,
+    TaskDeployment, TaskManagerHeartbeat, TaskStateUpdate,
 };
 use crate::security;
 use fluvia_core::{Configuration, FluviaError, JobId, Result};
@@ -32,7 +34,7 @@ use fluvia_graph::JobGraph;
 pub use fluvia_scheduler::JobState;
 use fluvia_scheduler::{
     Action, Deployment, Event, ExecutionAttemptId, ExecutionState, Job, Scheduler, SchedulerConfig,
-    TaskManagerSpec,
+    ShuffleServiceSpec, ShuffleServiceType, TaskManagerSpec,
 };
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -84,6 +86,8 @@ pub(crate) struct JmState {
     /// the job details.
     pub tm_addresses: BTreeMap<String, String>,
     pub jobs: BTreeMap<JobId, JobMeta>,
+    /// RPC clients of the registered shuffle services.
+    pub shuffle_services: BTreeMap<String, ShuffleServiceClient<Channel>>,
 }
 
 pub(crate) struct JmShared {
@@ -163,6 +167,42 @@ impl JmShared {
                     (task_manager, TmCall::ReleaseJob(job.to_string()))
                 }
                 Action::Probe { task_manager } => (task_manager, TmCall::Ping),
+                Action::ReleaseShufflePartitions {
+                    service,
+                    job,
+                    partitions,
+                } => {
+                    let req = ReleasePartitionsRequest {
+                        job_id: job.to_string(),
+                        partitions: partitions.iter().map(partition_to_proto).collect(),
+                    };
+                    if let Some(c) = st.shuffle_services.get(&service) {
+                        let (mut c, req) = (c.clone(), security::authorize(req, &self.secret));
+                        tokio::spawn(async move {
+                            let _ = tokio::time::timeout(
+                                Duration::from_secs(5),
+                                c.release_partitions(req),
+                            )
+                            .await;
+                        });
+                    }
+                    continue;
+                }
+                Action::ReleaseShuffleJob { service, job } => {
+                    let req = JobRequest {
+                        job_id: job.to_string(),
+                        wait_ms: 0,
+                    };
+                    if let Some(c) = st.shuffle_services.get(&service) {
+                        let (mut c, req) = (c.clone(), security::authorize(req, &self.secret));
+                        tokio::spawn(async move {
+                            let _ =
+                                tokio::time::timeout(Duration::from_secs(5), c.release_job(req))
+                                    .await;
+                        });
+                    }
+                    continue;
+                }
                 Action::JobEnded { job, state } => {
                     if let Some(meta) = st.jobs.get_mut(&job) {
                         meta.end_time = Some(now_millis());
@@ -512,7 +552,9 @@ impl JmShared {
         self.feed_now(Event::CancelJob { job: id })
     }
 
-    fn update_event(u: &TaskStateUpdate) -> Option<Event> {
+    /// The scheduler's events for a state report: the partitions it could
+    /// not read (typed, so only their producers re-run), then its state.
+    fn update_events(u: &TaskStateUpdate) -> Option<Vec<Event>> {
         let attempt = attempt_id(&crate::rpc::AttemptRef {
             job_id: u.job_id.clone(),
             vertex_index: u.vertex_index,
@@ -520,12 +562,26 @@ impl JmShared {
             attempt: u.attempt,
         })?;
         let state = ExecutionState::parse(&u.state).unwrap_or(ExecutionState::Failed);
-        Some(Event::AttemptState {
+        let mut events = Vec::new();
+        let lost: Vec<_> = u
+            .unreadable_partitions
+            .iter()
+            .filter_map(crate::deployment::partition_from_proto)
+            .collect();
+        if !lost.is_empty() {
+            events.push(Event::PartitionsLost {
+                job: attempt.job,
+                partitions: lost,
+                reason: u.error.clone(),
+            });
+        }
+        events.push(Event::AttemptState {
             attempt,
             state,
             failure: (!u.error.is_empty()).then(|| u.error.clone()),
             metrics: u.metrics.as_ref().map(metrics_from_proto),
-        })
+        });
+        Some(events)
     }
 }
 
@@ -598,7 +654,7 @@ impl JobManager for JmService {
             t.metrics_json = hb.metrics_json;
         }
         for u in &hb.unacknowledged {
-            if let Some(e) = JmShared::update_event(u) {
+            for e in JmShared::update_events(u).unwrap_or_default() {
                 let _ = self.shared.feed(&mut st, e);
             }
         }
@@ -619,17 +675,71 @@ impl JobManager for JmService {
     async fn update_task_state(&self, req: Request<TaskStateUpdate>) -> RpcResult<Ack> {
         security::check_request(&self.shared.secret, &req, "UpdateTaskState")?;
         let u = req.into_inner();
-        let Some(event) = JmShared::update_event(&u) else {
+        let Some(events) = JmShared::update_events(&u) else {
             return Ok(Response::new(Ack {
                 ok: false,
                 message: format!("bad job id '{}'", u.job_id),
             }));
         };
-        let _ = self.shared.feed_now(event);
+        let mut st = self.shared.state();
+        for e in events {
+            let _ = self.shared.feed(&mut st, e);
+        }
         Ok(Response::new(Ack {
             ok: true,
             message: String::new(),
         }))
+    }
+
+    async fn register_shuffle_service(
+        &self,
+        req: Request<RegisterShuffleServiceRequest>,
+    ) -> RpcResult<Ack> {
+        security::check_request(&self.shared.secret, &req, "RegisterShuffleService")?;
+        let r = req.into_inner();
+        let channel = Channel::from_shared(format!("http://{}", r.rpc_address))
+            .map_err(|e| Status::invalid_argument(format!("bad RPC address: {e}")))?
+            .tcp_nodelay(true)
+            .connect_lazy();
+        tracing::info!(
+            "shuffle service {} registered: host {}, data {}, RPC {}, directory {}",
+            r.service_id,
+            r.host,
+            r.data_address,
+            r.rpc_address,
+            r.dir
+        );
+        let mut st = self.shared.state();
+        st.shuffle_services
+            .insert(r.service_id.clone(), ShuffleServiceClient::new(channel));
+        let event = Event::RegisterShuffleService(ShuffleServiceSpec {
+            id: r.service_id,
+            host: r.host,
+            data_address: r.data_address,
+            dir: r.dir,
+            rpc_address: r.rpc_address,
+        });
+        self.shared
+            .feed(&mut st, event)
+            .map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(Ack {
+            ok: true,
+            message: String::new(),
+        }))
+    }
+
+    async fn shuffle_service_heartbeat(
+        &self,
+        req: Request<ShuffleServiceHeartbeatRequest>,
+    ) -> RpcResult<HeartbeatResponse> {
+        security::check_request(&self.shared.secret, &req, "ShuffleServiceHeartbeat")?;
+        let service = req.into_inner().service_id;
+        let mut st = self.shared.state();
+        let known = self
+            .shared
+            .feed(&mut st, Event::ShuffleServiceHeartbeat { service })
+            .is_ok();
+        Ok(Response::new(HeartbeatResponse { known }))
     }
 
     async fn submit_job(&self, req: Request<SubmitJobRequest>) -> RpcResult<SubmitJobResponse> {
@@ -755,6 +865,7 @@ pub fn scheduler_config(config: &Configuration) -> Result<SchedulerConfig> {
         restart_delay: config.get(&cfg::RESTART_DELAY)?,
         heartbeat_timeout: config.get(&cfg::HEARTBEAT_TIMEOUT)?,
         probe_timeout: PING_TIMEOUT * 2,
+        shuffle_service_type: ShuffleServiceType::parse(config.get(&cfg::SHUFFLE_SERVICE_TYPE)?)?,
     })
 }
 
@@ -768,6 +879,7 @@ pub async fn start(config: Configuration) -> Result<JobManagerHandle> {
             tms: BTreeMap::new(),
             tm_addresses: BTreeMap::new(),
             jobs: BTreeMap::new(),
+            shuffle_services: BTreeMap::new(),
         }),
         job_ended: tokio::sync::Notify::new(),
         heartbeat_interval: config.get(&cfg::HEARTBEAT_INTERVAL)?,

@@ -9,6 +9,9 @@
 //!   fingerprint, runs deployed attempts, exchanges data with other
 //!   TaskManagers over the TCP data plane, and reports attempt states (typed,
 //!   resent with heartbeats until acknowledged).
+//! - [`shuffle_service`]: the external shuffle service, one per host: takes
+//!   over the finished blocking partitions of that host's TaskManagers and
+//!   serves them, so a TaskManager may leave once its producers finished.
 //! - [`minicluster`]: the same JobManager and TaskManagers inside one process.
 //! - [`client`]: what `fluvia run --jobmanager`, `list`, `cancel` and a
 //!   program's `execute` use.
@@ -28,6 +31,7 @@ pub mod minicluster;
 pub mod program;
 pub mod rest;
 pub mod security;
+pub mod shuffle_service;
 pub mod taskmanager;
 
 /// Runs `future` on a fresh async runtime and shuts the runtime down without

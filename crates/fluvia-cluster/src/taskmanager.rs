@@ -29,9 +29,9 @@ use fluvia_network::gate::InputChannel;
 use fluvia_network::metrics::IoCounters;
 use fluvia_network::net::environment::{NetworkConfig, NetworkEnvironment, RemoteChannelSpec};
 use fluvia_network::net::protocol::ResultPartitionId;
-use fluvia_network::{CancelToken, InputChannelSpec};
+use fluvia_network::{CancelToken, InputChannelSpec, LocalInputChannel};
 use fluvia_runtime::metrics::TaskMetricGroup;
-use fluvia_runtime::task::{OutputSpec, TaskDeployment, new_result_partition, run_task_attributed};
+use fluvia_runtime::task::{OutputSpec, TaskDeployment, run_task_attributed};
 use fluvia_runtime::{MetricRegistry, OperatorRegistry};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -154,11 +154,9 @@ impl Shared {
                 desc.job_id, desc.vertex_index
             ))
         })?;
-        let segment_size = self.env.config().segment_size;
-        let per_channel = self.env.config().buffers_per_channel;
-        let floating = self.env.config().floating_buffers_per_gate;
         let mut outputs = Vec::new();
         let mut partition_ids = Vec::new();
+        let mut handover = Vec::new();
         for (i, o) in desc.outputs.iter().enumerate() {
             let name = format!(
                 "{} ({}/{}) -> {i}",
@@ -171,23 +169,50 @@ impl Shared {
                 producer_subtask: desc.subtask as u32,
                 attempt: desc.attempt,
             };
-            let dir = if o.blocking {
-                Some(self.spill_dir(&desc.job_id)?)
-            } else {
-                None
-            };
             let prefix = format!("{:032x}-{}-{}", o.data_set, desc.subtask, desc.attempt);
-            let (partition, pool_size) = new_result_partition(
-                name,
-                o.num_subpartitions,
-                segment_size,
-                dir.as_deref().map(|d| (d, prefix.as_str())),
-                per_channel,
-                floating,
-            )?;
-            let partition = Arc::new(partition);
-            self.env.register_partition(id, Arc::clone(&partition));
-            partition_ids.push(id);
+            let seed = (o.data_set as u64) ^ ((desc.subtask as u64) << 32) ^ desc.attempt as u64;
+            let partition = if let Some(target) = &o.shuffle_service {
+                // Written into the shuffle service's directory, handed over
+                // when the attempt finished, served from there.
+                let dir = std::path::Path::new(&target.dir).join(&desc.job_id);
+                std::fs::create_dir_all(&dir).map_err(|e| {
+                    FluviaError::io(
+                        format!(
+                            "creating {} for shuffle service {}",
+                            dir.display(),
+                            target.id
+                        ),
+                        e,
+                    )
+                })?;
+                let (partition, pool_size) = self.env.create_sort_merge_partition(
+                    name,
+                    o.num_subpartitions,
+                    &dir,
+                    &prefix,
+                    seed,
+                )?;
+                let partition = Arc::new(partition);
+                handover.push((id, Arc::clone(&partition), target.clone()));
+                (partition, pool_size)
+            } else {
+                let dir = if o.blocking {
+                    Some(self.spill_dir(&desc.job_id)?)
+                } else {
+                    None
+                };
+                let (partition, pool_size) = self.env.create_result_partition(
+                    name,
+                    o.num_subpartitions,
+                    dir.as_deref().map(|d| (d, prefix.as_str())),
+                    seed,
+                )?;
+                let partition = Arc::new(partition);
+                self.env.register_partition(id, Arc::clone(&partition));
+                partition_ids.push(id);
+                (partition, pool_size)
+            };
+            let (partition, pool_size) = partition;
             outputs.push(OutputSpec {
                 partition,
                 pool: self.env.buffer_pool().create_local_pool(pool_size)?,
@@ -197,6 +222,9 @@ impl Shared {
         }
         let mut inputs = Vec::new();
         let mut remote = Vec::new();
+        // Each channel with the partition it reads, to name the partitions
+        // a failed attempt could not read.
+        let mut watched = Vec::new();
         for input in &desc.inputs {
             let id: ResultPartitionId = partition_id(input.partition);
             if input.local {
@@ -206,16 +234,14 @@ impl Shared {
                         self.id
                     ))
                 })?;
-                let sp = partition
-                    .get_subpartition(input.subpartition as usize)
-                    .ok_or_else(|| {
-                        FluviaError::Execution(format!(
-                            "partition {id} has no subpartition {}",
-                            input.subpartition
-                        ))
-                    })?;
+                let channel: Arc<dyn InputChannel> = LocalInputChannel::new(
+                    partition,
+                    input.first_subpartition,
+                    input.last_subpartition,
+                )?;
+                watched.push((input.partition, Arc::clone(&channel)));
                 inputs.push(InputChannelSpec {
-                    channel: Arc::clone(sp) as Arc<dyn InputChannel>,
+                    channel,
                     input_index: input.type_number as usize,
                 });
             } else {
@@ -227,22 +253,26 @@ impl Shared {
                 })?;
                 remote.push((
                     input.type_number as usize,
+                    input.partition,
                     RemoteChannelSpec {
                         peer,
                         partition: id,
-                        subpartition: input.subpartition,
+                        first_subpartition: input.first_subpartition,
+                        last_subpartition: input.last_subpartition,
                     },
                 ));
             }
         }
         let mut input_pools = Vec::new();
         if !remote.is_empty() {
-            let specs: Vec<RemoteChannelSpec> = remote.iter().map(|(_, s)| *s).collect();
+            let specs: Vec<RemoteChannelSpec> = remote.iter().map(|(_, _, s)| *s).collect();
             let (pool, channels) = self.env.open_remote_channels(&specs)?;
             input_pools.push(pool);
-            for ((t, _), ch) in remote.iter().zip(channels) {
+            for ((t, p, _), ch) in remote.iter().zip(channels) {
+                let channel: Arc<dyn InputChannel> = ch;
+                watched.push((*p, Arc::clone(&channel)));
                 inputs.push(InputChannelSpec {
-                    channel: ch as Arc<dyn InputChannel>,
+                    channel,
                     input_index: *t,
                 });
             }
@@ -300,6 +330,7 @@ impl Shared {
             state: state.into(),
             error: String::new(),
             metrics: None,
+            unreadable_partitions: Vec::new(),
         };
         let running = update("RUNNING");
         let mut last = update("FINISHED");
@@ -316,7 +347,18 @@ impl Shared {
                         let _ = client.update_task_state(req).await;
                     });
                 }
-                let result = run_task_attributed(&deployment);
+                let mut result = run_task_attributed(&deployment);
+                if result.is_ok() {
+                    // Consumers read from the services: FINISHED only once
+                    // they have the partitions.
+                    for (id, partition, target) in &handover {
+                        if let Err(e) = shared.hand_over(&desc.job_id, *id, partition, target) {
+                            result = Err(e);
+                            break;
+                        }
+                    }
+                }
+                drop(handover);
                 let (state, error) = match &result {
                     Ok(_) => ("FINISHED", String::new()),
                     Err(FluviaError::Cancelled) => ("CANCELED", String::new()),
@@ -340,6 +382,13 @@ impl Shared {
                 tracing::info!("task {name} attempt {} {state} {error}", desc.attempt);
                 // Its pools go with the task (the registry would keep them).
                 shared.metrics.unregister(&group);
+                if state == "FAILED" {
+                    last.unreadable_partitions = watched
+                        .iter()
+                        .filter(|(_, ch)| ch.failure().is_some())
+                        .map(|(p, _)| crate::deployment::partition_to_proto(p))
+                        .collect();
+                }
                 last.state = state.into();
                 last.error = error;
                 last.metrics = Some(metrics_to_proto(&metrics));
@@ -357,6 +406,70 @@ impl Shared {
     /// An attempt ended: its final report moves from "running" to
     /// "unacknowledged" in one step (a heartbeat sees it in one list or the
     /// other), then goes to the JobManager.
+    /// Hands a finished sort-merge partition to its shuffle service, which
+    /// serves (and owns) its files from now on.
+    fn hand_over(
+        &self,
+        job_id: &str,
+        id: ResultPartitionId,
+        partition: &Arc<fluvia_network::ResultPartition>,
+        target: &fluvia_scheduler::ShuffleServiceTarget,
+    ) -> Result<()> {
+        let Some(smp) = partition.as_sort_merge() else {
+            return Err(FluviaError::Internal(format!(
+                "partition {id} for shuffle service {} is not sort-merge",
+                target.id
+            )));
+        };
+        let req = crate::rpc::RegisterPartitionRequest {
+            job_id: job_id.to_string(),
+            partition: Some(crate::deployment::partition_to_proto(
+                &fluvia_scheduler::PartitionRef {
+                    data_set: id.data_set,
+                    producer_subtask: id.producer_subtask,
+                    attempt: id.attempt,
+                },
+            )),
+            data_path: smp.data_path().display().to_string(),
+            index_path: smp.index_path().display().to_string(),
+        };
+        let req = security::authorize(req, &self.secret);
+        let endpoint = format!("http://{}", target.rpc_address);
+        let call = async move {
+            let mut client =
+                crate::rpc::shuffle_service_client::ShuffleServiceClient::connect(endpoint)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            client
+                .register_partition(req)
+                .await
+                .map_err(|e| e.message().to_string())
+                .and_then(|a| {
+                    let a = a.into_inner();
+                    if a.ok { Ok(()) } else { Err(a.message) }
+                })
+        };
+        let outcome = self
+            .runtime
+            .block_on(async { tokio::time::timeout(RPC_TIMEOUT, call).await });
+        match outcome {
+            Ok(Ok(())) => {
+                smp.disown_files();
+                Ok(())
+            }
+            Ok(Err(e)) => Err(FluviaError::Execution(format!(
+                "handing partition {id} over to shuffle service {} at {} failed: {e}",
+                target.id, target.rpc_address
+            ))),
+            Err(_) => Err(FluviaError::Execution(format!(
+                "shuffle service {} at {} did not take partition {id} within {} s",
+                target.id,
+                target.rpc_address,
+                RPC_TIMEOUT.as_secs()
+            ))),
+        }
+    }
+
     fn finished(&self, job_id: &str, key: AttemptKey, update: TaskStateUpdate) {
         {
             let mut jobs = lock(&self.jobs);
@@ -590,6 +703,28 @@ pub async fn spawn(
 
 /// Runs a TaskManager until the process is stopped. `jobmanager` is the
 /// JobManager's RPC address (`host:port`).
+/// The data plane settings from Flink's keys (TaskManagers and shuffle
+/// services).
+pub(crate) fn network_config(
+    config: &Configuration,
+    secret: &Option<String>,
+) -> Result<NetworkConfig> {
+    Ok(NetworkConfig {
+        segment_size: config.get(&options::SEGMENT_SIZE)? as usize,
+        total_memory: config.get(&options::NETWORK_MEMORY)?,
+        buffers_per_channel: config.get(&options::BUFFERS_PER_CHANNEL)?.max(1),
+        floating_buffers_per_gate: config.get(&options::FLOATING_BUFFERS)?,
+        compression: config
+            .get(&options::COMPRESSION_CODEC)?
+            .eq_ignore_ascii_case("LZ4"),
+        secret: secret.clone(),
+        sort_shuffle_min_parallelism: config.get(&options::SORT_SHUFFLE_MIN_PARALLELISM)?,
+        sort_shuffle_min_buffers: config.get(&options::SORT_SHUFFLE_MIN_BUFFERS)?.max(1),
+        blocking_compression: config.get(&options::BLOCKING_SHUFFLE_COMPRESSION)?,
+        batch_shuffle_read_memory: config.get(&options::BATCH_SHUFFLE_READ_MEMORY)?,
+    })
+}
+
 pub async fn run(
     jobmanager: &str,
     config: Configuration,
@@ -613,16 +748,7 @@ async fn run_inner(
             cfg::SLOTS.key
         )));
     }
-    let net = NetworkConfig {
-        segment_size: config.get(&options::SEGMENT_SIZE)? as usize,
-        total_memory: config.get(&options::NETWORK_MEMORY)?,
-        buffers_per_channel: config.get(&options::BUFFERS_PER_CHANNEL)?.max(1),
-        floating_buffers_per_gate: config.get(&options::FLOATING_BUFFERS)?,
-        compression: config
-            .get(&options::COMPRESSION_CODEC)?
-            .eq_ignore_ascii_case("LZ4"),
-        secret: secret.clone(),
-    };
+    let net = network_config(&config, &secret)?;
     let data_bind: SocketAddr = format!("{host}:{}", config.get(&cfg::TASKMANAGER_DATA_PORT)?)
         .parse()
         .map_err(|e| FluviaError::Config(format!("bad {}: {e}", cfg::TASKMANAGER_HOST.key)))?;

@@ -88,6 +88,34 @@ pub mod options {
         default: "NONE",
         description: "Compression of network buffers between TaskManagers: NONE or LZ4.",
     };
+    pub const SORT_SHUFFLE_MIN_PARALLELISM: ConfigOption<usize> = ConfigOption {
+        key: "taskmanager.network.sort-shuffle.min-parallelism",
+        fallback_keys: &[],
+        default: 1,
+        description: "Blocking partitions with at least this many subpartitions are written \
+                      sort-merge (one data and one index file); smaller ones one file per \
+                      subpartition.",
+    };
+    pub const SORT_SHUFFLE_MIN_BUFFERS: ConfigOption<usize> = ConfigOption {
+        key: "taskmanager.network.sort-shuffle.min-buffers",
+        fallback_keys: &[],
+        default: 64,
+        description: "Network buffers of a sort-merge writer's sort area, whatever its \
+                      number of subpartitions.",
+    };
+    pub const BLOCKING_SHUFFLE_COMPRESSION: ConfigOption<bool> = ConfigOption {
+        key: "taskmanager.network.blocking-shuffle.compression.enabled",
+        fallback_keys: &[],
+        default: true,
+        description: "LZ4 per buffer in sort-merge shuffle files (kept only where smaller).",
+    };
+    pub const BATCH_SHUFFLE_READ_MEMORY: ConfigOption<u64> = ConfigOption {
+        key: "taskmanager.memory.framework.off-heap.batch-shuffle.size",
+        fallback_keys: &[],
+        default: 64 * 1024 * 1024,
+        description: "Read buffers shared by all readers of a TaskManager's sort-merge \
+                      partitions.",
+    };
     pub const ADAPTIVE_PARTITIONER: ConfigOption<bool> = ConfigOption {
         key: "taskmanager.network.adaptive-partitioner.enabled",
         fallback_keys: &[],
@@ -169,6 +197,26 @@ pub mod options {
                 BUFFER_TIMEOUT.key,
                 "100 ms".to_string(),
                 BUFFER_TIMEOUT.description,
+            ),
+            (
+                SORT_SHUFFLE_MIN_PARALLELISM.key,
+                SORT_SHUFFLE_MIN_PARALLELISM.default.to_string(),
+                SORT_SHUFFLE_MIN_PARALLELISM.description,
+            ),
+            (
+                SORT_SHUFFLE_MIN_BUFFERS.key,
+                SORT_SHUFFLE_MIN_BUFFERS.default.to_string(),
+                SORT_SHUFFLE_MIN_BUFFERS.description,
+            ),
+            (
+                BLOCKING_SHUFFLE_COMPRESSION.key,
+                BLOCKING_SHUFFLE_COMPRESSION.default.to_string(),
+                BLOCKING_SHUFFLE_COMPRESSION.description,
+            ),
+            (
+                BATCH_SHUFFLE_READ_MEMORY.key,
+                "64 mb".to_string(),
+                BATCH_SHUFFLE_READ_MEMORY.description,
             ),
             (
                 SEGMENT_SIZE.key,

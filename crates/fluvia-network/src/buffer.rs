@@ -297,6 +297,11 @@ impl BufferBuilder {
         n
     }
 
+    /// The bytes written so far.
+    pub fn data(&self) -> &[u8] {
+        &self.data
+    }
+
     /// The filled bytes, for writers that fill the segment directly (up to
     /// [`capacity`](Self::capacity)).
     pub fn data_mut(&mut self) -> &mut Vec<u8> {

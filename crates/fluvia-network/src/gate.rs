@@ -21,7 +21,27 @@ pub trait InputChannel: Send + Sync + std::fmt::Debug {
     /// Registers the gate; if data is already readable it is told at once.
     fn set_listener(&self, target: Arc<dyn AvailabilityListener>, channel: usize);
     /// Takes the next buffer or event, with whether more is readable now.
-    fn poll(&self) -> Result<Option<(BufferOrEvent, bool)>>;
+    fn poll(&self) -> Result<Option<Polled>>;
+    /// How many subpartitions the channel reads (its range's width).
+    fn num_subpartitions(&self) -> usize {
+        1
+    }
+    /// Why the channel could not read its partition (missing, unreachable,
+    /// corrupt), if it could not: the producer must run again.
+    fn failure(&self) -> Option<String> {
+        None
+    }
+}
+
+/// One element taken from a channel.
+#[derive(Debug)]
+pub struct Polled {
+    pub item: BufferOrEvent,
+    /// The buffer's subpartition, counted from the first of the channel's
+    /// range: records are reassembled per subpartition.
+    pub subpartition: u32,
+    /// Whether more is readable right now.
+    pub more: bool,
 }
 
 /// One channel to create: what it reads and the input it feeds.
@@ -74,8 +94,13 @@ impl AvailabilityListener for GateNotifier {
 /// What the gate hands to the task.
 #[derive(Debug)]
 pub enum GateEvent {
-    /// A buffer from `channel`.
-    Buffer { channel: usize, buffer: Buffer },
+    /// A buffer from `channel`, of the `subpartition`-th subpartition of
+    /// its range.
+    Buffer {
+        channel: usize,
+        subpartition: u32,
+        buffer: Buffer,
+    },
     /// `channel` ended; when it was the last of its input, that input ended.
     ChannelFinished { channel: usize },
 }
@@ -162,17 +187,26 @@ impl InputGate {
             if self.finished[channel] {
                 continue;
             }
-            let Some((next, more)) = self.channels[channel].channel.poll()? else {
+            let Some(Polled {
+                item,
+                subpartition,
+                more,
+            }) = self.channels[channel].channel.poll()?
+            else {
                 continue; // a stale notification; the data was taken already
             };
             if more {
                 self.notifier.notify_available(channel);
             }
-            return Ok(Some(match next {
+            return Ok(Some(match item {
                 BufferOrEvent::Buffer(buffer) => {
                     self.buffers_received += 1;
                     self.bytes_received += buffer.len() as u64;
-                    GateEvent::Buffer { channel, buffer }
+                    GateEvent::Buffer {
+                        channel,
+                        subpartition,
+                        buffer,
+                    }
                 }
                 BufferOrEvent::Event(Event::EndOfPartition) => {
                     self.finished[channel] = true;
@@ -227,18 +261,19 @@ impl InputGate {
 mod tests {
     use super::*;
     use crate::partition::ResultPartition;
+    use crate::view::LocalInputChannel;
 
     #[test]
     fn gate_reads_all_channels_and_reports_ends() {
-        let p1 = ResultPartition::pipelined("a", 1, 64);
-        let p2 = ResultPartition::pipelined("b", 1, 64);
+        let p1 = Arc::new(ResultPartition::pipelined("a", 1, 64));
+        let p2 = Arc::new(ResultPartition::pipelined("b", 1, 64));
         let mut gate = InputGate::new(vec![
             InputChannelSpec {
-                channel: p1.subpartition(0).clone(),
+                channel: LocalInputChannel::new(Arc::clone(&p1), 0, 0).unwrap(),
                 input_index: 1,
             },
             InputChannelSpec {
-                channel: p2.subpartition(0).clone(),
+                channel: LocalInputChannel::new(Arc::clone(&p2), 0, 0).unwrap(),
                 input_index: 2,
             },
         ]);
@@ -259,7 +294,9 @@ mod tests {
         let mut ends = 0;
         while let Some(ev) = gate.get_next(&cancel).unwrap() {
             match ev {
-                GateEvent::Buffer { channel, buffer } => seen[channel].push(buffer.as_slice()[0]),
+                GateEvent::Buffer {
+                    channel, buffer, ..
+                } => seen[channel].push(buffer.as_slice()[0]),
                 GateEvent::ChannelFinished { .. } => ends += 1,
             }
         }
@@ -274,9 +311,9 @@ mod tests {
 
     #[test]
     fn cancel_unblocks_a_waiting_gate() {
-        let p = ResultPartition::pipelined("a", 1, 64);
+        let p = Arc::new(ResultPartition::pipelined("a", 1, 64));
         let mut gate = InputGate::new(vec![InputChannelSpec {
-            channel: p.subpartition(0).clone(),
+            channel: LocalInputChannel::new(p, 0, 0).unwrap(),
             input_index: 0,
         }]);
         let cancel = CancelToken::new();

@@ -6,8 +6,11 @@
 //!   empty waits: that wait *is* back-pressure.
 //! - [`partition`]: a [`ResultPartition`] per producing subtask and data set,
 //!   with one subpartition per consumer. Pipelined subpartitions hand buffers to
-//!   the consumer in memory; blocking ones spill to a file and are readable
-//!   once the producer finished.
+//!   the consumer in memory; blocking partitions are readable once the
+//!   producer finished: [`sortmerge`] files (one data file and one index for
+//!   all subpartitions), or one spill file per subpartition.
+//! - [`view`]: one consumer's read of a range of subpartitions, tagged per
+//!   subpartition; local channels read through one in place.
 //! - [`gate`]: a consumer's [`InputGate`], one input channel per consumed
 //!   subpartition; a local channel takes the producer's buffers as they are
 //!   (no copy) and returns them to the producer's pool when dropped.
@@ -26,10 +29,13 @@ pub mod net;
 pub mod partition;
 pub mod partitioner;
 pub mod serialization;
+pub mod sortmerge;
+pub mod view;
 
 pub use buffer::{Buffer, BufferBuilder, LocalBufferPool, NetworkBufferPool};
 pub use cancel::CancelToken;
-pub use gate::{GateEvent, InputChannelSpec, InputGate};
+pub use gate::{GateEvent, InputChannel, InputChannelSpec, InputGate, Polled};
 pub use partition::{BufferOrEvent, Event, ResultPartition};
 pub use partitioner::{ChannelSelector, Target};
-pub use serialization::{PartitionWriter, RecordDeserializer};
+pub use serialization::{ChannelDeserializers, PartitionWriter, RecordDeserializer};
+pub use view::{LocalInputChannel, SubpartitionView};

@@ -5,14 +5,21 @@
 //!   the producer writes. The queue is bounded only by the partition's
 //!   [`LocalBufferPool`](crate::LocalBufferPool): buffers return to it when the
 //!   consumer drops them.
-//! - *Blocking* subpartitions append every buffer to a spill file and recycle
-//!   it at once; the consumer sees data only after the producer finished, and
-//!   then reads the file back buffer by buffer.
+//! - *Sort-merge* partitions ([`crate::sortmerge`]) write all subpartitions
+//!   into one data file with an index; the default for blocking exchanges.
+//! - *Hash-blocking* subpartitions append every buffer to a spill file of
+//!   their own and recycle it at once; the consumer sees data only after the
+//!   producer finished, and then reads the file back buffer by buffer. One
+//!   consumer reads a subpartition at a time (a new one starts over).
+//!
+//! Consumers read through a [`SubpartitionView`] of a subpartition range.
 //!
 //! A subpartition tells its consumer about new data through an
 //! [`AvailabilityListener`], registered by the input gate.
 
 use crate::buffer::{Buffer, lock_state};
+use crate::sortmerge::SortMergePartition;
+use crate::view::{SubpartitionRangeView, SubpartitionView};
 use fluvia_core::{FluviaError, Result};
 use std::collections::VecDeque;
 use std::fs::File;
@@ -106,15 +113,6 @@ impl std::fmt::Debug for Subpartition {
         f.debug_struct("Subpartition")
             .field("index", &self.index)
             .finish()
-    }
-}
-
-impl crate::gate::InputChannel for Subpartition {
-    fn set_listener(&self, target: Arc<dyn AvailabilityListener>, channel: usize) {
-        Subpartition::set_listener(self, target, channel);
-    }
-    fn poll(&self) -> Result<Option<(BufferOrEvent, bool)>> {
-        Subpartition::poll(self)
     }
 }
 
@@ -407,20 +405,32 @@ fn read_spilled_buffer(r: &mut BufReader<File>, path: &Path) -> Result<Option<Bu
     Ok(Some(Buffer::from_vec(data)))
 }
 
+/// How a partition stores its data.
+enum PartitionKind {
+    Pipelined,
+    /// One spill file per subpartition (the baseline sort-merge replaces;
+    /// kept for partitions below `taskmanager.network.sort-shuffle.min-parallelism`).
+    HashBlocking {
+        spill_files: Vec<PathBuf>,
+    },
+    SortMerge(Arc<SortMergePartition>),
+}
+
 /// What one producing subtask writes for one data set.
 pub struct ResultPartition {
     name: String,
-    blocking: bool,
+    num_subpartitions: usize,
+    /// Empty for a sort-merge partition.
     subpartitions: Vec<Arc<Subpartition>>,
-    spill_files: Vec<PathBuf>,
+    kind: PartitionKind,
 }
 
 impl std::fmt::Debug for ResultPartition {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ResultPartition")
             .field("name", &self.name)
-            .field("blocking", &self.blocking)
-            .field("subpartitions", &self.subpartitions.len())
+            .field("blocking", &self.is_blocking())
+            .field("subpartitions", &self.num_subpartitions)
             .finish()
     }
 }
@@ -433,15 +443,16 @@ impl ResultPartition {
     ) -> Self {
         ResultPartition {
             name: name.into(),
-            blocking: false,
+            num_subpartitions,
             subpartitions: (0..num_subpartitions)
                 .map(|i| Arc::new(Subpartition::pipelined(i, segment_size)))
                 .collect(),
-            spill_files: Vec::new(),
+            kind: PartitionKind::Pipelined,
         }
     }
 
-    /// A blocking partition spilling to `dir/<file_prefix>-<subpartition>.spill`.
+    /// A blocking partition with one spill file per subpartition,
+    /// `dir/<file_prefix>-<subpartition>.spill`.
     pub fn blocking(
         name: impl Into<String>,
         num_subpartitions: usize,
@@ -462,10 +473,20 @@ impl ResultPartition {
         }
         Ok(ResultPartition {
             name: name.into(),
-            blocking: true,
+            num_subpartitions,
             subpartitions,
-            spill_files,
+            kind: PartitionKind::HashBlocking { spill_files },
         })
+    }
+
+    /// A sort-merge blocking partition (one data and one index file).
+    pub fn sort_merge(partition: Arc<SortMergePartition>) -> Self {
+        ResultPartition {
+            name: partition.name().to_string(),
+            num_subpartitions: partition.num_subpartitions(),
+            subpartitions: Vec::new(),
+            kind: PartitionKind::SortMerge(partition),
+        }
     }
 
     pub fn name(&self) -> &str {
@@ -473,24 +494,66 @@ impl ResultPartition {
     }
 
     pub fn is_blocking(&self) -> bool {
-        self.blocking
+        !matches!(self.kind, PartitionKind::Pipelined)
     }
 
     pub fn num_subpartitions(&self) -> usize {
-        self.subpartitions.len()
+        self.num_subpartitions
     }
 
+    /// The sort-merge storage, if this partition is one.
+    pub fn as_sort_merge(&self) -> Option<&Arc<SortMergePartition>> {
+        match &self.kind {
+            PartitionKind::SortMerge(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// Subpartition `i` of a pipelined or hash-blocking partition.
     pub fn subpartition(&self, i: usize) -> &Arc<Subpartition> {
         &self.subpartitions[i]
     }
 
-    /// Subpartition `i`, or `None` if out of range (for indices from the
-    /// network or a descriptor).
+    /// Subpartition `i`, or `None` if out of range or stored sort-merge.
     pub fn get_subpartition(&self, i: usize) -> Option<&Arc<Subpartition>> {
         self.subpartitions.get(i)
     }
 
-    /// Ends every subpartition.
+    /// Checks a requested range `first..=last` (from the network or a
+    /// descriptor) against this partition.
+    pub fn check_range(&self, first: u32, last: u32) -> Result<()> {
+        if first > last || last as usize >= self.num_subpartitions {
+            return Err(FluviaError::Execution(format!(
+                "subpartitions {first}..={last} requested from partition {}, which has {}",
+                self.name, self.num_subpartitions
+            )));
+        }
+        Ok(())
+    }
+
+    /// A new consumer's view of `first..=last`; `listener` hears of data as
+    /// `channel`.
+    pub fn create_view(
+        &self,
+        first: u32,
+        last: u32,
+        listener: Arc<dyn AvailabilityListener>,
+        channel: usize,
+    ) -> Result<Arc<dyn SubpartitionView>> {
+        self.check_range(first, last)?;
+        Ok(match &self.kind {
+            PartitionKind::SortMerge(p) => p.create_view(first, last, listener, channel),
+            _ => SubpartitionRangeView::attach(
+                first,
+                self.subpartitions[first as usize..=last as usize].to_vec(),
+                listener,
+                channel,
+            ),
+        })
+    }
+
+    /// Ends every subpartition (a sort-merge partition is finished by its
+    /// writer).
     pub fn finish(&self) -> Result<()> {
         for s in &self.subpartitions {
             s.finish()?;
@@ -501,8 +564,10 @@ impl ResultPartition {
 
 impl Drop for ResultPartition {
     fn drop(&mut self) {
-        for f in &self.spill_files {
-            let _ = std::fs::remove_file(f);
+        if let PartitionKind::HashBlocking { spill_files } = &self.kind {
+            for f in spill_files {
+                let _ = std::fs::remove_file(f);
+            }
         }
     }
 }

@@ -44,6 +44,10 @@ pub struct PartitionWriter {
     /// Shared counters, published at every buffer hand-over.
     counters: Option<Arc<crate::metrics::IoCounters>>,
     published_records: u64,
+    published_bytes: u64,
+    /// Set for a sort-merge partition: records go to its sort area
+    /// instead of per-subpartition buffers.
+    sort_merge: Option<crate::sortmerge::SortMergeWriter>,
 }
 
 impl std::fmt::Debug for PartitionWriter {
@@ -64,7 +68,12 @@ impl PartitionWriter {
         flush_epoch: Option<Arc<AtomicU64>>,
     ) -> Self {
         let n = partition.num_subpartitions();
+        let sort_merge = partition
+            .as_sort_merge()
+            .map(|p| p.writer(Arc::clone(&pool), cancel.clone()));
         PartitionWriter {
+            sort_merge,
+            published_bytes: 0,
             partition,
             pool,
             builders: (0..n).map(|_| None).collect(),
@@ -92,14 +101,46 @@ impl PartitionWriter {
         self
     }
 
-    fn publish(&mut self, bytes: usize) {
+    /// Publishes what was handed over since the last call: `buffers` more
+    /// buffers, and the records and bytes written.
+    fn publish(&mut self, buffers: u64) {
         if let Some(c) = &self.counters {
             use crate::metrics::IoCounters;
-            IoCounters::add(&c.bytes_out, bytes as u64);
-            IoCounters::add(&c.buffers_out, 1);
+            IoCounters::add(&c.bytes_out, self.bytes_out - self.published_bytes);
+            IoCounters::add(&c.buffers_out, buffers);
             IoCounters::add(&c.records_out, self.records_out - self.published_records);
             self.published_records = self.records_out;
+            self.published_bytes = self.bytes_out;
         }
+    }
+
+    /// The sort-merge path of [`emit`](Self::emit).
+    fn emit_sorted(&mut self, target: Target, record: &[u8]) -> Result<()> {
+        let Some(w) = self.sort_merge.as_mut() else {
+            return Ok(());
+        };
+        let framed = (HEADER + record.len()) as u64;
+        match target {
+            Target::One(sp) => {
+                w.append(sp, record)?;
+                self.subpartition_records[sp] += 1;
+                self.subpartition_bytes[sp] += framed;
+            }
+            Target::All => {
+                w.broadcast(record)?;
+                self.broadcast_records += 1;
+                self.broadcast_bytes += framed;
+            }
+        }
+        self.records_out += 1;
+        self.bytes_out += framed;
+        let written = w.buffers_written();
+        if written != self.buffers_out {
+            let delta = written - self.buffers_out;
+            self.buffers_out = written;
+            self.publish(delta);
+        }
+        Ok(())
     }
 
     pub fn is_finished(&self) -> bool {
@@ -159,6 +200,9 @@ impl PartitionWriter {
                 record.len(),
                 MAX_RECORD_SIZE
             )));
+        }
+        if self.sort_merge.is_some() {
+            return self.emit_sorted(target, record);
         }
         match target {
             Target::One(sp) => {
@@ -253,7 +297,7 @@ impl PartitionWriter {
             self.bytes_out += b.len() as u64;
             self.broadcast_bytes += b.len() as u64;
             self.buffers_out += 1;
-            self.publish(b.len());
+            self.publish(1);
             let buffer = b.finish();
             for sp in 0..self.builders.len() {
                 self.partition.subpartition(sp).add_buffer(buffer.clone())?;
@@ -270,7 +314,7 @@ impl PartitionWriter {
             self.bytes_out += b.len() as u64;
             self.subpartition_bytes[sp] += b.len() as u64;
             self.buffers_out += 1;
-            self.publish(b.len());
+            self.publish(1);
             self.partition.subpartition(sp).add_buffer(b.finish())?;
         }
         Ok(())
@@ -292,12 +336,54 @@ impl PartitionWriter {
             return Ok(());
         }
         self.flush_all()?;
+        if let Some(w) = self.sort_merge.as_mut() {
+            w.finish()?;
+            let written = w.buffers_written();
+            let delta = written - self.buffers_out;
+            self.buffers_out = written;
+            self.publish(delta);
+        }
         self.finished = true;
         self.partition.finish()
     }
 }
 
-/// Reassembles records of one input channel.
+/// The deserializers of a gate: one per channel and subpartition of its
+/// range, created as buffers arrive.
+#[derive(Debug, Default)]
+pub struct ChannelDeserializers {
+    channels: Vec<Vec<RecordDeserializer>>,
+}
+
+impl ChannelDeserializers {
+    pub fn new(num_channels: usize) -> Self {
+        ChannelDeserializers {
+            channels: (0..num_channels).map(|_| Vec::new()).collect(),
+        }
+    }
+
+    /// The deserializer of `subpartition` (relative) of `channel`.
+    pub fn get(&mut self, channel: usize, subpartition: u32) -> &mut RecordDeserializer {
+        if channel >= self.channels.len() {
+            self.channels.resize_with(channel + 1, Vec::new);
+        }
+        let c = &mut self.channels[channel];
+        let sp = subpartition as usize;
+        if sp >= c.len() {
+            c.resize_with(sp + 1, RecordDeserializer::new);
+        }
+        &mut c[sp]
+    }
+
+    /// Whether any subpartition of `channel` holds a cut-off record.
+    pub fn has_partial_record(&self, channel: usize) -> bool {
+        self.channels
+            .get(channel)
+            .is_some_and(|c| c.iter().any(RecordDeserializer::has_partial_record))
+    }
+}
+
+/// Reassembles records of one subpartition of one input channel.
 #[derive(Debug, Default)]
 pub struct RecordDeserializer {
     partial: Vec<u8>,

@@ -71,7 +71,8 @@ fn exchange(compression: bool) {
         .map(|sp| RemoteChannelSpec {
             peer: a.data_address(),
             partition: pid(0),
-            subpartition: sp,
+            first_subpartition: sp,
+            last_subpartition: sp,
         })
         .collect();
     let (_gate_pool, channels) = b.open_remote_channels(&specs).unwrap();
@@ -100,7 +101,10 @@ fn exchange(compression: bool) {
     let mut deser = [RecordDeserializer::new(), RecordDeserializer::new()];
     let cancel = CancelToken::new();
     while let Some(ev) = gate.get_next(&cancel).unwrap() {
-        if let GateEvent::Buffer { channel, buffer } = ev {
+        if let GateEvent::Buffer {
+            channel, buffer, ..
+        } = ev
+        {
             deser[channel]
                 .feed(buffer.as_slice(), |r| {
                     let sp = u32::from_le_bytes(r[0..4].try_into().unwrap());
@@ -142,7 +146,8 @@ fn a_stalled_channel_does_not_slow_the_others_on_its_connection() {
     let specs = [0, 1].map(|i| RemoteChannelSpec {
         peer: a.data_address(),
         partition: pid(i),
-        subpartition: 0,
+        first_subpartition: 0,
+        last_subpartition: 0,
     });
     let (gate_pool, channels) = b.open_remote_channels(&specs).unwrap();
     assert_eq!(b.connections().num_connections(), 1);
@@ -220,7 +225,8 @@ fn a_peer_that_dies_mid_stream_fails_the_channel_naming_it() {
         .open_remote_channels(&[RemoteChannelSpec {
             peer: a.data_address(),
             partition: pid(0),
-            subpartition: 0,
+            first_subpartition: 0,
+            last_subpartition: 0,
         }])
         .unwrap();
     for seq in 0..1000 {
@@ -265,7 +271,8 @@ fn a_peer_sending_garbage_fails_the_channel_with_a_protocol_error() {
     let err = match b.open_remote_channels(&[RemoteChannelSpec {
         peer,
         partition: pid(0),
-        subpartition: 0,
+        first_subpartition: 0,
+        last_subpartition: 0,
     }]) {
         Err(e) => e.to_string(),
         Ok((_gp, channels)) => {
@@ -290,7 +297,8 @@ fn requesting_an_unknown_partition_is_a_clear_error() {
         .open_remote_channels(&[RemoteChannelSpec {
             peer: a.data_address(),
             partition: pid(42),
-            subpartition: 0,
+            first_subpartition: 0,
+            last_subpartition: 0,
         }])
         .unwrap();
     let mut gate = InputGate::new(vec![InputChannelSpec {
@@ -322,7 +330,8 @@ fn read_one(
     let specs = [RemoteChannelSpec {
         peer: producer.data_address(),
         partition: id,
-        subpartition: 0,
+        first_subpartition: 0,
+        last_subpartition: 0,
     }];
     let (_gp, channels) = consumer
         .open_remote_channels(&specs)

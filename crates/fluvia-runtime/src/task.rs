@@ -18,8 +18,8 @@ use fluvia_graph::{JobGraph, JobVertex};
 use fluvia_network::gate::GateEvent;
 use fluvia_network::metrics::IoCounters;
 use fluvia_network::{
-    CancelToken, ChannelSelector, InputChannelSpec, InputGate, LocalBufferPool, PartitionWriter,
-    RecordDeserializer, ResultPartition,
+    CancelToken, ChannelDeserializers, ChannelSelector, InputChannelSpec, InputGate,
+    LocalBufferPool, PartitionWriter, ResultPartition,
 };
 use fluvia_scheduler::AttemptMetrics;
 use std::cell::RefCell;
@@ -35,32 +35,6 @@ pub struct OutputSpec {
     pub partitioner: PartitionerKind,
     /// Max parallelism of the consumer (key groups of a HASH edge).
     pub consumer_max_parallelism: usize,
-}
-
-/// Creates the partition a producing subtask writes, with the size of its
-/// buffer pool: a blocking partition spills to `spill` (directory, file
-/// prefix) and needs one buffer per subpartition plus one; a pipelined one
-/// gets `buffers_per_channel` per subpartition plus the floating buffers.
-pub fn new_result_partition(
-    name: String,
-    num_subpartitions: usize,
-    segment_size: usize,
-    spill: Option<(&std::path::Path, &str)>,
-    buffers_per_channel: usize,
-    floating: usize,
-) -> Result<(ResultPartition, usize)> {
-    let n = num_subpartitions;
-    let (partition, pool) = match spill {
-        Some((dir, prefix)) => (
-            ResultPartition::blocking(name, n, segment_size, dir, prefix)?,
-            n + 1,
-        ),
-        None => (
-            ResultPartition::pipelined(name, n, segment_size),
-            n * buffers_per_channel + floating,
-        ),
-    };
-    Ok((partition, pool.max(n + 1)))
 }
 
 /// Everything one subtask needs, movable to its thread.
@@ -305,9 +279,7 @@ fn run_input_loop(
             d.task_name()
         )));
     }
-    let mut deserializers: Vec<RecordDeserializer> = (0..gate.num_channels())
-        .map(|_| RecordDeserializer::new())
-        .collect();
+    let mut deserializers = ChannelDeserializers::new(gate.num_channels());
     let mut records_in = 0u64;
     let counters = &d.counters;
     loop {
@@ -327,20 +299,26 @@ fn run_input_loop(
             }
         };
         match event {
-            GateEvent::Buffer { channel, buffer } => {
+            GateEvent::Buffer {
+                channel,
+                subpartition,
+                buffer,
+            } => {
                 let input = gate.input_index(channel);
                 let before = records_in;
-                deserializers[channel].feed(buffer.as_slice(), |bytes| {
-                    records_in += 1;
-                    head.process(input, bytes)
-                })?;
+                deserializers
+                    .get(channel, subpartition)
+                    .feed(buffer.as_slice(), |bytes| {
+                        records_in += 1;
+                        head.process(input, bytes)
+                    })?;
                 IoCounters::add(&counters.records_in, records_in - before);
                 IoCounters::add(&counters.bytes_in, buffer.len() as u64);
                 IoCounters::add(&counters.buffers_in, 1);
                 // `buffer` drops here and returns to the producer's pool.
             }
             GateEvent::ChannelFinished { channel } => {
-                if deserializers[channel].has_partial_record() {
+                if deserializers.has_partial_record(channel) {
                     return Err(FluviaError::Serialization(format!(
                         "input channel {channel} ended in the middle of a record"
                     )));

@@ -33,13 +33,15 @@ pub struct PartitionRef {
     pub attempt: u32,
 }
 
-/// One input channel of the task.
+/// One input channel of the task: a range of subpartitions of one
+/// producer's partition, read as one channel.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InputDescriptor {
     /// The consuming operator's input (0, or 1/2).
     pub type_number: u8,
     pub partition: PartitionRef,
-    pub subpartition: u32,
+    pub first_subpartition: u32,
+    pub last_subpartition: u32,
     /// The producing TaskManager's data address.
     pub producer_address: String,
     /// The producer runs on the same TaskManager: read it in place.
@@ -54,6 +56,18 @@ pub struct OutputDescriptor {
     pub partitioner: PartitionerKind,
     pub consumer_max_parallelism: usize,
     pub blocking: bool,
+    /// Set when the partition goes to an external shuffle service: the
+    /// producer writes it into the service's directory and hands it over.
+    pub shuffle_service: Option<ShuffleServiceTarget>,
+}
+
+/// The shuffle service a blocking partition is handed over to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShuffleServiceTarget {
+    pub id: String,
+    /// Its directory, on the producer's host.
+    pub dir: String,
+    pub rpc_address: String,
 }
 
 /// A deployment decided by the scheduler.

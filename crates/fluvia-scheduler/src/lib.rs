@@ -12,10 +12,12 @@
 pub mod deployment;
 pub mod execution_graph;
 pub mod scheduler;
+pub mod shuffle;
 pub mod validate;
 
 pub use deployment::{
     Deployment, ExecutionAttemptId, InputDescriptor, OutputDescriptor, PartitionRef,
+    ShuffleServiceTarget,
 };
 pub use execution_graph::{
     AttemptMetrics, ConsumedPartition, Execution, ExecutionGraph, ExecutionJobVertex,
@@ -24,4 +26,5 @@ pub use execution_graph::{
 pub use scheduler::{
     Action, Event, Job, JobState, Scheduler, SchedulerConfig, SharedSlot, TaskManagerSpec,
 };
+pub use shuffle::{PartitionLocation, ShuffleMaster, ShuffleServiceSpec, ShuffleServiceType};
 pub use validate::validate_job_graph;

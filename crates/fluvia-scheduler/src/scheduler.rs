@@ -44,8 +44,10 @@
 
 use crate::deployment::{
     Deployment, ExecutionAttemptId, InputDescriptor, OutputDescriptor, PartitionRef,
+    ShuffleServiceTarget,
 };
 use crate::execution_graph::{AttemptMetrics, ExecutionGraph, ExecutionState};
+use crate::shuffle::{PartitionLocation, ShuffleMaster, ShuffleServiceSpec, ShuffleServiceType};
 use crate::validate::validate_job_graph;
 use fluvia_core::{FluviaError, JobId, Result, ResultPartitionType};
 use fluvia_graph::{JobGraph, JobType};
@@ -98,6 +100,8 @@ pub struct SchedulerConfig {
     pub heartbeat_timeout: Duration,
     /// How long a restart waits for probe answers before going on.
     pub probe_timeout: Duration,
+    /// `shuffle-service.type` of jobs that do not set it.
+    pub shuffle_service_type: ShuffleServiceType,
 }
 
 impl Default for SchedulerConfig {
@@ -108,6 +112,7 @@ impl Default for SchedulerConfig {
             restart_delay: Duration::from_secs(1),
             heartbeat_timeout: Duration::from_secs(50),
             probe_timeout: Duration::from_secs(1),
+            shuffle_service_type: ShuffleServiceType::Internal,
         }
     }
 }
@@ -137,6 +142,17 @@ pub enum Event {
         job: JobId,
     },
     RegisterTaskManager(TaskManagerSpec),
+    RegisterShuffleService(ShuffleServiceSpec),
+    /// The shuffle service is alive (it is lost after `heartbeat.timeout`
+    /// of silence).
+    ShuffleServiceHeartbeat {
+        service: String,
+    },
+    /// The service stopped answering: the partitions it held are lost.
+    ShuffleServiceLost {
+        service: String,
+        reason: String,
+    },
     /// The attempts the TaskManager runs right now.
     Heartbeat {
         task_manager: String,
@@ -163,6 +179,14 @@ pub enum Event {
         state: ExecutionState,
         failure: Option<String>,
         metrics: Option<AttemptMetrics>,
+    },
+    /// Partitions could not be read (a consumer's typed partition error, or
+    /// the shuffle service holding them was lost): their producers run
+    /// again where a consumer still needs them.
+    PartitionsLost {
+        job: JobId,
+        partitions: Vec<PartitionRef>,
+        reason: String,
     },
     /// Start one more concurrent attempt of a subtask (speculation).
     AddAttempt {
@@ -192,6 +216,17 @@ pub enum Action {
     /// partitions.
     ReleaseJob {
         task_manager: String,
+        job: JobId,
+    },
+    /// Partitions a shuffle service holds that nobody will read.
+    ReleaseShufflePartitions {
+        service: String,
+        job: JobId,
+        partitions: Vec<PartitionRef>,
+    },
+    /// The job ended: the service drops all of its partitions.
+    ReleaseShuffleJob {
+        service: String,
         job: JobId,
     },
     /// Ask whether the TaskManager still answers (feed back
@@ -267,6 +302,12 @@ pub struct Job {
     /// lost: their partitions are gone, even once a TaskManager of the same
     /// id registers again.
     lost_partitions: BTreeSet<(usize, usize, u32)>,
+    /// `shuffle-service.type` of this job.
+    pub shuffle_service_type: ShuffleServiceType,
+    /// Attempts whose blocking partitions went to a shuffle service.
+    pub shuffle_locations: BTreeMap<(usize, usize, u32), String>,
+    /// Since when a producer waits for a shuffle service on its host.
+    service_wait_since: Option<Duration>,
 }
 
 impl Job {
@@ -344,6 +385,8 @@ pub struct Scheduler {
     job_order: Vec<JobId>,
     actions: VecDeque<Action>,
     now: Duration,
+    shuffle: ShuffleMaster,
+    service_heartbeats: BTreeMap<String, Duration>,
 }
 
 fn ms(d: Duration) -> u64 {
@@ -360,7 +403,14 @@ impl Scheduler {
             job_order: Vec::new(),
             actions: VecDeque::new(),
             now: Duration::ZERO,
+            shuffle: ShuffleMaster::default(),
+            service_heartbeats: BTreeMap::new(),
         }
+    }
+
+    /// The registered shuffle services.
+    pub fn shuffle_master(&self) -> &ShuffleMaster {
+        &self.shuffle
     }
 
     pub fn config(&self) -> &SchedulerConfig {
@@ -442,6 +492,25 @@ impl Scheduler {
                 self.register(spec);
                 Ok(())
             }
+            Event::RegisterShuffleService(spec) => {
+                self.service_heartbeats.insert(spec.id.clone(), self.now);
+                self.shuffle.register_service(spec);
+                Ok(())
+            }
+            Event::ShuffleServiceHeartbeat { service } => {
+                if self.shuffle.service(&service).is_some() {
+                    self.service_heartbeats.insert(service, self.now);
+                    Ok(())
+                } else {
+                    Err(FluviaError::Execution(format!(
+                        "shuffle service {service} is not registered"
+                    )))
+                }
+            }
+            Event::ShuffleServiceLost { service, reason } => {
+                self.lose_shuffle_service(&service, &reason);
+                Ok(())
+            }
             Event::Heartbeat {
                 task_manager,
                 running,
@@ -483,6 +552,14 @@ impl Scheduler {
                 self.attempt_state(attempt, state, failure, metrics);
                 Ok(())
             }
+            Event::PartitionsLost {
+                job,
+                partitions,
+                reason,
+            } => {
+                self.partitions_lost(job, &partitions, &reason);
+                Ok(())
+            }
             Event::AddAttempt {
                 job,
                 vertex,
@@ -508,6 +585,10 @@ impl Scheduler {
             return Err(FluviaError::Plan(format!("job {id} was submitted already")));
         }
         validate_job_graph(&graph)?;
+        let shuffle_service_type = match graph.config.get_raw(ShuffleServiceType::KEY) {
+            Some(v) => ShuffleServiceType::parse(v)?,
+            None => self.config.shuffle_service_type,
+        };
         let eg = ExecutionGraph::from_job_graph(&graph)?;
         // Pipelined regions: union-find over pipelined edges.
         let n = graph.vertices.len();
@@ -562,6 +643,9 @@ impl Scheduler {
                 missed: BTreeMap::new(),
                 avoid: BTreeMap::new(),
                 lost_partitions: BTreeSet::new(),
+                shuffle_service_type,
+                shuffle_locations: BTreeMap::new(),
+                service_wait_since: None,
             },
         );
         self.job_order.push(id);
@@ -1090,6 +1174,13 @@ impl Scheduler {
                             continue;
                         }
                         match e.state {
+                            // Handed over to a shuffle service: still there.
+                            ExecutionState::Finished
+                                if job.shuffle_locations.contains_key(&(
+                                    v,
+                                    i,
+                                    e.attempt_number,
+                                )) => {}
                             ExecutionState::Finished => {
                                 job.lost_partitions.insert((v, i, e.attempt_number));
                             }
@@ -1118,6 +1209,65 @@ impl Scheduler {
                 self.subtask_failed(id, v, i, format!("TaskManager {tm} was lost: {reason}"));
             }
             self.invalidate_lost_results(id, &format!("TaskManager {tm} was lost: {reason}"));
+        }
+    }
+
+    fn lose_shuffle_service(&mut self, service: &str, reason: &str) {
+        self.service_heartbeats.remove(service);
+        if !self.shuffle.unregister_service(service) {
+            return;
+        }
+        let cause = format!("shuffle service {service} was lost: {reason}");
+        let ids: Vec<JobId> = self.job_order.clone();
+        for id in ids {
+            let Some(job) = self.jobs.get_mut(&id) else {
+                continue;
+            };
+            if job.state.is_terminal() {
+                continue;
+            }
+            let lost: Vec<(usize, usize, u32)> = job
+                .shuffle_locations
+                .iter()
+                .filter(|(_, s)| s.as_str() == service)
+                .map(|(k, _)| *k)
+                .collect();
+            if lost.is_empty() {
+                continue;
+            }
+            job.lost_partitions.extend(lost);
+            self.invalidate_lost_results(id, &cause);
+        }
+    }
+
+    fn partitions_lost(&mut self, id: JobId, partitions: &[PartitionRef], reason: &str) {
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        if job.state.is_terminal() {
+            return;
+        }
+        let mut any = false;
+        for p in partitions {
+            // A pipelined partition's producer restarts with its region.
+            let Some(r) = job.eg.results.iter().find(|r| {
+                r.data_set.0 == p.data_set
+                    && r.result_partition_type == ResultPartitionType::Blocking
+            }) else {
+                continue;
+            };
+            let (v, i) = (r.producer, p.producer_subtask as usize);
+            let Some(sub) = job.eg.vertices[v].subtasks.get(i) else {
+                continue;
+            };
+            // Only the partition consumers read counts: a report about an
+            // attempt that no longer matters changes nothing.
+            if sub.finished_attempt == Some(p.attempt) {
+                any |= job.lost_partitions.insert((v, i, p.attempt));
+            }
+        }
+        if any {
+            self.invalidate_lost_results(id, reason);
         }
     }
 
@@ -1167,20 +1317,45 @@ impl Scheduler {
         let Some(job) = self.jobs.get(&a.job) else {
             return;
         };
-        let partitions: Vec<PartitionRef> = job.graph.vertices[a.vertex]
-            .produced_data_sets
-            .iter()
-            .map(|ds| PartitionRef {
+        let service = job
+            .shuffle_locations
+            .get(&(a.vertex, a.subtask, a.attempt))
+            .cloned();
+        let mut at_tm = Vec::new();
+        let mut at_service = Vec::new();
+        for ds in &job.graph.vertices[a.vertex].produced_data_sets {
+            let p = PartitionRef {
                 data_set: ds.id.0,
                 producer_subtask: a.subtask as u32,
                 attempt: a.attempt,
-            })
-            .collect();
-        if !partitions.is_empty() && self.tms.contains_key(tm) {
+            };
+            let blocking = job.eg.results.iter().any(|r| {
+                r.data_set == ds.id && r.result_partition_type == ResultPartitionType::Blocking
+            });
+            if blocking && service.is_some() {
+                at_service.push(p);
+            } else {
+                at_tm.push(p);
+            }
+        }
+        // The TaskManager also drops what it had not handed over yet.
+        if self.tms.contains_key(tm) && !(at_tm.is_empty() && at_service.is_empty()) {
+            let mut all = at_tm;
+            all.extend(at_service.iter().copied());
             self.actions.push_back(Action::ReleasePartitions {
                 task_manager: tm.to_string(),
                 job: a.job,
-                partitions,
+                partitions: all,
+            });
+        }
+        if let Some(service) = service
+            && !at_service.is_empty()
+            && self.shuffle.service(&service).is_some()
+        {
+            self.actions.push_back(Action::ReleaseShufflePartitions {
+                service,
+                job: a.job,
+                partitions: at_service,
             });
         }
     }
@@ -1251,6 +1426,13 @@ impl Scheduler {
                 });
             }
         }
+        let services: BTreeSet<String> = job.shuffle_locations.values().cloned().collect();
+        for service in services {
+            if self.shuffle.service(&service).is_some() {
+                self.actions
+                    .push_back(Action::ReleaseShuffleJob { service, job: id });
+            }
+        }
         self.actions.push_back(Action::JobEnded { job: id, state });
     }
 
@@ -1267,6 +1449,16 @@ impl Scheduler {
             .collect();
         for tm in silent {
             self.lose_task_manager(&tm, &format!("no heartbeat for {} ms", timeout.as_millis()));
+        }
+        let silent: Vec<String> = self
+            .service_heartbeats
+            .iter()
+            .filter(|(_, t)| now.saturating_sub(**t) >= timeout)
+            .map(|(s, _)| s.clone())
+            .collect();
+        for s in silent {
+            self.service_heartbeats.remove(&s);
+            self.lose_shuffle_service(&s, &format!("no heartbeat for {} ms", timeout.as_millis()));
         }
         for j in self.jobs.values_mut() {
             if !j.probes.is_empty() && now >= j.probe_deadline {
@@ -1375,10 +1567,15 @@ impl Scheduler {
     /// finished on a TaskManager that has not been lost since.
     fn results_available(&self, job: &Job, v: usize, i: usize) -> bool {
         job.eg.vertices[v].subtasks[i].winner().is_some_and(|w| {
-            !job.lost_partitions.contains(&(v, i, w.attempt_number))
-                && w.task_manager
-                    .as_deref()
-                    .is_some_and(|t| self.tms.contains_key(t))
+            let key = (v, i, w.attempt_number);
+            !job.lost_partitions.contains(&key)
+                && match job.shuffle_locations.get(&key) {
+                    Some(service) => self.shuffle.service(service).is_some(),
+                    None => w
+                        .task_manager
+                        .as_deref()
+                        .is_some_and(|t| self.tms.contains_key(t)),
+                }
         })
     }
 
@@ -1596,23 +1793,54 @@ impl Scheduler {
             return;
         };
         let mut ready = Vec::new();
-        for (v, ejv) in job.eg.vertices.iter().enumerate() {
+        let mut refused = None;
+        'all: for (v, ejv) in job.eg.vertices.iter().enumerate() {
             for (i, s) in ejv.subtasks.iter().enumerate() {
                 for e in &s.attempts {
                     if e.state != ExecutionState::Scheduled {
                         continue;
                     }
-                    if let Some(d) = self.deployment(job, v, i, e.attempt_number) {
-                        ready.push(d);
+                    match self.deployment(job, v, i, e.attempt_number) {
+                        Ok(Some(d)) => ready.push(d),
+                        Ok(None) => {}
+                        Err(e) => {
+                            refused = Some(e.to_string());
+                            break 'all;
+                        }
                     }
                 }
             }
         }
+        let timeout = self.config.slot_request_timeout;
+        let now_d = self.now;
         let Some(job) = self.jobs.get_mut(&id) else {
             return;
         };
+        // A producer without a shuffle service on its host waits for one
+        // (a restarted service registers again), as long as for slots.
+        if let Some(cause) = refused {
+            let since = *job.service_wait_since.get_or_insert(now_d);
+            let waited = now_d.saturating_sub(since);
+            if waited >= timeout {
+                self.end_job(
+                    id,
+                    JobState::Failed,
+                    Some(format!(
+                        "{cause} (waited {} ms, slot.request.timeout)",
+                        waited.as_millis()
+                    )),
+                );
+                return;
+            }
+        } else {
+            job.service_wait_since = None;
+        }
         for d in ready {
             let a = d.attempt;
+            if let Some(t) = d.outputs.iter().find_map(|o| o.shuffle_service.as_ref()) {
+                job.shuffle_locations
+                    .insert((a.vertex, a.subtask, a.attempt), t.id.clone());
+            }
             job.touched.insert(d.task_manager.clone());
             job.eg.vertices[a.vertex].subtasks[a.subtask].attempts[a.attempt as usize]
                 .transition(ExecutionState::Deploying, now);
@@ -1620,10 +1848,53 @@ impl Scheduler {
         }
     }
 
-    /// The deployment of an attempt, if its inputs are available.
-    fn deployment(&self, job: &Job, v: usize, i: usize, n: u32) -> Option<Deployment> {
+    /// The deployment of an attempt, if its inputs are available; an error
+    /// if its partitions have nowhere to go.
+    fn deployment(&self, job: &Job, v: usize, i: usize, n: u32) -> Result<Option<Deployment>> {
         let sub = &job.eg.vertices[v].subtasks[i];
-        let tm = sub.attempt(n)?.task_manager.clone()?;
+        let Some(tm) = sub.attempt(n).and_then(|e| e.task_manager.clone()) else {
+            return Ok(None);
+        };
+        let Some(tm_spec) = self.tms.get(&tm).map(|t| &t.spec) else {
+            return Ok(None);
+        };
+        let produces_blocking = job.graph.vertices[v].produced_data_sets.iter().any(|ds| {
+            job.eg.results.iter().any(|r| {
+                r.data_set == ds.id && r.result_partition_type == ResultPartitionType::Blocking
+            })
+        });
+        let target = match (produces_blocking, job.shuffle_service_type) {
+            (true, ShuffleServiceType::External) => {
+                match self.shuffle.register_partition_with_producer(
+                    ShuffleServiceType::External,
+                    &tm,
+                    &tm_spec.data_address,
+                )? {
+                    PartitionLocation::ShuffleService(id) => {
+                        self.shuffle.service(&id).map(|s| ShuffleServiceTarget {
+                            id: s.id.clone(),
+                            dir: s.dir.clone(),
+                            rpc_address: s.rpc_address.clone(),
+                        })
+                    }
+                    PartitionLocation::TaskManager(_) => None,
+                }
+            }
+            _ => None,
+        };
+        Ok(self.deployment_with(job, v, i, n, tm, target))
+    }
+
+    fn deployment_with(
+        &self,
+        job: &Job,
+        v: usize,
+        i: usize,
+        n: u32,
+        tm: String,
+        target: Option<ShuffleServiceTarget>,
+    ) -> Option<Deployment> {
+        let sub = &job.eg.vertices[v].subtasks[i];
         let mut inputs = Vec::new();
         for cp in &sub.consumed {
             let r = &job.eg.results[cp.result];
@@ -1645,20 +1916,31 @@ impl Scheduler {
                 })?,
             };
             let ptm = source.task_manager.as_deref()?;
-            let address = self.tms.get(ptm)?.spec.data_address.clone();
-            for sp in cp.subpartitions.iter() {
-                inputs.push(InputDescriptor {
-                    type_number: cp.type_number,
-                    partition: PartitionRef {
-                        data_set: r.data_set.0,
-                        producer_subtask: cp.producer_subtask as u32,
-                        attempt: source.attempt_number,
-                    },
-                    subpartition: sp as u32,
-                    producer_address: address.clone(),
-                    local: ptm == tm,
-                });
-            }
+            let at_service = (r.result_partition_type == ResultPartitionType::Blocking)
+                .then(|| {
+                    job.shuffle_locations.get(&(
+                        r.producer,
+                        cp.producer_subtask,
+                        source.attempt_number,
+                    ))
+                })
+                .flatten();
+            let (address, local) = match at_service {
+                Some(service) => (self.shuffle.service(service)?.data_address.clone(), false),
+                None => (self.tms.get(ptm)?.spec.data_address.clone(), ptm == tm),
+            };
+            inputs.push(InputDescriptor {
+                type_number: cp.type_number,
+                partition: PartitionRef {
+                    data_set: r.data_set.0,
+                    producer_subtask: cp.producer_subtask as u32,
+                    attempt: source.attempt_number,
+                },
+                first_subpartition: cp.subpartitions.start as u32,
+                last_subpartition: cp.subpartitions.end as u32,
+                producer_address: address,
+                local,
+            });
         }
         let mut outputs = Vec::new();
         for ds in &job.graph.vertices[v].produced_data_sets {
@@ -1669,6 +1951,9 @@ impl Scheduler {
                 partitioner: r.partitioner,
                 consumer_max_parallelism: r.consumer_max_parallelism,
                 blocking: r.result_partition_type == ResultPartitionType::Blocking,
+                shuffle_service: target
+                    .clone()
+                    .filter(|_| r.result_partition_type == ResultPartitionType::Blocking),
             });
         }
         Some(Deployment {

@@ -18,7 +18,7 @@ use fluvia_core::{Configuration, ExchangeMode, JobId, PartitionerKind};
 use fluvia_graph::{JobGraph, JobGraphGenerator, StreamGraphBuilder};
 use fluvia_scheduler::{
     Action, Deployment, Event, Execution, ExecutionAttemptId, ExecutionState, Job, JobState,
-    Scheduler, SchedulerConfig, TaskManagerSpec,
+    PartitionRef, Scheduler, SchedulerConfig, ShuffleServiceSpec, TaskManagerSpec,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -1485,4 +1485,231 @@ fn cancelling_a_job_releases_it_everywhere() {
         assert_eq!(d.used_slots(tm), 0);
     }
     assert!(d.handle(Event::CancelJob { job }).is_err());
+}
+
+#[test]
+fn a_consumer_that_cannot_read_a_partition_reruns_only_that_producer() {
+    let mut d = Driver::with_restarts(5);
+    d.tm("tm-1", 4);
+    let job = d.submit(batch_forward(2));
+    d.start_deploys();
+    d.finish(aid(job, 0, 0, 0));
+    d.finish(aid(job, 0, 1, 0));
+    d.start_deploys();
+    // Map 0 finds source 0's partition corrupt: it reports the partition,
+    // then its own failure.
+    let ds = d.job(job).eg.results[0].data_set.0;
+    d.handle(Event::PartitionsLost {
+        job,
+        partitions: vec![PartitionRef {
+            data_set: ds,
+            producer_subtask: 0,
+            attempt: 0,
+        }],
+        reason: "checksum mismatch".to_string(),
+    })
+    .unwrap();
+    d.fail(aid(job, 1, 0, 0), "reading partition: checksum");
+    assert_eq!(d.finished_attempt(job, 0, 0), None, "source 0 runs again");
+    assert_eq!(d.finished_attempt(job, 0, 1), Some(0), "source 1 is kept");
+    d.take();
+    d.answer_probes(&[]);
+    d.let_restart_fire();
+    let acts = d.take();
+    assert_eq!(deployed(&acts), vec![(0, 0, 1)], "only the producer first");
+    d.ack(aid(job, 0, 0, 1));
+    d.finish(aid(job, 0, 0, 1));
+    let acts = d.take();
+    assert_eq!(deployed(&acts), vec![(1, 0, 1)]);
+    assert_eq!(
+        inputs(&deploys(&acts)[0]),
+        vec![(0, 1)],
+        "reads the new attempt"
+    );
+    d.ack(aid(job, 1, 0, 1));
+    d.finish(aid(job, 1, 0, 1));
+    d.finish(aid(job, 1, 1, 0));
+    assert_eq!(d.job(job).state, JobState::Finished);
+    // A late report about an attempt nobody reads changes nothing.
+    assert_eq!(d.job(job).eg.vertices[0].subtasks[1].attempts.len(), 1);
+}
+
+// ------------------------------------------------------------ shuffle
+
+/// Two TaskManagers of one slot on host `host-a` with a shuffle service
+/// there, and `Source (2) -> Map (2)` (blocking, forward) with
+/// `shuffle-service.type` set to `kind`.
+fn shuffle_job(d: &mut Driver, kind: &str) -> JobId {
+    for (id, port) in [("tm-1", 1), ("tm-2", 2)] {
+        d.handle(Event::RegisterTaskManager(TaskManagerSpec {
+            id: id.to_string(),
+            slots: 1,
+            fingerprint: FP.to_string(),
+            data_address: format!("host-a:{port}"),
+        }))
+        .unwrap();
+        d.running.entry(id.to_string()).or_default();
+    }
+    d.handle(Event::RegisterShuffleService(ShuffleServiceSpec {
+        id: "ss-a".to_string(),
+        host: "host-a".to_string(),
+        data_address: "host-a:9".to_string(),
+        dir: "/shuffle".to_string(),
+        rpc_address: "host-a:10".to_string(),
+    }))
+    .unwrap();
+    let mut g = batch_forward(2);
+    g.config.set("shuffle-service.type", kind);
+    d.submit(g)
+}
+
+#[test]
+fn external_partitions_are_read_from_the_service_and_survive_their_task_manager() {
+    let mut d = Driver::with_restarts(5);
+    let job = shuffle_job(&mut d, "external");
+    let acts = d.take();
+    let sources = deploys(&acts);
+    assert_eq!(sources.len(), 2);
+    for dep in &sources {
+        let target = dep.outputs[0]
+            .shuffle_service
+            .as_ref()
+            .expect("to the service");
+        assert_eq!(
+            (target.id.as_str(), target.dir.as_str()),
+            ("ss-a", "/shuffle")
+        );
+    }
+    for dep in &sources {
+        d.ack(dep.attempt);
+        d.run(dep.attempt);
+    }
+    d.finish(aid(job, 0, 0, 0));
+    d.finish(aid(job, 0, 1, 0));
+    let acts = d.take();
+    let maps = deploys(&acts);
+    assert_eq!(maps.len(), 2);
+    for m in &maps {
+        assert_eq!(m.inputs.len(), 1);
+        assert_eq!(m.inputs[0].producer_address, "host-a:9");
+        assert!(!m.inputs[0].local, "read from the service, not in place");
+        d.ack(m.attempt);
+        d.run(m.attempt);
+    }
+    // tm-1 dies: Map 0 ran there and runs again; no source runs again.
+    let map0_tm = d.tm_of(aid(job, 1, 0, 0));
+    d.handle(Event::TaskManagerLost {
+        task_manager: map0_tm.clone(),
+        reason: "kill -9".to_string(),
+    })
+    .unwrap();
+    assert_eq!(d.finished_attempt(job, 0, 0), Some(0));
+    assert_eq!(d.finished_attempt(job, 0, 1), Some(0));
+    d.take();
+    d.let_restart_fire();
+    let other = if map0_tm == "tm-1" { "tm-2" } else { "tm-1" };
+    d.finish(d.running[other].iter().copied().next().unwrap());
+    let redeployed = deployed(&d.take());
+    assert!(
+        redeployed.iter().all(|&(v, _, _)| v == 1),
+        "only maps run again: {redeployed:?}"
+    );
+    for (v, i, n) in redeployed {
+        let a = aid(job, v, i, n);
+        d.ack(a);
+        d.finish(a);
+    }
+    assert_eq!(d.job(job).state, JobState::Finished);
+    for i in 0..2 {
+        assert_eq!(d.job(job).eg.vertices[0].subtasks[i].attempts.len(), 1);
+    }
+    let acts = d.take();
+    assert!(
+        acts.iter()
+            .any(|a| matches!(a, Action::ReleaseShuffleJob { service, .. } if service == "ss-a")),
+        "the service drops the job's partitions: {acts:?}"
+    );
+}
+
+#[test]
+fn internal_partitions_are_lost_with_their_task_manager() {
+    let mut d = Driver::with_restarts(5);
+    let job = shuffle_job(&mut d, "internal");
+    let sources = deploys(&d.take());
+    assert!(
+        sources
+            .iter()
+            .all(|s| s.outputs[0].shuffle_service.is_none())
+    );
+    for s in &sources {
+        d.ack(s.attempt);
+        d.finish(s.attempt);
+    }
+    let maps = deploys(&d.take());
+    assert!(maps.iter().all(|m| m.inputs[0].local));
+    let tm = d.tm_of(aid(job, 0, 0, 0));
+    d.handle(Event::TaskManagerLost {
+        task_manager: tm,
+        reason: "kill -9".to_string(),
+    })
+    .unwrap();
+    assert_eq!(d.finished_attempt(job, 0, 0), None, "source 0 runs again");
+}
+
+#[test]
+fn losing_the_shuffle_service_reruns_the_producers_whose_data_it_held() {
+    let mut d = Driver::with_restarts(5);
+    let job = shuffle_job(&mut d, "external");
+    for s in deploys(&d.take()) {
+        d.ack(s.attempt);
+        d.finish(s.attempt);
+    }
+    d.take();
+    d.handle(Event::ShuffleServiceLost {
+        service: "ss-a".to_string(),
+        reason: "no heartbeat".to_string(),
+    })
+    .unwrap();
+    assert_eq!(d.finished_attempt(job, 0, 0), None);
+    assert_eq!(d.finished_attempt(job, 0, 1), None);
+    // Without a service the re-run producers wait for one.
+    d.take();
+    d.let_restart_fire();
+    assert_eq!(d.job(job).state, JobState::Running);
+    assert!(deployed(&d.take()).is_empty());
+    // The restarted service registers under a new id: they go there.
+    d.handle(Event::RegisterShuffleService(ShuffleServiceSpec {
+        id: "ss-a2".to_string(),
+        host: "host-a".to_string(),
+        data_address: "host-a:19".to_string(),
+        dir: "/shuffle".to_string(),
+        rpc_address: "host-a:20".to_string(),
+    }))
+    .unwrap();
+    let again = deploys(&d.take());
+    assert_eq!(again.len(), 2);
+    assert!(
+        again.iter().all(|s| s.attempt.attempt == 1
+            && s.outputs[0].shuffle_service.as_ref().unwrap().id == "ss-a2")
+    );
+}
+
+#[test]
+fn a_producer_without_a_service_on_its_host_fails_after_the_slot_request_timeout() {
+    let mut d = Driver::new(SchedulerConfig {
+        slot_request_timeout: secs(10),
+        ..SchedulerConfig::default()
+    });
+    d.tm("tm-1", 2);
+    let mut g = batch_forward(1);
+    g.config.set("shuffle-service.type", "external");
+    let job = d.submit(g);
+    assert!(deployed(&d.take()).is_empty());
+    d.advance(secs(10));
+    assert_eq!(d.job(job).state, JobState::Failed);
+    let cause = d.job(job).failure_cause.clone().unwrap();
+    assert!(
+        cause.contains("no shuffle service runs on host tm-1"),
+        "{cause}"
+    );
 }

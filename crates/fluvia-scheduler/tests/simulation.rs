@@ -429,6 +429,7 @@ impl Sim {
             restart_delay: d(RESTART_DELAY),
             heartbeat_timeout: d(HEARTBEAT_TIMEOUT),
             probe_timeout: d(PROBE_TIMEOUT),
+            ..SchedulerConfig::default()
         });
         let fault_end = rng.range(300, 3_000);
         let mut sim = Sim {
@@ -757,6 +758,8 @@ impl Sim {
                 self.send_reliable(Msg::Probe { tm: task_manager });
             }
             Action::JobEnded { .. } => {}
+            // The simulated cluster has no shuffle service (internal shuffle).
+            Action::ReleaseShufflePartitions { .. } | Action::ReleaseShuffleJob { .. } => {}
         }
     }
 
@@ -1276,13 +1279,15 @@ impl Sim {
         let mut got: Vec<(u128, u32, u32, u8)> = dep
             .inputs
             .iter()
-            .map(|i| {
-                (
-                    i.partition.data_set,
-                    i.partition.producer_subtask,
-                    i.subpartition,
-                    i.type_number,
-                )
+            .flat_map(|i| {
+                (i.first_subpartition..=i.last_subpartition).map(|sp| {
+                    (
+                        i.partition.data_set,
+                        i.partition.producer_subtask,
+                        sp,
+                        i.type_number,
+                    )
+                })
             })
             .collect();
         expected.sort();

@@ -26,8 +26,8 @@ use fluvia_core::{FluviaError, PartitionerKind, Result};
 use fluvia_network::gate::GateEvent;
 use fluvia_network::metrics::IoCounters;
 use fluvia_network::{
-    CancelToken, ChannelSelector, InputChannelSpec, InputGate, PartitionWriter, RecordDeserializer,
-    Target,
+    CancelToken, ChannelDeserializers, ChannelSelector, InputChannelSpec, InputGate,
+    PartitionWriter, Target,
 };
 use fluvia_runtime::operator::{AnyOutput, NetworkInput, downcast_output};
 use fluvia_runtime::output::{BroadcastingOutput, DiscardingOutput, Output};
@@ -211,9 +211,7 @@ impl ExecutionPlan for ExchangeReaderExec {
             })?;
         let gate = InputGate::new(inputs.take(self.stage)?);
         let stream = GateStream {
-            deserializers: (0..gate.num_channels())
-                .map(|_| RecordDeserializer::new())
-                .collect(),
+            deserializers: ChannelDeserializers::new(gate.num_channels()),
             gate: Some(gate),
             pending: VecDeque::new(),
             schema: Arc::clone(&self.schema),
@@ -293,7 +291,7 @@ impl TaskInputs {
 
 struct GateStream {
     gate: Option<InputGate>,
-    deserializers: Vec<RecordDeserializer>,
+    deserializers: ChannelDeserializers,
     pending: VecDeque<RecordBatch>,
     schema: SchemaRef,
     inputs: Arc<TaskInputs>,
@@ -309,17 +307,23 @@ impl GateStream {
             return Ok(false);
         };
         match gate.get_next(&self.inputs.cancel)? {
-            Some(GateEvent::Buffer { channel, buffer }) => {
+            Some(GateEvent::Buffer {
+                channel,
+                subpartition,
+                buffer,
+            }) => {
                 let (schema, pending) = (&self.schema, &mut self.pending);
                 let mut records = 0u64;
-                self.deserializers[channel].feed(buffer.as_slice(), |bytes| {
-                    let batch = ipc::decode(bytes, schema).map_err(|e| {
-                        FluviaError::Serialization(format!("decoding an exchange batch: {e}"))
+                self.deserializers
+                    .get(channel, subpartition)
+                    .feed(buffer.as_slice(), |bytes| {
+                        let batch = ipc::decode(bytes, schema).map_err(|e| {
+                            FluviaError::Serialization(format!("decoding an exchange batch: {e}"))
+                        })?;
+                        records += 1;
+                        pending.push_back(batch);
+                        Ok(())
                     })?;
-                    records += 1;
-                    pending.push_back(batch);
-                    Ok(())
-                })?;
                 let c = &self.inputs.counters;
                 IoCounters::add(&c.records_in, records);
                 IoCounters::add(&c.bytes_in, buffer.len() as u64);
@@ -330,7 +334,7 @@ impl GateStream {
                 Ok(true)
             }
             Some(GateEvent::ChannelFinished { channel }) => {
-                if self.deserializers[channel].has_partial_record() {
+                if self.deserializers.has_partial_record(channel) {
                     return Err(FluviaError::Serialization(format!(
                         "input channel {channel} ended in the middle of a batch"
                     )));

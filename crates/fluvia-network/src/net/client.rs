@@ -21,7 +21,7 @@ use super::protocol::{
     DataType, Frame, FrameDecoder, Message, ReceiverId, ResultPartitionId, encode,
 };
 use crate::buffer::{BufferBuilder, BufferRecycler, LocalBufferPool, lock_state};
-use crate::gate::InputChannel;
+use crate::gate::{InputChannel, Polled};
 use crate::partition::{AvailabilityListener, BufferOrEvent, Event};
 use fluvia_core::{FluviaError, Result};
 use std::collections::{HashMap, VecDeque};
@@ -109,7 +109,8 @@ impl GateBufferPool {
 
 #[derive(Default)]
 struct RemoteState {
-    received: VecDeque<BufferOrEvent>,
+    /// Elements with their subpartition (absolute).
+    received: VecDeque<(BufferOrEvent, u32)>,
     /// Segments ready to receive into.
     free: Vec<Vec<u8>>,
     /// Segments this channel holds (free, or in a buffer the consumer has).
@@ -135,7 +136,8 @@ struct RemoteState {
 pub struct RemoteInputChannel {
     receiver: ReceiverId,
     partition: ResultPartitionId,
-    subpartition: u32,
+    first_subpartition: u32,
+    last_subpartition: u32,
     peer: SocketAddr,
     initial_credit: usize,
     segment_size: usize,
@@ -149,7 +151,8 @@ impl std::fmt::Debug for RemoteInputChannel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RemoteInputChannel")
             .field("partition", &self.partition.to_string())
-            .field("subpartition", &self.subpartition)
+            .field("first_subpartition", &self.first_subpartition)
+            .field("last_subpartition", &self.last_subpartition)
             .field("peer", &self.peer)
             .finish()
     }
@@ -172,22 +175,29 @@ impl RemoteInputChannel {
             .collect()
     }
 
-    /// Creates the channel with its exclusive segments and sends the
-    /// partition request announcing them as initial credit.
+    /// Creates the channel over subpartitions `first..=last` with its
+    /// exclusive segments and sends the partition request announcing them
+    /// as initial credit.
     pub fn request(
         connection: &Arc<ClientConnection>,
         pool: &Arc<GateBufferPool>,
         partition: ResultPartitionId,
-        subpartition: u32,
+        (first, last): (u32, u32),
         exclusive: Vec<Vec<u8>>,
     ) -> Result<Arc<Self>> {
+        if first > last {
+            return Err(FluviaError::Internal(format!(
+                "empty subpartition range {first}..={last} of partition {partition}"
+            )));
+        }
         let receiver = connection.next_receiver_id();
         let initial_credit = exclusive.len();
         let free = exclusive;
         let channel = Arc::new_cyclic(|me| RemoteInputChannel {
             receiver,
             partition,
-            subpartition,
+            first_subpartition: first,
+            last_subpartition: last,
             peer: connection.peer,
             initial_credit,
             segment_size: pool.segment_size,
@@ -205,8 +215,8 @@ impl RemoteInputChannel {
         connection.register(&channel)?;
         connection.send(Message::PartitionRequest {
             partition,
-            first_subpartition: subpartition,
-            last_subpartition: subpartition,
+            first_subpartition: first,
+            last_subpartition: last,
             receiver,
             initial_credit: initial_credit as u32,
         })?;
@@ -219,8 +229,8 @@ impl RemoteInputChannel {
 
     fn describe(&self) -> String {
         format!(
-            "partition {} subpartition {} from {}",
-            self.partition, self.subpartition, self.peer
+            "partition {} subpartitions {}..={} from {}",
+            self.partition, self.first_subpartition, self.last_subpartition, self.peer
         )
     }
 
@@ -235,6 +245,7 @@ impl RemoteInputChannel {
     /// A BufferResponse arrived (reader thread).
     fn on_buffer(
         &self,
+        subpartition: u32,
         sequence: u32,
         backlog: u32,
         data_type: DataType,
@@ -254,6 +265,12 @@ impl RemoteInputChannel {
             ));
         }
         st.expected_sequence = st.expected_sequence.wrapping_add(1);
+        if subpartition < self.first_subpartition || subpartition > self.last_subpartition {
+            return Err(format!(
+                "{} sent a buffer of subpartition {subpartition}",
+                self.describe()
+            ));
+        }
         let was_empty = st.received.is_empty();
         match data_type {
             DataType::Data => {
@@ -282,12 +299,12 @@ impl RemoteInputChannel {
                     BufferBuilder::with_recycler(Vec::new(), self.segment_size, recycler);
                 *builder.data_mut() = segment;
                 st.received
-                    .push_back(BufferOrEvent::Buffer(builder.finish()));
+                    .push_back((BufferOrEvent::Buffer(builder.finish()), subpartition));
             }
             DataType::EndOfPartition => {
                 st.finished = true;
                 st.received
-                    .push_back(BufferOrEvent::Event(Event::EndOfPartition));
+                    .push_back((BufferOrEvent::Event(Event::EndOfPartition), subpartition));
             }
         }
         // Borrow floating segments for the announced backlog.
@@ -427,14 +444,26 @@ impl InputChannel for RemoteInputChannel {
         }
     }
 
-    fn poll(&self) -> Result<Option<(BufferOrEvent, bool)>> {
+    fn poll(&self) -> Result<Option<Polled>> {
         let mut st = lock_state(&self.state);
         if let Some(e) = &st.error {
             return Err(FluviaError::Execution(e.clone()));
         }
         let next = st.received.pop_front();
         let more = !st.received.is_empty();
-        Ok(next.map(|n| (n, more)))
+        Ok(next.map(|(item, sp)| Polled {
+            item,
+            subpartition: sp - self.first_subpartition,
+            more,
+        }))
+    }
+
+    fn num_subpartitions(&self) -> usize {
+        (self.last_subpartition - self.first_subpartition + 1) as usize
+    }
+
+    fn failure(&self) -> Option<String> {
+        lock_state(&self.state).error.clone()
     }
 }
 
@@ -656,16 +685,23 @@ impl ClientConnection {
         let msg = match frame {
             Frame::Buffer {
                 receiver,
+                subpartition,
                 sequence,
                 backlog,
                 data_type,
                 compressed,
                 payload,
-                ..
             } => {
                 // Unknown receivers were cancelled: their data is dropped.
                 if let Some(ch) = self.channel(receiver)
-                    && let Err(e) = ch.on_buffer(sequence, backlog, data_type, compressed, payload)
+                    && let Err(e) = ch.on_buffer(
+                        subpartition,
+                        sequence,
+                        backlog,
+                        data_type,
+                        compressed,
+                        payload,
+                    )
                 {
                     ch.fail(e);
                     self.unregister(receiver);

@@ -153,7 +153,8 @@ pub fn consume(a: &PeerArgs) -> Result<(), String> {
             .map(|p| RemoteChannelSpec {
                 peer,
                 partition: pid(p),
-                subpartition: c as u32,
+                first_subpartition: c as u32,
+                last_subpartition: c as u32,
             })
             .collect();
         let (_pool, channels) = env
@@ -175,7 +176,7 @@ pub fn consume(a: &PeerArgs) -> Result<(), String> {
             let cancel = CancelToken::new();
             let mut count = 0u64;
             while let Some(ev) = gate.get_next(&cancel).map_err(|e| e.to_string())? {
-                let GateEvent::Buffer { channel, buffer } = ev else { continue };
+                let GateEvent::Buffer { channel, buffer, .. } = ev else { continue };
                 deser[channel]
                     .feed(buffer.as_slice(), |r| {
                         let producer = u32::from_le_bytes([r[0], r[1], r[2], r[3]]) as usize;

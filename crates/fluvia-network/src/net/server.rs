@@ -15,9 +15,8 @@ use super::protocol::{
     encode_buffer_response_header,
 };
 use crate::buffer::lock_state;
-use crate::partition::{
-    AvailabilityListener, BufferOrEvent, CreditPoll, NextKind, ResultPartition, Subpartition,
-};
+use crate::partition::{AvailabilityListener, BufferOrEvent, NextKind, ResultPartition};
+use crate::view::{SubpartitionView, ViewPoll};
 use fluvia_core::{FluviaError, Result};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::Write;
@@ -164,15 +163,13 @@ impl Drop for PartitionRequestServer {
 
 struct Reader {
     partition: ResultPartitionId,
-    subpartitions: Vec<Arc<Subpartition>>,
-    /// This reader's generation at each subpartition.
-    generations: Vec<u64>,
-    first_subpartition: u32,
-    finished: Vec<bool>,
-    next: usize,
+    view: Arc<dyn SubpartitionView>,
     credit: u32,
     sequence: u32,
 }
+
+/// How long a new data connection has to present the cluster secret.
+pub const AUTHENTICATION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 #[derive(Default)]
 struct ConnState {
@@ -301,6 +298,8 @@ impl ServerConnection {
     }
 
     fn read_loop(self: Arc<Self>, mut stream: TcpStream) {
+        // A peer that never says hello must not hold a thread and a socket.
+        let _ = stream.set_read_timeout(Some(AUTHENTICATION_TIMEOUT));
         let mut decoder = FrameDecoder::new();
         loop {
             let n = match decoder.read_from(&mut stream, 16 * 1024) {
@@ -359,6 +358,7 @@ impl ServerConnection {
                 return false;
             }
             lock_state(&self.state).authenticated = true;
+            let _ = self.stream.set_read_timeout(None);
             return true;
         }
         match msg {
@@ -376,53 +376,30 @@ impl ServerConnection {
                     });
                     return true;
                 };
-                if last_subpartition as usize >= p.num_subpartitions() {
-                    self.send_control(Message::ErrorResponse {
-                        receiver: Some(receiver),
-                        message: format!(
-                            "subpartitions {first_subpartition}..={last_subpartition} requested \
-                             from partition {partition}, which has {}",
-                            p.num_subpartitions()
-                        ),
-                    });
-                    return true;
-                }
-                let subpartitions: Vec<Arc<Subpartition>> = (first_subpartition
-                    ..=last_subpartition)
-                    .map(|i| Arc::clone(p.subpartition(i as usize)))
-                    .collect();
-                let n = subpartitions.len();
-                {
-                    let mut st = lock_state(&self.state);
-                    st.readers.insert(
-                        receiver,
-                        Reader {
-                            partition,
-                            subpartitions: subpartitions.clone(),
-                            generations: vec![0; n],
-                            first_subpartition,
-                            finished: vec![false; n],
-                            next: 0,
-                            credit: initial_credit,
-                            sequence: 0,
-                        },
-                    );
-                }
-                for (k, sp) in subpartitions.iter().enumerate() {
-                    let generation = sp.set_listener(
-                        Arc::new(ReaderListener {
-                            connection: self.me.clone(),
-                            receiver,
-                        }),
-                        0,
-                    );
-                    if let Some(r) = lock_state(&self.state).readers.get_mut(&receiver) {
-                        r.generations[k] = generation;
+                let listener = Arc::new(ReaderListener {
+                    connection: self.me.clone(),
+                    receiver,
+                });
+                let view = match p.create_view(first_subpartition, last_subpartition, listener, 0) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        self.send_control(Message::ErrorResponse {
+                            receiver: Some(receiver),
+                            message: format!("partition {partition}: {e}"),
+                        });
+                        return true;
                     }
-                }
-                // A notification that arrived before the generations were
-                // stored was polled as a stranger and dropped: look again.
+                };
                 let mut st = lock_state(&self.state);
+                st.readers.insert(
+                    receiver,
+                    Reader {
+                        partition,
+                        view,
+                        credit: initial_credit,
+                        sequence: 0,
+                    },
+                );
                 self.enqueue(&mut st, receiver);
                 true
             }
@@ -491,75 +468,56 @@ impl ServerConnection {
             let Some(reader) = st.readers.get_mut(&receiver) else {
                 continue;
             };
-            let n = reader.subpartitions.len();
-            let mut taken = None;
-            for k in 0..n {
-                let i = (reader.next + k) % n;
-                if reader.finished[i] {
-                    continue;
+            let (item, subpartition, next) = match reader.view.poll(reader.credit) {
+                Ok(ViewPoll::Item {
+                    item,
+                    subpartition,
+                    next,
+                }) => (item, subpartition, next),
+                Ok(ViewPoll::Nothing | ViewPoll::NeedsCredit) => {
+                    continue; // wait for data or credit
                 }
-                match reader.subpartitions[i]
-                    .poll_as(reader.credit > 0, Some(reader.generations[i]))?
-                {
-                    CreditPoll::Item { item, next } => {
-                        taken = Some((i, item, next));
-                        break;
-                    }
-                    CreditPoll::Nothing | CreditPoll::NeedsCredit => {}
+                Err(e) => {
+                    // This reader's partition is unreadable; the
+                    // connection's other channels go on.
+                    let partition = reader.partition;
+                    st.readers.remove(&receiver);
+                    return Ok(Some(Outgoing::Control(Message::ErrorResponse {
+                        receiver: Some(receiver),
+                        message: format!("reading partition {partition}: {e}"),
+                    })));
                 }
-            }
-            let Some((i, item, next)) = taken else {
-                continue; // nothing sendable: wait for data or credit
             };
-            reader.next = (i + 1) % n;
-            let subpartition = reader.first_subpartition + i as u32;
             let sequence = reader.sequence;
             reader.sequence = reader.sequence.wrapping_add(1);
             let out = match item {
                 BufferOrEvent::Buffer(buffer) => {
                     reader.credit -= 1;
-                    let backlog: usize = reader
-                        .subpartitions
-                        .iter()
-                        .zip(&reader.finished)
-                        .filter(|(_, f)| !**f)
-                        .map(|(s, _)| s.backlog())
-                        .sum();
+                    let backlog = reader.view.backlog();
                     let resend = match next {
                         NextKind::Event => true,
                         NextKind::Data => reader.credit > 0,
-                        // Another subpartition of the range may have data.
-                        NextKind::Nothing => n > 1 && reader.credit > 0,
+                        NextKind::Nothing => false,
                     };
-                    let out = Outgoing::Data {
+                    if resend {
+                        self.enqueue(&mut st, receiver);
+                    }
+                    Outgoing::Data {
                         receiver,
                         subpartition,
                         sequence,
                         backlog: backlog as u32,
                         buffer,
-                    };
-                    if resend {
-                        self.enqueue(&mut st, receiver);
                     }
-                    out
                 }
                 BufferOrEvent::Event(_) => {
-                    reader.finished[i] = true;
-                    if reader.finished.iter().all(|f| *f) {
-                        let partition = reader.partition;
-                        st.readers.remove(&receiver);
-                        tracing::debug!("partition {partition} fully sent to {}", self.peer);
-                        Outgoing::End {
-                            receiver,
-                            subpartition,
-                            sequence,
-                        }
-                    } else {
-                        // The range continues: this subpartition's end is
-                        // not told to the receiver, nor numbered.
-                        reader.sequence = sequence;
-                        self.enqueue(&mut st, receiver);
-                        continue;
+                    let partition = reader.partition;
+                    st.readers.remove(&receiver);
+                    tracing::debug!("partition {partition} fully sent to {}", self.peer);
+                    Outgoing::End {
+                        receiver,
+                        subpartition,
+                        sequence,
                     }
                 }
             };
