@@ -3,6 +3,8 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -18,6 +20,7 @@ fn fluvia() -> Command {
 struct Cluster {
     jm: Child,
     tms: Vec<Child>,
+    shuffle_services: Vec<Child>,
     rpc: String,
     rest: String,
     tm_args: Vec<String>,
@@ -25,7 +28,12 @@ struct Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        for c in self.tms.iter_mut().chain(std::iter::once(&mut self.jm)) {
+        for c in self
+            .tms
+            .iter_mut()
+            .chain(self.shuffle_services.iter_mut())
+            .chain(std::iter::once(&mut self.jm))
+        {
             let _ = c.kill();
             let _ = c.wait();
         }
@@ -76,6 +84,7 @@ impl Cluster {
         let mut c = Cluster {
             jm,
             tms: Vec::new(),
+            shuffle_services: Vec::new(),
             rpc,
             rest,
             tm_args: tm_args.iter().map(|s| s.to_string()).collect(),
@@ -97,6 +106,46 @@ impl Cluster {
             .spawn()
             .unwrap();
         self.tms.push(tm);
+    }
+
+    /// Starts `fluvia shuffle-service` on `dir` and waits until the
+    /// JobManager knows it; returns its process id.
+    fn add_shuffle_service(&mut self, dir: &Path) -> u32 {
+        let mut s = fluvia()
+            .args(["shuffle-service", "--jobmanager", &self.rpc, "--dir"])
+            .arg(dir)
+            .args(FAST_HEARTBEATS)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(s.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        let id = line
+            .trim()
+            .strip_prefix("Shuffle service ")
+            .unwrap_or_else(|| panic!("{line}"))
+            .to_string();
+        let pid = s.id();
+        self.shuffle_services.push(s);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let services = get(&self.rest, "/shuffle-services");
+            if services["shuffle-services"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|s| s["id"] == id.as_str())
+            {
+                return pid;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "shuffle service {id} did not register"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     fn wait_for_task_managers(&self, n: usize) {
@@ -768,4 +817,145 @@ fn sql_on_a_cluster_matches_the_embedded_run_and_spans_task_managers() {
         .map(|s| s["host"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(hosts.len(), 2, "{hosts:?}");
+}
+
+// ------------------------------------------------------------ shuffle service
+
+const EXTERNAL_WITH_RESTARTS: [&str; 8] = [
+    "-D",
+    "shuffle-service.type=external",
+    "-D",
+    "restart-strategy.type=fixed-delay",
+    "-D",
+    "restart-strategy.fixed-delay.attempts=5",
+    "-D",
+    "restart-strategy.fixed-delay.delay=100",
+];
+
+/// Attempt numbers of every subtask of vertex `v`.
+fn attempts_of(job: &Value, v: usize) -> Vec<u64> {
+    job["vertices"][v]["subtasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["attempt"].as_u64().unwrap())
+        .collect()
+}
+
+/// Job directories left in a shuffle service's directory.
+fn job_dirs(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect()
+}
+
+#[test]
+fn with_an_external_shuffle_service_a_killed_task_manager_reruns_no_producer() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = write_input(dir.path(), 600_000);
+    let expected = embedded_counts(&input, &dir.path().join("embedded.txt"));
+    let mut cluster = Cluster::start(&EXTERNAL_WITH_RESTARTS, 3, &["--slots", "2"]);
+    let shuffle_dir = dir.path().join("shuffle");
+    cluster.add_shuffle_service(&shuffle_dir);
+    let out = dir.path().join("out.txt");
+    let (runner, id) = submit_in_background(&cluster, &input, &out, "batch");
+    let victim = kill_during(&mut cluster, &id, |job| {
+        job["vertices"][0]["status"] == "FINISHED" && job["vertices"][1]["status"] == "RUNNING"
+    });
+    let o = runner.join().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), expected);
+    let job = get(&cluster.rest, &format!("/jobs/{id}"));
+    assert_eq!(job["shuffle-service-type"], "external");
+    assert_eq!(
+        attempts_of(&job, 0),
+        vec![0; 4],
+        "the sources' data lives at the service: none re-ran ({victim} killed)"
+    );
+    assert!(
+        attempts_of(&job, 1).contains(&1),
+        "what ran on {victim} ran again"
+    );
+    // The job's files go once it ended.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !job_dirs(&shuffle_dir).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "{:?} left",
+            job_dirs(&shuffle_dir)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn killing_the_shuffle_service_mid_job_reruns_the_producers_to_a_correct_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = write_input(dir.path(), 600_000);
+    let expected = embedded_counts(&input, &dir.path().join("embedded.txt"));
+    let mut cluster = Cluster::start(&EXTERNAL_WITH_RESTARTS, 2, &["--slots", "2"]);
+    let shuffle_dir = dir.path().join("shuffle");
+    let first = cluster.add_shuffle_service(&shuffle_dir);
+    let out = dir.path().join("out.txt");
+    let (runner, id) = submit_in_background(&cluster, &input, &out, "batch");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "the job never reached the kill point"
+        );
+        let job = get(&cluster.rest, &format!("/jobs/{id}"));
+        assert_ne!(job["state"], "FINISHED", "finished before the kill");
+        if job["vertices"][0]["status"] == "FINISHED" && job["vertices"][1]["status"] == "RUNNING" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let service = cluster
+        .shuffle_services
+        .iter_mut()
+        .find(|c| c.id() == first)
+        .unwrap();
+    service.kill().unwrap(); // SIGKILL
+    let _ = service.wait();
+    // Restarted on the same directory, as a supervisor would.
+    cluster.add_shuffle_service(&shuffle_dir);
+    let o = runner.join().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), expected);
+    let job = get(&cluster.rest, &format!("/jobs/{id}"));
+    assert!(
+        attempts_of(&job, 0).iter().any(|&a| a >= 1),
+        "the producers whose data the service held ran again: {:?}",
+        attempts_of(&job, 0)
+    );
+}
+
+#[test]
+fn all_99_tpcds_queries_match_on_a_cluster_with_an_external_shuffle_service() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = common::tpcds_data();
+    let mut cluster = Cluster::start(&EXTERNAL_WITH_RESTARTS, 2, &["--slots", "2"]);
+    let shuffle_dir = dir.path().join("shuffle");
+    cluster.add_shuffle_service(&shuffle_dir);
+    let (ok, out) = common::tpcds_run(&["-p", "2", "--jobmanager", &cluster.rpc]);
+    let summary = out.lines().last().unwrap_or_default();
+    assert!(
+        ok,
+        "failed: {}",
+        out.lines()
+            .filter(|l| l.contains("FAIL"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(summary.starts_with("# 103 passed, 0 failed"), "{summary}");
+    // Every job's exchanges went through the service.
+    let jobs = get(&cluster.rest, "/jobs");
+    let id = jobs["jobs"][0]["id"].as_str().unwrap().to_string();
+    let job = get(&cluster.rest, &format!("/jobs/{id}"));
+    assert_eq!(job["shuffle-service-type"], "external");
+    assert!(data.exists());
 }

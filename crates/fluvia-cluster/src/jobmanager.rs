@@ -470,6 +470,7 @@ impl JmShared {
             "now": now,
             "restarts": job.restarts,
             "error": job.failure_cause,
+            "shuffle-service-type": job.shuffle_service_type.name(),
             "vertices": vertices,
         })
     }
@@ -682,8 +683,39 @@ impl JobManager for JmService {
             }));
         };
         let mut st = self.shared.state();
+        let mut probe = Vec::new();
         for e in events {
+            if let Event::PartitionsLost { job, .. } = &e
+                && let Some(j) = st.scheduler.job(*job)
+            {
+                // A consumer could not read: if the data was at a shuffle
+                // service, find out now whether the service is gone.
+                let services: std::collections::BTreeSet<&String> =
+                    j.shuffle_locations.values().collect();
+                probe.extend(
+                    services
+                        .into_iter()
+                        .filter_map(|s| Some((s.clone(), st.shuffle_services.get(s)?.clone()))),
+                );
+            }
             let _ = self.shared.feed(&mut st, e);
+        }
+        drop(st);
+        for (service, mut client) in probe {
+            let shared = Arc::clone(&self.shared);
+            tokio::spawn(async move {
+                let req = security::authorize(Empty {}, &shared.secret);
+                let alive = matches!(
+                    tokio::time::timeout(PING_TIMEOUT, client.ping(req)).await,
+                    Ok(Ok(_))
+                );
+                if !alive {
+                    let _ = shared.feed_now(Event::ShuffleServiceLost {
+                        service,
+                        reason: "it does not answer".into(),
+                    });
+                }
+            });
         }
         Ok(Response::new(Ack {
             ok: true,

@@ -1,6 +1,6 @@
 //! The JobManager's REST API, in the shape of Flink's: `/overview`, `/jobs`,
 //! `/jobs/:id`, `/jobs/:id/plan`, `/jobs/:id/vertices/:vid`,
-//! `/taskmanagers`, and Prometheus `/metrics`. Cancelling
+//! `/taskmanagers`, `/shuffle-services`, and Prometheus `/metrics`. Cancelling
 //! (`PATCH /jobs/:id?mode=cancel`) is a mutation and needs the cluster secret
 //! in the `X-Fluvia-Secret` header when one is configured.
 
@@ -31,6 +31,7 @@ async fn overview(State(s): State<Shared>) -> Json<Value> {
     let used: usize = st.scheduler.task_managers().map(|(_, used)| used).sum();
     Json(json!({
         "taskmanagers": st.scheduler.task_managers().count(),
+        "shuffle-services": st.scheduler.shuffle_master().services().count(),
         "slots-total": total,
         "slots-available": total.saturating_sub(used),
         "jobs-running": st.scheduler.jobs().filter(|j| !j.state.is_terminal()).count(),
@@ -122,6 +123,26 @@ async fn cancel(
         )
             .into_response(),
     }
+}
+
+/// The registered shuffle services (a Fluvia addition beside Flink's API).
+async fn shuffle_services(State(s): State<Shared>) -> Json<Value> {
+    let st = lock(&s.state);
+    let services: Vec<Value> = st
+        .scheduler
+        .shuffle_master()
+        .services()
+        .map(|s| {
+            json!({
+                "id": s.id,
+                "host": s.host,
+                "data-address": s.data_address,
+                "rpc-address": s.rpc_address,
+                "dir": s.dir,
+            })
+        })
+        .collect();
+    Json(json!({ "shuffle-services": services }))
 }
 
 async fn taskmanagers(State(s): State<Shared>) -> Json<Value> {
@@ -234,6 +255,7 @@ pub(crate) async fn serve(listener: tokio::net::TcpListener, shared: Arc<JmShare
         .route("/jobs/{id}/plan", get(plan))
         .route("/jobs/{id}/vertices/{vid}", get(vertex))
         .route("/taskmanagers", get(taskmanagers))
+        .route("/shuffle-services", get(shuffle_services))
         .route("/metrics", get(metrics))
         .with_state(shared);
     if let Err(e) = axum::serve(listener, app).await {

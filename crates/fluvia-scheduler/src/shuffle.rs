@@ -92,12 +92,16 @@ pub fn host_of(address: &str) -> &str {
 /// The registered shuffle services, and the choice of one for a producer.
 #[derive(Debug, Default)]
 pub struct ShuffleMaster {
-    services: BTreeMap<String, ShuffleServiceSpec>,
+    /// Each service with the order it registered in.
+    services: BTreeMap<String, (u64, ShuffleServiceSpec)>,
+    registrations: u64,
 }
 
 impl ShuffleMaster {
     pub fn register_service(&mut self, spec: ShuffleServiceSpec) {
-        self.services.insert(spec.id.clone(), spec);
+        self.registrations += 1;
+        self.services
+            .insert(spec.id.clone(), (self.registrations, spec));
     }
 
     /// Forgets a service; its partitions are lost.
@@ -106,11 +110,11 @@ impl ShuffleMaster {
     }
 
     pub fn service(&self, id: &str) -> Option<&ShuffleServiceSpec> {
-        self.services.get(id)
+        self.services.get(id).map(|(_, s)| s)
     }
 
     pub fn services(&self) -> impl Iterator<Item = &ShuffleServiceSpec> {
-        self.services.values()
+        self.services.values().map(|(_, s)| s)
     }
 
     /// Where the blocking partitions of a producer on `task_manager` (whose
@@ -126,10 +130,13 @@ impl ShuffleMaster {
             ShuffleServiceType::Internal => Ok(PartitionLocation::TaskManager(task_manager.into())),
             ShuffleServiceType::External => {
                 let host = host_of(producer_address);
+                // The newest on the host: a restarted service registers
+                // again before its predecessor is declared lost.
                 self.services
                     .values()
-                    .find(|s| s.host == host)
-                    .map(|s| PartitionLocation::ShuffleService(s.id.clone()))
+                    .filter(|(_, s)| s.host == host)
+                    .max_by_key(|(order, _)| *order)
+                    .map(|(_, s)| PartitionLocation::ShuffleService(s.id.clone()))
                     .ok_or_else(|| {
                         FluviaError::Execution(format!(
                             "{} is external but no shuffle service runs on host {host} \
@@ -189,6 +196,12 @@ mod tests {
             .register_partition_with_producer(ShuffleServiceType::Internal, "tm-3", "10.0.0.3:6121")
             .unwrap();
         assert_eq!(l.stores_local_resources_on(), Some("tm-3"));
+        // A service restarted on a host is preferred to the one before it.
+        m.register_service(spec("ss-b2", "10.0.0.2"));
+        let l = m
+            .register_partition_with_producer(ShuffleServiceType::External, "tm-1", "10.0.0.2:6121")
+            .unwrap();
+        assert_eq!(l, PartitionLocation::ShuffleService("ss-b2".into()));
     }
 
     #[test]
