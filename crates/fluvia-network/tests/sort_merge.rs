@@ -1,6 +1,8 @@
 //! Sort-merge blocking partitions end to end: the files written, range reads
 //! locally and over TCP, concurrent readers, corruption and bad indexes.
 
+#![allow(clippy::unwrap_used, clippy::needless_range_loop)]
+
 use fluvia_network::net::environment::{NetworkConfig, NetworkEnvironment, RemoteChannelSpec};
 use fluvia_network::net::protocol::ResultPartitionId;
 use fluvia_network::sortmerge::{
@@ -62,11 +64,12 @@ fn write(
     Written { partition, pool }
 }
 
+/// Per channel, `(subpartition, record)` in arrival order.
+type Received = Vec<Vec<(u32, Vec<u8>)>>;
+
 /// Reads `channels` through one gate; returns per channel and subpartition
 /// (absolute, given each channel's first) the records in arrival order.
-fn read_all(
-    channels: Vec<(Arc<dyn InputChannel>, u32)>,
-) -> fluvia_core::Result<Vec<Vec<(u32, Vec<u8>)>>> {
+fn read_all(channels: Vec<(Arc<dyn InputChannel>, u32)>) -> fluvia_core::Result<Received> {
     let firsts: Vec<u32> = channels.iter().map(|c| c.1).collect();
     let mut gate = InputGate::new(
         channels
