@@ -33,6 +33,7 @@ pub mod rest;
 pub mod security;
 pub mod shuffle_service;
 pub mod taskmanager;
+pub mod workdir;
 
 /// Runs `future` on a fresh async runtime and shuts the runtime down without
 /// waiting for background work (the servers of an embedded cluster). Every

@@ -22,7 +22,6 @@ use crate::rpc::{
     ReleasePartitionsRequest, ShuffleServiceHeartbeatRequest,
 };
 use crate::security;
-use fluvia_core::config::options;
 use fluvia_core::{Configuration, FluviaError, JobId, Result};
 use fluvia_network::ResultPartition;
 use fluvia_network::net::environment::NetworkEnvironment;
@@ -209,14 +208,7 @@ impl ShuffleServiceHandle {
 fn claim_dir(dir: &Path) -> Result<std::fs::File> {
     std::fs::create_dir_all(dir)
         .map_err(|e| FluviaError::io(format!("creating {}", dir.display()), e))?;
-    let lock_path = dir.join("LOCK");
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(|e| FluviaError::io(format!("opening {}", lock_path.display()), e))?;
-    file.try_lock().map_err(|_| {
+    let file = crate::workdir::try_lock_dir(dir)?.ok_or_else(|| {
         FluviaError::Config(format!(
             "another shuffle service uses {} (its LOCK is held)",
             dir.display()
@@ -246,15 +238,7 @@ pub async fn start(
     let dir = match dir {
         Some(d) => d,
         None => match config.get(&cfg::SHUFFLE_SERVICE_DIR)? {
-            "" => {
-                let base = config.get(&options::TMP_DIRS)?;
-                let base = if base.is_empty() {
-                    std::env::temp_dir()
-                } else {
-                    PathBuf::from(base)
-                };
-                base.join("fluvia-shuffle-service")
-            }
+            "" => crate::workdir::tmp_base(&config)?.join("fluvia-shuffle-service"),
             d => PathBuf::from(d),
         },
     };

@@ -65,7 +65,6 @@ mod tempfile_dir {
 
 struct Shared {
     id: String,
-    config: Configuration,
     secret: Option<String>,
     catalog: Arc<dyn ProgramCatalog>,
     env: Arc<NetworkEnvironment>,
@@ -79,6 +78,8 @@ struct Shared {
     released: Mutex<std::collections::HashSet<String>>,
     flush_epoch: Arc<AtomicU64>,
     stopped: AtomicBool,
+    /// Where this TaskManager's jobs spill, one directory per job.
+    workdir: crate::workdir::WorkDir,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -131,13 +132,7 @@ impl Shared {
         if let Some(d) = &job.spill_dir {
             return Ok(d.0.clone());
         }
-        let base = self.config.get(&options::TMP_DIRS)?;
-        let base = if base.is_empty() {
-            std::env::temp_dir()
-        } else {
-            std::path::PathBuf::from(base)
-        };
-        let dir = base.join(format!("fluvia-{}-{}", self.id, job_id));
+        let dir = self.workdir.path().join(job_id);
         std::fs::create_dir_all(&dir).map_err(|e| {
             FluviaError::io(format!("creating spill directory {}", dir.display()), e)
         })?;
@@ -772,7 +767,6 @@ async fn run_inner(
     let timeout = config.get(&cfg::HEARTBEAT_TIMEOUT)?;
     let shared = Arc::new(Shared {
         id: id.clone(),
-        config: config.clone(),
         secret: secret.clone(),
         catalog: Arc::clone(&catalog),
         env: Arc::clone(&env),
@@ -786,6 +780,7 @@ async fn run_inner(
         released: Mutex::new(std::collections::HashSet::new()),
         flush_epoch: Arc::new(AtomicU64::new(0)),
         stopped: AtomicBool::new(false),
+        workdir: crate::workdir::WorkDir::claim(&crate::workdir::tmp_base(&config)?, "tm", &id)?,
     });
     let ticker = {
         let epoch = Arc::clone(&shared.flush_epoch);
