@@ -87,5 +87,8 @@ fn a_flipped_byte_in_a_shuffle_file_reruns_its_producer_and_the_answer_is_right(
     assert_eq!(attempt(2), 0, "the reduce never saw bad data");
     let mut left = Vec::new();
     shuffle_files(&spill, &mut left);
-    assert!(left.is_empty(), "shuffle files left after the job: {left:?}");
+    assert!(
+        left.is_empty(),
+        "shuffle files left after the job: {left:?}"
+    );
 }
