@@ -6,10 +6,12 @@
 //! cargo run --release -p fluvia-bench -- network      # channels vs raw TCP and memcpy, keyed exchange
 //! cargo run --release -p fluvia-bench -- startup      # submission to finish, embedded and on a cluster
 //! cargo run --release -p fluvia-bench -- sql --data DIR  # TPC-DS: Fluvia vs DataFusion, multiple-input on/off
+//! cargo run --release -p fluvia-bench -- shuffle      # blocking partitions: sort-merge vs file per subpartition vs a plain file
 //! ```
 
 mod datastream;
 mod network;
+mod shuffle;
 mod sql;
 mod startup;
 
@@ -31,6 +33,8 @@ enum Suite {
     Startup(startup::Args),
     /// TPC-DS queries: DataFusion in one process vs Fluvia, multiple-input on and off.
     Sql(sql::Args),
+    /// Blocking partitions: sort-merge vs one file per subpartition vs a plain file, LZ4 on/off.
+    Shuffle(shuffle::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -39,5 +43,6 @@ fn main() -> anyhow::Result<()> {
         Suite::Network(a) => network::run(a),
         Suite::Startup(a) => startup::run(a),
         Suite::Sql(a) => sql::run_suite(a),
+        Suite::Shuffle(a) => shuffle::run(a),
     }
 }
