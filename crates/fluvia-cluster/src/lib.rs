@@ -9,6 +9,9 @@
 //!   fingerprint, runs deployed attempts, exchanges data with other
 //!   TaskManagers over the TCP data plane, and reports attempt states (typed,
 //!   resent with heartbeats until acknowledged).
+//! - [`shuffle`]: the TaskManager's `ShuffleEnvironment`s (internal: it
+//!   serves its partitions; external: they go to the host's shuffle
+//!   service), chosen per partition by the JobManager's descriptor.
 //! - [`shuffle_service`]: the external shuffle service, one per host: takes
 //!   over the finished blocking partitions of that host's TaskManagers and
 //!   serves them, so a TaskManager may leave once its producers finished.
@@ -31,6 +34,7 @@ pub mod minicluster;
 pub mod program;
 pub mod rest;
 pub mod security;
+pub mod shuffle;
 pub mod shuffle_service;
 pub mod taskmanager;
 pub mod workdir;

@@ -22,14 +22,17 @@ use crate::rpc::{
     TaskDeployment as TaskDeploymentMsg, TaskManagerHeartbeat, TaskStateUpdate,
 };
 use crate::security;
+use crate::shuffle::{
+    ExternalShuffleEnvironment, InputChannels, InternalShuffleEnvironment, PartitionRequest,
+    ShuffleEnvironment, create_input_channels,
+};
 use fluvia_core::config::options;
 use fluvia_core::{Configuration, FluviaError, Result};
 use fluvia_graph::JobGraph;
-use fluvia_network::gate::InputChannel;
+use fluvia_network::CancelToken;
 use fluvia_network::metrics::IoCounters;
-use fluvia_network::net::environment::{NetworkConfig, NetworkEnvironment, RemoteChannelSpec};
+use fluvia_network::net::environment::{NetworkConfig, NetworkEnvironment};
 use fluvia_network::net::protocol::ResultPartitionId;
-use fluvia_network::{CancelToken, InputChannelSpec, LocalInputChannel};
 use fluvia_runtime::metrics::TaskMetricGroup;
 use fluvia_runtime::task::{OutputSpec, TaskDeployment, run_task_attributed};
 use fluvia_runtime::{MetricRegistry, OperatorRegistry};
@@ -80,6 +83,8 @@ struct Shared {
     stopped: AtomicBool,
     /// Where this TaskManager's jobs spill, one directory per job.
     workdir: crate::workdir::WorkDir,
+    internal_shuffle: InternalShuffleEnvironment,
+    external_shuffle: ExternalShuffleEnvironment,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -151,7 +156,8 @@ impl Shared {
         })?;
         let mut outputs = Vec::new();
         let mut partition_ids = Vec::new();
-        let mut handover = Vec::new();
+        let mut produced = Vec::new();
+        let mut spill_dir = || self.spill_dir(&desc.job_id);
         for (i, o) in desc.outputs.iter().enumerate() {
             let name = format!(
                 "{} ({}/{}) -> {i}",
@@ -159,119 +165,35 @@ impl Shared {
                 desc.subtask + 1,
                 vertex.parallelism
             );
-            let id = ResultPartitionId {
-                data_set: o.data_set,
-                producer_subtask: desc.subtask as u32,
-                attempt: desc.attempt,
+            let request = PartitionRequest {
+                job_id: &desc.job_id,
+                id: ResultPartitionId {
+                    data_set: o.data_set,
+                    producer_subtask: desc.subtask as u32,
+                    attempt: desc.attempt,
+                },
+                name,
+                output: o,
             };
-            let prefix = format!("{:032x}-{}-{}", o.data_set, desc.subtask, desc.attempt);
-            let seed = (o.data_set as u64) ^ ((desc.subtask as u64) << 32) ^ desc.attempt as u64;
-            let partition = if let Some(target) = &o.shuffle_service {
-                // Written into the shuffle service's directory, handed over
-                // when the attempt finished, served from there.
-                let dir = std::path::Path::new(&target.dir).join(&desc.job_id);
-                std::fs::create_dir_all(&dir).map_err(|e| {
-                    FluviaError::io(
-                        format!(
-                            "creating {} for shuffle service {}",
-                            dir.display(),
-                            target.id
-                        ),
-                        e,
-                    )
-                })?;
-                let (partition, pool_size) = self.env.create_sort_merge_partition(
-                    name,
-                    o.num_subpartitions,
-                    &dir,
-                    &prefix,
-                    seed,
-                )?;
-                let partition = Arc::new(partition);
-                handover.push((id, Arc::clone(&partition), target.clone()));
-                (partition, pool_size)
-            } else {
-                let dir = if o.blocking {
-                    Some(self.spill_dir(&desc.job_id)?)
-                } else {
-                    None
-                };
-                let (partition, pool_size) = self.env.create_result_partition(
-                    name,
-                    o.num_subpartitions,
-                    dir.as_deref().map(|d| (d, prefix.as_str())),
-                    seed,
-                )?;
-                let partition = Arc::new(partition);
-                self.env.register_partition(id, Arc::clone(&partition));
-                partition_ids.push(id);
-                (partition, pool_size)
-            };
-            let (partition, pool_size) = partition;
+            let p = self
+                .shuffle_for(o)
+                .create_result_partition(request, &mut spill_dir)?;
+            if p.served_here {
+                partition_ids.push(p.id);
+            }
             outputs.push(OutputSpec {
-                partition,
-                pool: self.env.buffer_pool().create_local_pool(pool_size)?,
+                partition: Arc::clone(&p.partition),
+                pool: self.env.buffer_pool().create_local_pool(p.pool_size)?,
                 partitioner: o.partitioner,
                 consumer_max_parallelism: o.consumer_max_parallelism,
             });
+            produced.push((o.shuffle_service.is_some(), p));
         }
-        let mut inputs = Vec::new();
-        let mut remote = Vec::new();
-        // Each channel with the partition it reads, to name the partitions
-        // a failed attempt could not read.
-        let mut watched = Vec::new();
-        for input in &desc.inputs {
-            let id: ResultPartitionId = partition_id(input.partition);
-            if input.local {
-                let partition = self.env.partitions().get(&id).ok_or_else(|| {
-                    FluviaError::Execution(format!(
-                        "local partition {id} is not on TaskManager {}",
-                        self.id
-                    ))
-                })?;
-                let channel: Arc<dyn InputChannel> = LocalInputChannel::new(
-                    partition,
-                    input.first_subpartition,
-                    input.last_subpartition,
-                )?;
-                watched.push((input.partition, Arc::clone(&channel)));
-                inputs.push(InputChannelSpec {
-                    channel,
-                    input_index: input.type_number as usize,
-                });
-            } else {
-                let peer: SocketAddr = input.producer_address.parse().map_err(|e| {
-                    FluviaError::Execution(format!(
-                        "bad producer address '{}': {e}",
-                        input.producer_address
-                    ))
-                })?;
-                remote.push((
-                    input.type_number as usize,
-                    input.partition,
-                    RemoteChannelSpec {
-                        peer,
-                        partition: id,
-                        first_subpartition: input.first_subpartition,
-                        last_subpartition: input.last_subpartition,
-                    },
-                ));
-            }
-        }
-        let mut input_pools = Vec::new();
-        if !remote.is_empty() {
-            let specs: Vec<RemoteChannelSpec> = remote.iter().map(|(_, _, s)| *s).collect();
-            let (pool, channels) = self.env.open_remote_channels(&specs)?;
-            input_pools.push(pool);
-            for ((t, p, _), ch) in remote.iter().zip(channels) {
-                let channel: Arc<dyn InputChannel> = ch;
-                watched.push((*p, Arc::clone(&channel)));
-                inputs.push(InputChannelSpec {
-                    channel,
-                    input_index: *t,
-                });
-            }
-        }
+        let InputChannels {
+            inputs,
+            watched,
+            pools: input_pools,
+        } = create_input_channels(&self.env, &self.id, &desc.inputs)?;
         let counters = Arc::new(IoCounters::default());
         let job_id =
             fluvia_core::JobId::try_from(desc.job_id.clone()).map_err(FluviaError::Plan)?;
@@ -344,16 +266,17 @@ impl Shared {
                 }
                 let mut result = run_task_attributed(&deployment);
                 if result.is_ok() {
-                    // Consumers read from the services: FINISHED only once
-                    // they have the partitions.
-                    for (id, partition, target) in &handover {
-                        if let Err(e) = shared.hand_over(&desc.job_id, *id, partition, target) {
+                    // FINISHED only once consumers can read every partition
+                    // where they will look for it.
+                    for (external, p) in &produced {
+                        let shuffle = shared.shuffle_for_kind(*external);
+                        if let Err(e) = shuffle.partition_finished(&desc.job_id, p) {
                             result = Err(e);
                             break;
                         }
                     }
                 }
-                drop(handover);
+                drop(produced);
                 let (state, error) = match &result {
                     Ok(_) => ("FINISHED", String::new()),
                     Err(FluviaError::Cancelled) => ("CANCELED", String::new()),
@@ -401,67 +324,16 @@ impl Shared {
     /// An attempt ended: its final report moves from "running" to
     /// "unacknowledged" in one step (a heartbeat sees it in one list or the
     /// other), then goes to the JobManager.
-    /// Hands a finished sort-merge partition to its shuffle service, which
-    /// serves (and owns) its files from now on.
-    fn hand_over(
-        &self,
-        job_id: &str,
-        id: ResultPartitionId,
-        partition: &Arc<fluvia_network::ResultPartition>,
-        target: &fluvia_scheduler::ShuffleServiceTarget,
-    ) -> Result<()> {
-        let Some(smp) = partition.as_sort_merge() else {
-            return Err(FluviaError::Internal(format!(
-                "partition {id} for shuffle service {} is not sort-merge",
-                target.id
-            )));
-        };
-        let req = crate::rpc::RegisterPartitionRequest {
-            job_id: job_id.to_string(),
-            partition: Some(crate::deployment::partition_to_proto(
-                &fluvia_scheduler::PartitionRef {
-                    data_set: id.data_set,
-                    producer_subtask: id.producer_subtask,
-                    attempt: id.attempt,
-                },
-            )),
-            data_path: smp.data_path().display().to_string(),
-            index_path: smp.index_path().display().to_string(),
-        };
-        let req = security::authorize(req, &self.secret);
-        let endpoint = format!("http://{}", target.rpc_address);
-        let call = async move {
-            let mut client =
-                crate::rpc::shuffle_service_client::ShuffleServiceClient::connect(endpoint)
-                    .await
-                    .map_err(|e| e.to_string())?;
-            client
-                .register_partition(req)
-                .await
-                .map_err(|e| e.message().to_string())
-                .and_then(|a| {
-                    let a = a.into_inner();
-                    if a.ok { Ok(()) } else { Err(a.message) }
-                })
-        };
-        let outcome = self
-            .runtime
-            .block_on(async { tokio::time::timeout(RPC_TIMEOUT, call).await });
-        match outcome {
-            Ok(Ok(())) => {
-                smp.disown_files();
-                Ok(())
-            }
-            Ok(Err(e)) => Err(FluviaError::Execution(format!(
-                "handing partition {id} over to shuffle service {} at {} failed: {e}",
-                target.id, target.rpc_address
-            ))),
-            Err(_) => Err(FluviaError::Execution(format!(
-                "shuffle service {} at {} did not take partition {id} within {} s",
-                target.id,
-                target.rpc_address,
-                RPC_TIMEOUT.as_secs()
-            ))),
+    /// The environment that creates (and finishes) output `o`'s partition.
+    fn shuffle_for(&self, o: &fluvia_scheduler::OutputDescriptor) -> &dyn ShuffleEnvironment {
+        self.shuffle_for_kind(o.shuffle_service.is_some())
+    }
+
+    fn shuffle_for_kind(&self, external: bool) -> &dyn ShuffleEnvironment {
+        if external {
+            &self.external_shuffle
+        } else {
+            &self.internal_shuffle
         }
     }
 
@@ -781,6 +653,13 @@ async fn run_inner(
         flush_epoch: Arc::new(AtomicU64::new(0)),
         stopped: AtomicBool::new(false),
         workdir: crate::workdir::WorkDir::claim(&crate::workdir::tmp_base(&config)?, "tm", &id)?,
+        internal_shuffle: InternalShuffleEnvironment::new(Arc::clone(&env)),
+        external_shuffle: ExternalShuffleEnvironment::new(
+            Arc::clone(&env),
+            secret.clone(),
+            tokio::runtime::Handle::current(),
+            RPC_TIMEOUT,
+        ),
     });
     let ticker = {
         let epoch = Arc::clone(&shared.flush_epoch);
