@@ -1,5 +1,6 @@
 //! `fluvia sql` and `fluvia tpcds` through the binary: TPC-DS answers at
-//! SF 0.1 on the embedded mini-cluster, the same answers with every
+//! SF 0.1 on the embedded mini-cluster and on a cluster of processes with an
+//! external shuffle service, the same answers with every
 //! optimisation switched off and at other parallelisms, q96's JobGraph and
 //! shuffle bytes, and errors in queries and data.
 
@@ -9,7 +10,7 @@ mod common;
 
 use std::process::Output;
 
-use common::{fluvia, shared, tpcds_data, tpcds_run};
+use common::{Cluster, fluvia, get, shared, tpcds_data, tpcds_run};
 
 #[test]
 fn all_99_tpcds_queries_match_the_answers_at_parallelism_2() {
@@ -24,6 +25,39 @@ fn all_99_tpcds_queries_match_the_answers_at_parallelism_2() {
             .join("\n")
     );
     assert!(summary.starts_with("# 103 passed, 0 failed"), "{summary}");
+}
+
+#[test]
+fn all_99_tpcds_queries_match_on_a_cluster_with_an_external_shuffle_service() {
+    let dir = tempfile::tempdir().unwrap();
+    tpcds_data();
+    // Default heartbeats: a loaded machine must not lose processes.
+    let mut cluster = Cluster::start_with_heartbeats(
+        &[],
+        &["-D", "shuffle-service.type=external"],
+        2,
+        &["--slots", "2"],
+    );
+    cluster.add_shuffle_service(&dir.path().join("shuffle"));
+    let (ok, out) = tpcds_run(&["-p", "2", "--jobmanager", &cluster.rpc]);
+    let summary = out.lines().last().unwrap_or_default();
+    assert!(
+        ok,
+        "failed: {}",
+        out.lines()
+            .filter(|l| l.contains("FAIL"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(summary.starts_with("# 103 passed, 0 failed"), "{summary}");
+    let jobs = get(&cluster.rest, "/jobs");
+    let jobs = jobs["jobs"].as_array().unwrap();
+    assert!(jobs.len() >= 99, "{} jobs", jobs.len());
+    for j in jobs {
+        let id = j["id"].as_str().unwrap();
+        let job = get(&cluster.rest, &format!("/jobs/{id}"));
+        assert_eq!(job["shuffle-service-type"], "external", "{id}");
+    }
 }
 
 /// Queries covering every exchange kind, union offsets, windows, outer and

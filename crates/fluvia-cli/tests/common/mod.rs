@@ -1,11 +1,15 @@
-//! What the binary's test files share: the `fluvia` binary and TPC-DS
-//! data and runs.
+//! What the binary's test files share: the `fluvia` binary, TPC-DS data
+//! and runs, and a cluster of separate processes.
 
 #![allow(dead_code)]
 
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 pub fn fluvia() -> Command {
     Command::new(env!("CARGO_BIN_EXE_fluvia"))
@@ -52,4 +56,199 @@ pub fn tpcds_run(extra: &[&str]) -> (bool, String) {
     println!("{out}");
     eprintln!("{}", String::from_utf8_lossy(&o.stderr));
     (o.status.success(), out)
+}
+
+/// Kills its processes when dropped, so a failing test leaves nothing behind.
+pub struct Cluster {
+    pub jm: Child,
+    pub tms: Vec<Child>,
+    pub shuffle_services: Vec<Child>,
+    pub rpc: String,
+    pub rest: String,
+    tm_args: Vec<String>,
+    heartbeats: Vec<String>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for c in self
+            .tms
+            .iter_mut()
+            .chain(self.shuffle_services.iter_mut())
+            .chain(std::iter::once(&mut self.jm))
+        {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+// Short enough to notice a killed TaskManager quickly (failures also trigger
+// an immediate liveness probe), long enough that several clusters sharing two
+// cores during a loaded test run do not miss heartbeats.
+pub const FAST_HEARTBEATS: [&str; 4] = [
+    "-D",
+    "heartbeat.interval=100",
+    "-D",
+    "heartbeat.timeout=3000",
+];
+
+impl Cluster {
+    pub fn start(jm_args: &[&str], task_managers: usize, tm_args: &[&str]) -> Cluster {
+        Self::start_with_heartbeats(&FAST_HEARTBEATS, jm_args, task_managers, tm_args)
+    }
+
+    /// Like [`start`](Self::start) with other heartbeat settings (the
+    /// defaults when empty): long jobs under load must not miss heartbeats.
+    pub fn start_with_heartbeats(
+        heartbeats: &[&str],
+        jm_args: &[&str],
+        task_managers: usize,
+        tm_args: &[&str],
+    ) -> Cluster {
+        let mut jm = fluvia()
+            .args([
+                "jobmanager",
+                "-D",
+                "jobmanager.rpc.port=0",
+                "-D",
+                "rest.port=0",
+            ])
+            .args(heartbeats)
+            .args(jm_args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(jm.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        let rpc = line
+            .trim()
+            .strip_prefix("JobManager RPC ")
+            .unwrap()
+            .to_string();
+        line.clear();
+        out.read_line(&mut line).unwrap();
+        let rest = line
+            .trim()
+            .strip_prefix("REST http://")
+            .unwrap()
+            .to_string();
+        let mut c = Cluster {
+            jm,
+            tms: Vec::new(),
+            shuffle_services: Vec::new(),
+            rpc,
+            rest,
+            tm_args: tm_args.iter().map(|s| s.to_string()).collect(),
+            heartbeats: heartbeats.iter().map(|s| s.to_string()).collect(),
+        };
+        for _ in 0..task_managers {
+            c.add_task_manager();
+        }
+        c.wait_for_task_managers(task_managers);
+        c
+    }
+
+    pub fn add_task_manager(&mut self) {
+        let tm = fluvia()
+            .args(["taskmanager", "--jobmanager", &self.rpc])
+            .args(&self.heartbeats)
+            .args(&self.tm_args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.tms.push(tm);
+    }
+
+    /// Starts `fluvia shuffle-service` on `dir` and waits until the
+    /// JobManager knows it; returns its process id.
+    pub fn add_shuffle_service(&mut self, dir: &Path) -> u32 {
+        let mut s = fluvia()
+            .args(["shuffle-service", "--jobmanager", &self.rpc, "--dir"])
+            .arg(dir)
+            .args(&self.heartbeats)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(s.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        let id = line
+            .trim()
+            .strip_prefix("Shuffle service ")
+            .unwrap_or_else(|| panic!("{line}"))
+            .to_string();
+        let pid = s.id();
+        self.shuffle_services.push(s);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let services = get(&self.rest, "/shuffle-services");
+            if services["shuffle-services"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|s| s["id"] == id.as_str())
+            {
+                return pid;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "shuffle service {id} did not register"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn wait_for_task_managers(&self, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if get(&self.rest, "/overview")["taskmanagers"].as_u64() == Some(n as u64) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("{n} TaskManagers did not register");
+    }
+
+    pub fn run(&self, args: &[&str]) -> Output {
+        fluvia()
+            .args(["run", "--jobmanager", &self.rpc])
+            .args(args)
+            .output()
+            .unwrap()
+    }
+}
+
+/// A tiny HTTP client: enough for the REST API's JSON.
+pub fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("Content-Length: 0\r\n\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    let status: u16 = resp[9..12].parse().unwrap();
+    let body = resp
+        .split_once("\r\n\r\n")
+        .map(|x| x.1.to_string())
+        .unwrap_or_default();
+    // Chunked bodies: keep the JSON between the first '{' and the last '}'.
+    let body = match (body.find(['{', '[']), body.rfind(['}', ']'])) {
+        (Some(a), Some(b)) if b >= a && !path.ends_with("metrics") => body[a..=b].to_string(),
+        _ => body,
+    };
+    (status, body)
+}
+
+pub fn get(addr: &str, path: &str) -> Value {
+    let (status, body) = http(addr, "GET", path, &[]);
+    assert_eq!(status, 200, "GET {path}: {body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
 }
