@@ -314,8 +314,10 @@ impl BufferBuilder {
 
     /// Seals the builder into a readable buffer.
     pub fn finish(mut self) -> Buffer {
+        let data = std::mem::take(&mut self.data);
         Buffer(Arc::new(BufferInner {
-            data: std::mem::take(&mut self.data),
+            range: 0..data.len(),
+            data,
             recycler: self.recycler.take(),
         }))
     }
@@ -332,6 +334,9 @@ impl Drop for BufferBuilder {
 #[derive(Debug)]
 struct BufferInner {
     data: Vec<u8>,
+    /// The readable bytes of `data` (a reader may fill a segment with a
+    /// header before the payload).
+    range: std::ops::Range<usize>,
     recycler: Option<Arc<dyn BufferRecycler>>,
 }
 
@@ -352,20 +357,37 @@ pub struct Buffer(Arc<BufferInner>);
 
 impl Buffer {
     pub fn as_slice(&self) -> &[u8] {
-        &self.0.data
+        &self.0.data[self.0.range.clone()]
     }
 
     pub fn len(&self) -> usize {
-        self.0.data.len()
+        self.0.range.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.data.is_empty()
+        self.0.range.is_empty()
+    }
+
+    /// The bytes `range` of `segment`, returning the whole segment to
+    /// `recycler` when the last clone is dropped. `range` must lie in it.
+    pub fn slice_of(
+        segment: Vec<u8>,
+        range: std::ops::Range<usize>,
+        recycler: Arc<dyn BufferRecycler>,
+    ) -> Self {
+        let end = range.end.min(segment.len());
+        let range = range.start.min(end)..end;
+        Buffer(Arc::new(BufferInner {
+            data: segment,
+            range,
+            recycler: Some(recycler),
+        }))
     }
 
     /// A buffer not owned by any pool.
     pub fn from_vec(data: Vec<u8>) -> Self {
         Buffer(Arc::new(BufferInner {
+            range: 0..data.len(),
             data,
             recycler: None,
         }))

@@ -667,6 +667,18 @@ impl SortMergeWriter {
         Ok(())
     }
 
+    /// Writes the records `(start, length)` of the area as consecutive
+    /// buffers, packed into the output buffer. (Gathering them straight
+    /// from the area with `writev` was measured slower: a record is ~100
+    /// bytes, a few hundred iovecs per buffer cost the kernel more than
+    /// the copy.)
+    fn emit_run(&mut self, records: impl Iterator<Item = (usize, usize)>) -> Result<()> {
+        for (start, len) in records {
+            self.emit_record(start, len)?;
+        }
+        self.emit_buffer()
+    }
+
     /// Writes the sort area as one region and empties it.
     fn flush_region(&mut self) -> Result<()> {
         if self.records.is_empty() {
@@ -677,10 +689,7 @@ impl SortMergeWriter {
         let records = std::mem::take(&mut self.records);
         if self.broadcast {
             let (offset, before) = (self.offset, self.region_buffers);
-            for &(_, start, len) in &records {
-                self.emit_record(start as usize, len as usize)?;
-            }
-            self.emit_buffer()?;
+            self.emit_run(records.iter().map(|&(_, s, l)| (s as usize, l as usize)))?;
             let e = IndexEntry {
                 offset,
                 bytes: self.offset - offset,
@@ -705,11 +714,10 @@ impl SortMergeWriter {
             for k in 0..n {
                 let sp = (k + self.target.rotation) % n;
                 let (offset, before) = (self.offset, self.region_buffers);
-                for &r in &order[starts[sp]..starts[sp + 1]] {
+                self.emit_run(order[starts[sp]..starts[sp + 1]].iter().map(|&r| {
                     let (_, start, len) = records[r as usize];
-                    self.emit_record(start as usize, len as usize)?;
-                }
-                self.emit_buffer()?;
+                    (start as usize, len as usize)
+                }))?;
                 entries[sp] = IndexEntry {
                     offset,
                     bytes: self.offset - offset,
@@ -917,117 +925,152 @@ impl SortMergeView {
     /// Reads up to `budget` buffers (scheduler thread). Returns how many it
     /// read and whether the view wants more.
     fn read_some(&self, budget: &ReadScheduler) -> (usize, bool) {
-        let (file, entry, want, queue_empty) = {
+        let (want, queue_empty) = {
             let mut st = lock_state(&self.state);
             st.scheduled = false;
-            if st.error.is_some() || st.unread == 0 {
+            if st.error.is_some() || st.unread == 0 || st.file.is_none() {
                 return (0, false);
             }
-            let want = st.demand.saturating_sub(st.queue.len());
-            if want == 0 {
-                return (0, false);
-            }
-            let (first, last) = (self.first, self.last);
-            let Some(entry) = st.current_entry(first, last) else {
-                return (0, false);
-            };
-            let Some(file) = st.file.clone() else {
-                return (0, false);
-            };
-            (file, entry, want, st.queue.is_empty())
+            (
+                st.demand.saturating_sub(st.queue.len()),
+                st.queue.is_empty(),
+            )
         };
+        if want == 0 {
+            return (0, false);
+        }
         let granted = budget.take(want.min(64), queue_empty);
         if granted == 0 {
             return (0, true);
         }
-        let (sp, offset, bytes_left, buffers_left) = entry;
-        let seg = file.segment_size;
-        let chunk = (granted as u64 * (BUFFER_HEADER + seg) as u64).min(bytes_left) as usize;
-        let mut raw = vec![0u8; chunk];
-        let result = file.read_at(&mut raw, offset).and_then(|()| {
-            let mut buffers = Vec::new();
-            let mut pos = 0usize;
-            while buffers.len() < granted && buffers.len() < buffers_left as usize {
-                if raw.len() - pos < BUFFER_HEADER {
+        // Entry after entry (small regions hold a buffer or two per
+        // subpartition) until the grant is used.
+        let mut total = 0;
+        let mut failure = None;
+        while total < granted {
+            let (file, entry) = {
+                let mut st = lock_state(&self.state);
+                let (first, last) = (self.first, self.last);
+                let (Some(entry), Some(file)) = (st.current_entry(first, last), st.file.clone())
+                else {
+                    break;
+                };
+                (file, entry)
+            };
+            let (sp, offset, bytes_left, buffers_left) = entry;
+            let (buffers, consumed) = match Self::read_buffers(
+                &file,
+                budget,
+                granted - total,
+                offset,
+                bytes_left,
+                buffers_left,
+            ) {
+                Ok(r) => r,
+                Err(e) => {
+                    failure = Some(e);
                     break;
                 }
-                let h = &raw[pos..pos + BUFFER_HEADER];
-                let len = u32::from_le_bytes([h[4], h[5], h[6], h[7]]) as usize;
-                let crc = u32::from_le_bytes([h[8], h[9], h[10], h[11]]);
-                let at = offset + pos as u64;
-                if h[0] != KIND_DATA || h[1] & !FLAG_COMPRESSED != 0 || len > seg || len == 0 {
-                    return Err(corrupt(
-                        &file.name,
-                        format!(
-                            "bad buffer header at offset {at} of {} (kind {}, flags {}, length {len})",
-                            file.data_path.display(),
-                            h[0],
-                            h[1]
-                        ),
-                    ));
-                }
-                if (BUFFER_HEADER + len) as u64 > bytes_left - pos as u64 {
-                    return Err(corrupt(
-                        &file.name,
-                        format!("buffer at offset {at} runs past its index entry"),
-                    ));
-                }
-                if raw.len() - pos < BUFFER_HEADER + len {
-                    break; // read again from here next time
-                }
-                let payload = &raw[pos + BUFFER_HEADER..pos + BUFFER_HEADER + len];
-                if crc32fast::hash(payload) != crc {
-                    return Err(corrupt(
-                        &file.name,
-                        format!(
-                            "buffer at offset {at} of {} fails its checksum",
-                            file.data_path.display()
-                        ),
-                    ));
-                }
-                let mut segment = budget.segment();
-                if h[1] & FLAG_COMPRESSED != 0 {
-                    crate::net::decompress_into(payload, &mut segment, seg)
-                        .map_err(|e| corrupt(&file.name, format!("buffer at offset {at}: {e}")))?;
-                } else {
-                    segment.clear();
-                    segment.extend_from_slice(payload);
-                }
-                buffers.push(budget.wrap(segment, seg));
-                pos += BUFFER_HEADER + len;
+            };
+            let read = buffers.len();
+            total += read;
+            let mut st = lock_state(&self.state);
+            let was_empty = st.queue.is_empty();
+            for b in buffers {
+                st.queue.push_back((b, sp));
             }
-            if buffers.is_empty() {
+            st.unread -= read as u64;
+            let rest = buffers_left - read as u32;
+            st.entry = (rest > 0).then_some((sp, offset + consumed, bytes_left - consumed, rest));
+            let tell = was_empty || st.unread == 0;
+            drop(st);
+            if tell {
+                self.listener.notify_available(self.channel);
+            }
+        }
+        budget.give_back(granted);
+        if let Some(e) = failure {
+            self.fail(e.to_string());
+            return (total, false);
+        }
+        let st = lock_state(&self.state);
+        (total, st.unread > 0 && st.demand > st.queue.len())
+    }
+
+    /// Reads up to `n` buffers of the entry at `offset`, each straight
+    /// into its own segment (one copy, the kernel's); returns them and the
+    /// bytes consumed.
+    fn read_buffers(
+        file: &PartitionFile,
+        budget: &ReadScheduler,
+        n: usize,
+        mut offset: u64,
+        mut bytes_left: u64,
+        buffers_left: u32,
+    ) -> Result<(Vec<Buffer>, u64)> {
+        let seg = file.segment_size;
+        let start = offset;
+        let mut buffers = Vec::with_capacity(n);
+        while buffers.len() < n && buffers.len() < buffers_left as usize {
+            if bytes_left < BUFFER_HEADER as u64 {
                 return Err(corrupt(
                     &file.name,
-                    format!("no whole buffer in {chunk} bytes at offset {offset}"),
+                    format!("index entry ends inside a buffer header at offset {offset}"),
                 ));
             }
-            Ok((buffers, pos as u64))
-        });
-        budget.give_back(granted);
-        let (buffers, consumed) = match result {
-            Ok(r) => r,
-            Err(e) => {
-                self.fail(e.to_string());
-                return (0, false);
+            // Header and payload in one read; never past the entry.
+            let len = (BUFFER_HEADER + seg).min(bytes_left as usize);
+            let mut segment = budget.segment(len);
+            file.read_at(&mut segment[..len], offset)?;
+            let h = &segment[..BUFFER_HEADER];
+            let payload_len = u32::from_le_bytes([h[4], h[5], h[6], h[7]]) as usize;
+            let crc = u32::from_le_bytes([h[8], h[9], h[10], h[11]]);
+            let (kind, flags) = (h[0], h[1]);
+            if kind != KIND_DATA
+                || flags & !FLAG_COMPRESSED != 0
+                || payload_len > seg
+                || payload_len == 0
+            {
+                return Err(corrupt(
+                    &file.name,
+                    format!(
+                        "bad buffer header at offset {offset} of {} (kind {kind}, flags {flags}, \
+                         length {payload_len})",
+                        file.data_path.display()
+                    ),
+                ));
             }
-        };
-        let read = buffers.len();
-        let mut st = lock_state(&self.state);
-        let was_empty = st.queue.is_empty();
-        for b in buffers {
-            st.queue.push_back((b, sp));
+            let end = BUFFER_HEADER + payload_len;
+            if end > len {
+                return Err(corrupt(
+                    &file.name,
+                    format!("buffer at offset {offset} runs past its index entry"),
+                ));
+            }
+            if crc32fast::hash(&segment[BUFFER_HEADER..end]) != crc {
+                return Err(corrupt(
+                    &file.name,
+                    format!(
+                        "buffer at offset {offset} of {} fails its checksum",
+                        file.data_path.display()
+                    ),
+                ));
+            }
+            let buffer = if flags & FLAG_COMPRESSED != 0 {
+                let mut out = budget.segment(BUFFER_HEADER + seg);
+                crate::net::decompress_into(&segment[BUFFER_HEADER..end], &mut out, seg)
+                    .map_err(|e| corrupt(&file.name, format!("buffer at offset {offset}: {e}")))?;
+                budget.recycle_segment(segment);
+                let size = out.len();
+                budget.wrap(out, 0..size)
+            } else {
+                budget.wrap(segment, BUFFER_HEADER..end)
+            };
+            buffers.push(buffer);
+            offset += end as u64;
+            bytes_left -= end as u64;
         }
-        st.unread -= read as u64;
-        let rest = buffers_left - read as u32;
-        st.entry = (rest > 0).then_some((sp, offset + consumed, bytes_left - consumed, rest));
-        let more = st.unread > 0 && st.demand > st.queue.len();
-        let tell = was_empty || st.unread == 0;
-        drop(st);
-        if tell {
-            self.listener.notify_available(self.channel);
-        }
-        (read, more)
+        Ok((buffers, offset - start))
     }
 
     fn schedule(&self, st: &mut ViewState) -> bool {
@@ -1106,6 +1149,7 @@ pub struct ReadScheduler {
     state: Mutex<SchedulerState>,
     wake: Condvar,
     budget: usize,
+    segment_size: usize,
     me: Weak<ReadScheduler>,
 }
 
@@ -1128,6 +1172,8 @@ struct SchedulerState {
     shutdown: bool,
     /// The most buffers ever in use at once.
     peak: usize,
+    in_use_bytes: usize,
+    peak_bytes: usize,
 }
 
 impl ReadScheduler {
@@ -1138,6 +1184,7 @@ impl ReadScheduler {
             state: Mutex::new(SchedulerState::default()),
             wake: Condvar::new(),
             budget,
+            segment_size,
             me: me.clone(),
         });
         let weak = Arc::downgrade(&scheduler);
@@ -1151,6 +1198,11 @@ impl ReadScheduler {
     /// The most read buffers that were in use at once.
     pub fn peak_buffers(&self) -> usize {
         lock_state(&self.state).peak
+    }
+
+    /// The most bytes read buffers held at once.
+    pub fn peak_bytes(&self) -> usize {
+        lock_state(&self.state).peak_bytes
     }
 
     pub fn budget(&self) -> usize {
@@ -1181,23 +1233,40 @@ impl ReadScheduler {
         lock_state(&self.state).granted -= granted;
     }
 
-    fn segment(&self) -> Vec<u8> {
-        lock_state(&self.state).free.pop().unwrap_or_default()
+    /// A segment of at least `len` bytes to read into: a recycled full
+    /// one, or a new one (exactly `len` for a small read, so small
+    /// buffers do not hold whole segments).
+    fn segment(&self, len: usize) -> Vec<u8> {
+        let full = BUFFER_HEADER + self.segment_size;
+        if len <= full
+            && len > full / 4
+            && let Some(v) = lock_state(&self.state).free.pop()
+        {
+            return v;
+        }
+        vec![0u8; if len > full / 4 { full.max(len) } else { len }]
     }
 
-    fn wrap(&self, segment: Vec<u8>, segment_size: usize) -> Buffer {
+    /// Takes back a segment that holds no buffer.
+    fn recycle_segment(&self, segment: Vec<u8>) {
+        let full = BUFFER_HEADER + self.segment_size;
+        let mut st = lock_state(&self.state);
+        if segment.len() == full && st.free.len() < self.budget {
+            st.free.push(segment);
+        }
+    }
+
+    fn wrap(&self, segment: Vec<u8>, range: std::ops::Range<usize>) -> Buffer {
         {
             let mut st = lock_state(&self.state);
             st.in_use += 1;
             st.peak = st.peak.max(st.in_use);
+            st.in_use_bytes += segment.len();
+            st.peak_bytes = st.peak_bytes.max(st.in_use_bytes);
         }
         match self.me.upgrade() {
-            Some(me) => {
-                let mut b = BufferBuilder::with_recycler(Vec::new(), segment_size, me);
-                *b.data_mut() = segment;
-                b.finish()
-            }
-            None => Buffer::from_vec(segment),
+            Some(me) => Buffer::slice_of(segment, range, me),
+            None => Buffer::from_vec(segment[range].to_vec()),
         }
     }
 
@@ -1273,10 +1342,15 @@ impl ReadScheduler {
 }
 
 impl BufferRecycler for ReadScheduler {
-    fn recycle(&self, segment: Vec<u8>) {
+    fn recycle(&self, mut segment: Vec<u8>) {
+        let full = BUFFER_HEADER + self.segment_size;
         let mut st = lock_state(&self.state);
         st.in_use = st.in_use.saturating_sub(1);
-        if st.free.len() < self.budget {
+        st.in_use_bytes = st.in_use_bytes.saturating_sub(segment.len());
+        // Decompressed buffers come back shorter; only full segments are
+        // kept (growing one costs a zeroing, like a new one).
+        if segment.capacity() >= full && st.free.len() < self.budget {
+            segment.resize(full, 0);
             st.free.push(segment);
         }
         drop(st);

@@ -153,7 +153,7 @@ impl SubpartitionView for SubpartitionRangeView {
 }
 
 /// How many buffers a local consumer's view reads ahead from disk.
-const LOCAL_READ_AHEAD: u32 = 8;
+const LOCAL_READ_AHEAD: u32 = 32;
 
 /// An input channel reading a partition of the same TaskManager in place:
 /// buffers are the producer's (pipelined) or the read scheduler's (blocking),
