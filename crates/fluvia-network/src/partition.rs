@@ -345,7 +345,7 @@ impl Subpartition {
                 let Some(r) = reader.as_mut() else {
                     return Ok(CreditPoll::Nothing);
                 };
-                match read_spilled_buffer(r, path)? {
+                match read_spilled_buffer(r, path, segment_size)? {
                     Some(buf) => {
                         st.buffers_backlog = st.buffers_backlog.saturating_sub(1);
                         let next = if st.buffers_backlog > 0 {
@@ -382,7 +382,11 @@ impl Subpartition {
     }
 }
 
-fn read_spilled_buffer(r: &mut BufReader<File>, path: &Path) -> Result<Option<Buffer>> {
+fn read_spilled_buffer(
+    r: &mut BufReader<File>,
+    path: &Path,
+    segment_size: usize,
+) -> Result<Option<Buffer>> {
     let mut len = [0u8; 4];
     match r.read_exact(&mut len) {
         Ok(()) => {}
@@ -395,6 +399,14 @@ fn read_spilled_buffer(r: &mut BufReader<File>, path: &Path) -> Result<Option<Bu
         }
     }
     let len = u32::from_le_bytes(len) as usize;
+    // A buffer is at most a segment: a larger length is corruption, not
+    // something to allocate.
+    if len > segment_size {
+        return Err(FluviaError::Execution(format!(
+            "spill file {} is corrupt: a buffer of {len} bytes, more than a segment ({segment_size})",
+            path.display()
+        )));
+    }
     let mut data = vec![0u8; len];
     r.read_exact(&mut data).map_err(|e| {
         FluviaError::io(
@@ -641,6 +653,25 @@ mod tests {
             got.push(bytes(&item));
         }
         assert_eq!(got, vec![vec![0], vec![1], vec![2], vec![]]);
+    }
+
+    #[test]
+    fn a_spill_file_claiming_a_huge_buffer_is_an_error_not_an_allocation() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = ResultPartition::blocking("p", 1, 1024, dir.path(), "ds").unwrap();
+        p.subpartition(0)
+            .add_buffer(Buffer::from_vec(vec![1, 2, 3]))
+            .unwrap();
+        p.finish().unwrap();
+        // 4 GiB - 1 claimed by the first length prefix.
+        let path = dir.path().join("ds-0.spill");
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[0..4].copy_from_slice(&u32::MAX.to_le_bytes());
+        std::fs::write(&path, bytes).unwrap();
+        let l = Arc::new(Count(Default::default()));
+        p.subpartition(0).set_listener(l, 0);
+        let err = p.subpartition(0).poll().unwrap_err().to_string();
+        assert!(err.contains("ds-0.spill is corrupt"), "{err}");
     }
 
     #[test]

@@ -376,3 +376,27 @@ fn data_connections_must_present_the_cluster_secret() {
         100
     );
 }
+
+#[test]
+fn a_data_connection_that_never_presents_the_secret_is_closed() {
+    use std::io::Read;
+    let producer = env_with_secret(Some("right"));
+    let mut idle = std::net::TcpStream::connect(producer.data_address()).unwrap();
+    idle.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut buf = [0u8; 64];
+    // The server closes the silent connection: reads end (EOF or reset).
+    loop {
+        match idle.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+    }
+    let waited = started.elapsed();
+    assert!(
+        waited >= std::time::Duration::from_secs(4) && waited < std::time::Duration::from_secs(15),
+        "closed after {waited:?}"
+    );
+    producer.shutdown();
+}
