@@ -746,3 +746,38 @@ fn killing_the_shuffle_service_mid_job_reruns_the_producers_to_a_correct_result(
         attempts_of(&job, 0)
     );
 }
+
+#[test]
+fn final_reports_reach_the_job_manager_without_waiting_for_a_heartbeat() {
+    // Heartbeats a minute apart: a batch job whose stages each wait for one
+    // would take minutes; reports sent as tasks end make it seconds.
+    let dir = tempfile::tempdir().unwrap();
+    let input = write_input(dir.path(), 2_000);
+    let cluster = Cluster::start_with_heartbeats(
+        &[
+            "-D",
+            "heartbeat.interval=60000",
+            "-D",
+            "heartbeat.timeout=600000",
+        ],
+        &[],
+        1,
+        &["--slots", "2"],
+    );
+    let started = Instant::now();
+    let o = cluster.run(&[
+        "wordcount",
+        "--input",
+        input.to_str().unwrap(),
+        "-p",
+        "2",
+        "--mode",
+        "batch",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the job took {:?}: its stages waited for heartbeats",
+        started.elapsed()
+    );
+}

@@ -357,7 +357,9 @@ impl Shared {
         for attempt in 0..3 {
             let mut client = self.jobmanager.clone();
             let req = security::authorize(update.clone(), &self.secret);
-            let call = tokio::time::timeout(RPC_TIMEOUT, client.update_task_state(req));
+            // The timer is made inside the runtime: this is a task thread.
+            let call =
+                async { tokio::time::timeout(RPC_TIMEOUT, client.update_task_state(req)).await };
             let error = match self.runtime.block_on(call) {
                 Ok(Ok(_)) => return true,
                 Ok(Err(e)) => e.to_string(),

@@ -23,14 +23,17 @@ pub fn tmp_base(config: &Configuration) -> Result<PathBuf> {
 /// Opens (creating) `dir/LOCK` and takes its exclusive lock; `None` when
 /// another live process holds it.
 pub fn try_lock_dir(dir: &Path) -> Result<Option<File>> {
-    let path = dir.join("LOCK");
-    let file = std::fs::OpenOptions::new()
+    let file = open_lock_file(&dir.join("LOCK"))?;
+    Ok(file.try_lock().is_ok().then_some(file))
+}
+
+fn open_lock_file(path: &Path) -> Result<File> {
+    std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
-        .open(&path)
-        .map_err(|e| FluviaError::io(format!("opening {}", path.display()), e))?;
-    Ok(file.try_lock().is_ok().then_some(file))
+        .open(path)
+        .map_err(|e| FluviaError::io(format!("opening {}", path.display()), e))
 }
 
 #[derive(Debug)]
@@ -48,12 +51,7 @@ impl WorkDir {
         // One claim at a time: a directory created but not locked yet must
         // not look abandoned to a process starting beside it.
         let scan_path = base.join(format!("fluvia-{role}.lock"));
-        let scan = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&scan_path)
-            .map_err(|e| FluviaError::io(format!("opening {}", scan_path.display()), e))?;
+        let scan = open_lock_file(&scan_path)?;
         scan.lock()
             .map_err(|e| FluviaError::io(format!("locking {}", scan_path.display()), e))?;
         let prefix = format!("fluvia-{role}-");
