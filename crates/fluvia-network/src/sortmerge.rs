@@ -1073,8 +1073,13 @@ impl SortMergeView {
         Ok((buffers, offset - start))
     }
 
+    /// Whether to ask the I/O thread for more: only once the queue is down
+    /// to half of what the consumer can take (one wake-up per batch, not
+    /// per buffer), or empty.
     fn schedule(&self, st: &mut ViewState) -> bool {
-        if !st.scheduled && st.unread > 0 && st.demand > st.queue.len() && st.error.is_none() {
+        let low = st.queue.is_empty() || st.queue.len() * 2 <= st.demand;
+        if !st.scheduled && st.unread > 0 && st.demand > st.queue.len() && low && st.error.is_none()
+        {
             st.scheduled = true;
             return true;
         }
