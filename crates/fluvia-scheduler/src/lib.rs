@@ -2,19 +2,26 @@
 //! into execution vertices with their attempts, the result partitions each
 //! subtask produces and the subpartition *ranges* each consumer reads) and
 //! the [`Scheduler`], a deterministic state machine that decides where and
-//! when attempts run, fails over and ends jobs (Flink's SchedulerNG).
+//! when attempts run, fails over and ends jobs (Flink's SchedulerNG). The
+//! [`adaptive`] decider picks the parallelism of a vertex left undecided,
+//! and the subpartitions each subtask reads, from the bytes its inputs wrote.
 //!
 //! This crate decides; it does not run anything. It knows nothing of gRPC,
 //! tokio, sockets, threads or real clocks: the JobManager feeds it events
 //! and performs the actions it returns, and the simulation tests drive it
 //! with a virtual clock.
 
+pub mod adaptive;
 pub mod deployment;
 pub mod execution_graph;
 pub mod scheduler;
 pub mod shuffle;
 pub mod validate;
 
+pub use adaptive::{
+    BlockingResultInfo, DeciderConfig, ExecutionVertexInputInfo, IndexRange, JobVertexInputInfo,
+    ParallelismAndInputInfos,
+};
 pub use deployment::{
     Deployment, ExecutionAttemptId, InputDescriptor, OutputDescriptor, PartitionRef,
     ShuffleServiceTarget,
