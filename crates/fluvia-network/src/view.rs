@@ -50,13 +50,13 @@ pub trait SubpartitionView: Send + Sync + std::fmt::Debug {
 pub struct SubpartitionRangeView {
     first: u32,
     subpartitions: Vec<Arc<Subpartition>>,
+    /// This view's generation at each subpartition.
+    generations: Vec<u64>,
     state: Mutex<RangeState>,
 }
 
 #[derive(Debug)]
 struct RangeState {
-    /// This view's generation at each subpartition.
-    generations: Vec<u64>,
     finished: Vec<bool>,
     next: usize,
 }
@@ -71,21 +71,21 @@ impl SubpartitionRangeView {
         channel: usize,
     ) -> Arc<Self> {
         let n = subpartitions.len();
+        let generations = subpartitions
+            .iter()
+            .map(|sp| sp.set_listener(Arc::clone(&listener), channel))
+            .collect();
         let view = Arc::new(SubpartitionRangeView {
             first,
             subpartitions,
+            generations,
             state: Mutex::new(RangeState {
-                generations: vec![0; n],
                 finished: vec![false; n],
                 next: 0,
             }),
         });
-        for (k, sp) in view.subpartitions.iter().enumerate() {
-            let generation = sp.set_listener(Arc::clone(&listener), channel);
-            lock_state(&view.state).generations[k] = generation;
-        }
-        // A notification that came before its generation was stored was
-        // polled as a stranger's and dropped: tell the listener again.
+        // A notification that came before the view existed found nothing
+        // to poll: tell the listener again.
         listener.notify_available(channel);
         view
     }
@@ -93,8 +93,23 @@ impl SubpartitionRangeView {
 
 impl SubpartitionView for SubpartitionRangeView {
     fn poll(&self, credit: u32) -> Result<ViewPoll> {
-        let mut st = lock_state(&self.state);
         let n = self.subpartitions.len();
+        if n == 1 {
+            // One subpartition (the common case): its own state says all;
+            // after its end it returns nothing more to this generation.
+            return Ok(
+                match self.subpartitions[0].poll_as(credit > 0, Some(self.generations[0]))? {
+                    CreditPoll::Item { item, next } => ViewPoll::Item {
+                        item,
+                        subpartition: self.first,
+                        next,
+                    },
+                    CreditPoll::NeedsCredit => ViewPoll::NeedsCredit,
+                    CreditPoll::Nothing => ViewPoll::Nothing,
+                },
+            );
+        }
+        let mut st = lock_state(&self.state);
         let mut needs_credit = false;
         let mut k = 0;
         while k < n {
@@ -103,7 +118,7 @@ impl SubpartitionView for SubpartitionRangeView {
             if st.finished[i] {
                 continue;
             }
-            match self.subpartitions[i].poll_as(credit > 0, Some(st.generations[i]))? {
+            match self.subpartitions[i].poll_as(credit > 0, Some(self.generations[i]))? {
                 CreditPoll::Item {
                     item: BufferOrEvent::Event(Event::EndOfPartition),
                     ..
