@@ -73,6 +73,10 @@ impl Shared {
             .and_then(partition_from_proto)
             .ok_or("a partition request without a valid partition id")?;
         let id = partition_id(partition);
+        // A hand-over sent again (its answer was lost) is done already.
+        if self.env.partitions().get(&id).is_some() {
+            return Ok(());
+        }
         // Only files of this job's directory are served.
         let inside = |p: &str| -> std::result::Result<PathBuf, String> {
             let path = Path::new(p);
@@ -106,6 +110,15 @@ impl Shared {
             .push(id);
         tracing::info!("shuffle service {}: serving partition {id}", self.id);
         Ok(())
+    }
+
+    /// Drops every partition: the JobManager forgot this service (it
+    /// declared it lost and re-ran what it held).
+    fn release_all(&self) {
+        let jobs: Vec<String> = lock(&self.jobs).keys().cloned().collect();
+        for job in jobs {
+            self.release_job(&job);
+        }
     }
 
     fn release_job(&self, job_id: &str) {
@@ -293,7 +306,7 @@ pub async fn start(
     let heartbeats = tokio::spawn(heartbeat_loop(
         JobManagerClient::new(channel),
         register,
-        secret,
+        Arc::clone(&shared),
         interval,
         jobmanager.to_string(),
     ));
@@ -318,10 +331,11 @@ pub async fn start(
 async fn heartbeat_loop(
     mut client: JobManagerClient<Channel>,
     register: RegisterShuffleServiceRequest,
-    secret: Option<String>,
+    shared: Arc<Shared>,
     interval: Duration,
     jobmanager: String,
 ) {
+    let secret = shared.secret.clone();
     let mut registered = false;
     loop {
         if !registered {
@@ -349,7 +363,12 @@ async fn heartbeat_loop(
             )
             .await
             {
-                Ok(Ok(r)) if !r.get_ref().known => registered = false,
+                Ok(Ok(r)) if !r.get_ref().known => {
+                    // Declared lost: what it held was re-run elsewhere.
+                    tracing::warn!("the JobManager forgot this service: dropping its partitions");
+                    shared.release_all();
+                    registered = false;
+                }
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => tracing::warn!("heartbeat to {jobmanager} failed: {}", e.message()),
                 Err(_) => tracing::warn!("heartbeat to {jobmanager}: no answer"),

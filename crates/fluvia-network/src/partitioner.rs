@@ -62,6 +62,10 @@ impl ChannelSelector {
             PartitionerKind::Rebalance | PartitionerKind::Rescale
         ) && partition.num_subpartitions() == self.num_channels
             && max_traverse > 1
+            // A blocking partition's backlog says nothing about a consumer's
+            // speed (nobody reads until the producer finished); a sort-merge
+            // one has no per-subpartition queues at all.
+            && !partition.is_blocking()
         {
             self.load_aware = Some((partition, max_traverse.min(self.num_channels)));
         }

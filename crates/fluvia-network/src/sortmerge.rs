@@ -152,6 +152,17 @@ impl PartitionFile {
         }
         let bytes = std::fs::read(index_path)
             .map_err(|e| FluviaError::io(format!("reading {}", index_path.display()), e))?;
+        // What was read counts, not what the metadata said a moment before.
+        if bytes.len() < INDEX_HEADER + 4 {
+            return Err(corrupt(
+                name,
+                format!(
+                    "index file {} has {} bytes, fewer than its header",
+                    index_path.display(),
+                    bytes.len()
+                ),
+            ));
+        }
         let (body, trailer) = bytes.split_at(bytes.len() - 4);
         let u32_at =
             |b: &[u8], at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
@@ -485,6 +496,17 @@ impl SortMergePartition {
 
 impl Drop for SortMergePartition {
     fn drop(&mut self) {
+        // Consumers waiting for a producer that will never finish fail.
+        if lock_state(&self.finished).is_none() {
+            for v in lock_state(&self.waiting).drain(..) {
+                if let Some(v) = v.upgrade() {
+                    v.fail(format!(
+                        "sort-merge partition {} was released before its producer finished",
+                        self.name
+                    ));
+                }
+            }
+        }
         if self.owns_files.load(Ordering::Acquire) {
             let _ = std::fs::remove_file(&self.data_path);
             let _ = std::fs::remove_file(&self.index_path);
@@ -788,7 +810,6 @@ impl SortMergeWriter {
             return Ok(());
         }
         self.flush_region()?;
-        self.finished = true;
         // The sort area goes back to the pool now, not when the task ends.
         self.segments.clear();
         let t = Arc::clone(&self.target);
@@ -839,6 +860,7 @@ impl SortMergeWriter {
             segment_size: t.config.segment_size,
             index: std::mem::take(&mut self.index),
         });
+        self.finished = true;
         Ok(())
     }
 }
@@ -1354,7 +1376,8 @@ impl BufferRecycler for ReadScheduler {
         st.in_use_bytes = st.in_use_bytes.saturating_sub(segment.len());
         // Decompressed buffers come back shorter; only full segments are
         // kept (growing one costs a zeroing, like a new one).
-        if segment.capacity() >= full && st.free.len() < self.budget {
+        // Cached segments and segments in use stay within the budget.
+        if segment.capacity() >= full && st.free.len() + st.in_use < self.budget {
             segment.resize(full, 0);
             st.free.push(segment);
         }

@@ -464,3 +464,22 @@ fn a_bad_index_is_refused_before_anything_is_allocated() {
         .to_string();
     assert!(err.contains("its index says"), "{err}");
 }
+
+#[test]
+fn the_load_aware_partitioner_leaves_a_sort_merge_partition_alone() {
+    use fluvia_core::PartitionerKind;
+    use fluvia_network::ChannelSelector;
+    let scheduler = ReadScheduler::start(8 << 20, SEGMENT).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let w = write(dir.path(), 4, config(8, false), &scheduler, Vec::new());
+    // A sort-merge partition has no per-subpartition queues to compare.
+    let mut sel = ChannelSelector::new(PartitionerKind::Rebalance, 4, 128, 1)
+        .load_aware(Arc::clone(&w.partition), 4);
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..8 {
+        if let Target::One(ch) = sel.select(0) {
+            seen.insert(ch);
+        }
+    }
+    assert_eq!(seen.len(), 4, "plain round robin");
+}

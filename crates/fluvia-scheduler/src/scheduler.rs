@@ -473,6 +473,12 @@ impl Scheduler {
             if let Some(since) = j.waiting_since {
                 at(since + self.config.slot_request_timeout);
             }
+            if let Some(since) = j.service_wait_since {
+                at(since + self.config.slot_request_timeout);
+            }
+        }
+        for &last in self.service_heartbeats.values() {
+            at(last + self.config.heartbeat_timeout);
         }
         t
     }
@@ -1012,6 +1018,19 @@ impl Scheduler {
             && job.all_finished()
         {
             self.end_job(a.job, JobState::Finished, None);
+            return;
+        }
+        // Handed over to a service that was lost meanwhile: its data is
+        // gone already.
+        if let Some(job) = self.jobs.get(&a.job)
+            && let Some(service) = job.shuffle_locations.get(&(a.vertex, a.subtask, a.attempt))
+            && self.shuffle.service(service).is_none()
+        {
+            let cause = format!("shuffle service {service} was lost");
+            if let Some(job) = self.jobs.get_mut(&a.job) {
+                job.lost_partitions.insert((a.vertex, a.subtask, a.attempt));
+            }
+            self.invalidate_lost_results(a.job, &cause);
         }
     }
 
@@ -1226,10 +1245,16 @@ impl Scheduler {
             if job.state.is_terminal() {
                 continue;
             }
+            // Only what finished is lost: an attempt still running there
+            // fails its hand-over, or (if it finishes before it learns)
+            // is caught when its FINISHED arrives.
             let lost: Vec<(usize, usize, u32)> = job
                 .shuffle_locations
                 .iter()
-                .filter(|(_, s)| s.as_str() == service)
+                .filter(|((v, i, n), s)| {
+                    s.as_str() == service
+                        && job.eg.vertices[*v].subtasks[*i].finished_attempt == Some(*n)
+                })
                 .map(|(k, _)| *k)
                 .collect();
             if lost.is_empty() {

@@ -1713,3 +1713,55 @@ fn a_producer_without_a_service_on_its_host_fails_after_the_slot_request_timeout
         "{cause}"
     );
 }
+
+#[test]
+fn a_producer_finishing_after_its_service_was_lost_runs_again_and_the_job_ends() {
+    let mut d = Driver::with_restarts(5);
+    let job = shuffle_job(&mut d, "external");
+    for s in deploys(&d.take()) {
+        d.ack(s.attempt);
+        d.run(s.attempt);
+    }
+    d.finish(aid(job, 0, 0, 0));
+    // Map 0 starts reading source 0 from the service.
+    assert_eq!(d.start_deploys(), vec![aid(job, 1, 0, 0)]);
+    // The service goes while source 1 still runs; Map 0 cannot read.
+    d.handle(Event::ShuffleServiceLost {
+        service: "ss-a".to_string(),
+        reason: "gone".to_string(),
+    })
+    .unwrap();
+    assert_eq!(
+        d.finished_attempt(job, 0, 0),
+        None,
+        "its data went with the service"
+    );
+    d.fail(aid(job, 1, 0, 0), "connection refused");
+    // Source 1 had handed over before the service died, and finishes.
+    d.finish(aid(job, 0, 1, 0));
+    assert_eq!(
+        d.finished_attempt(job, 0, 1),
+        None,
+        "handed over to a lost service: it runs again instead of blocking its consumer"
+    );
+    d.take();
+    d.let_restart_fire();
+    d.handle(Event::RegisterShuffleService(ShuffleServiceSpec {
+        id: "ss-a2".to_string(),
+        host: "host-a".to_string(),
+        data_address: "host-a:19".to_string(),
+        dir: "/shuffle".to_string(),
+        rpc_address: "host-a:20".to_string(),
+    }))
+    .unwrap();
+    let mut rounds = 0;
+    while d.job(job).state == JobState::Running && rounds < 10 {
+        rounds += 1;
+        for dep in deploys(&d.take()) {
+            d.ack(dep.attempt);
+            d.finish(dep.attempt);
+        }
+        d.let_restart_fire();
+    }
+    assert_eq!(d.job(job).state, JobState::Finished);
+}
