@@ -22,10 +22,6 @@ pub trait InputChannel: Send + Sync + std::fmt::Debug {
     fn set_listener(&self, target: Arc<dyn AvailabilityListener>, channel: usize);
     /// Takes the next buffer or event, with whether more is readable now.
     fn poll(&self) -> Result<Option<Polled>>;
-    /// How many subpartitions the channel reads (its range's width).
-    fn num_subpartitions(&self) -> usize {
-        1
-    }
     /// Why the channel could not read its partition (missing, unreachable,
     /// corrupt), if it could not: the producer must run again.
     fn failure(&self) -> Option<String> {

@@ -245,10 +245,6 @@ impl InputChannel for LocalInputChannel {
         })
     }
 
-    fn num_subpartitions(&self) -> usize {
-        (self.last - self.first + 1) as usize
-    }
-
     fn failure(&self) -> Option<String> {
         lock_state(&self.failure).clone()
     }

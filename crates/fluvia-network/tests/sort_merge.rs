@@ -107,6 +107,14 @@ fn read_all(channels: Vec<(Arc<dyn InputChannel>, u32)>) -> fluvia_core::Result<
     Ok(out)
 }
 
+/// The records of subpartition `sp` among one channel's, in order.
+fn records_of(got: &[(u32, Vec<u8>)], sp: usize) -> Vec<Vec<u8>> {
+    got.iter()
+        .filter(|(s, _)| *s as usize == sp)
+        .map(|(_, r)| r.clone())
+        .collect()
+}
+
 fn local(p: &Arc<ResultPartition>, first: u32, last: u32) -> (Arc<dyn InputChannel>, u32) {
     (
         LocalInputChannel::new(Arc::clone(p), first, last).unwrap(),
@@ -213,11 +221,7 @@ fn range_reads_return_exactly_their_subpartitions_in_order_with_records_spanning
     let got = read_all(vec![local(&w.partition, 2, 5), local(&w.partition, 9, 9)]).unwrap();
     for (ch, range) in [(0usize, 2..=5usize), (1, 9..=9)] {
         for sp in 0..n {
-            let recs: Vec<Vec<u8>> = got[ch]
-                .iter()
-                .filter(|(s, _)| *s as usize == sp)
-                .map(|(_, r)| r.clone())
-                .collect();
+            let recs = records_of(&got[ch], sp);
             if range.contains(&sp) {
                 assert_eq!(recs, exp[sp], "channel {ch} subpartition {sp}");
             } else {
@@ -271,11 +275,7 @@ fn range_reads_over_tcp_match_local_reads() {
     .unwrap();
     for (ch, first, last) in [(0usize, 1usize, 4usize), (1, 0, 5)] {
         for sp in 0..n {
-            let recs: Vec<Vec<u8>> = remote[ch]
-                .iter()
-                .filter(|(s, _)| *s as usize == sp)
-                .map(|(_, r)| r.clone())
-                .collect();
+            let recs = records_of(&remote[ch], sp);
             if (first..=last).contains(&sp) {
                 assert_eq!(recs, exp[sp], "remote channel {ch} subpartition {sp}");
             } else {

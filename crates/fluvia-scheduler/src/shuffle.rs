@@ -12,7 +12,6 @@
 //! Pipelined partitions always stay with their producer. This module knows
 //! no sockets or files: it decides, the shells carry it out.
 
-use crate::deployment::PartitionRef;
 use fluvia_core::{FluviaError, Result};
 use std::collections::BTreeMap;
 
@@ -147,17 +146,6 @@ impl ShuffleMaster {
             }
         }
     }
-}
-
-/// Partitions grouped by where they live, for release actions.
-pub fn by_location(
-    partitions: impl IntoIterator<Item = (PartitionLocation, PartitionRef)>,
-) -> BTreeMap<PartitionLocation, Vec<PartitionRef>> {
-    let mut out: BTreeMap<PartitionLocation, Vec<PartitionRef>> = BTreeMap::new();
-    for (l, p) in partitions {
-        out.entry(l).or_default().push(p);
-    }
-    out
 }
 
 #[cfg(test)]

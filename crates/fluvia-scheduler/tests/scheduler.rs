@@ -1536,6 +1536,19 @@ fn a_consumer_that_cannot_read_a_partition_reruns_only_that_producer() {
 
 // ------------------------------------------------------------ shuffle
 
+/// Registers shuffle service `id` on host `host-a`, data on `port`, RPC on
+/// `port + 1`.
+fn register_service(d: &mut Driver, id: &str, port: u16) {
+    d.handle(Event::RegisterShuffleService(ShuffleServiceSpec {
+        id: id.to_string(),
+        host: "host-a".to_string(),
+        data_address: format!("host-a:{port}"),
+        dir: "/shuffle".to_string(),
+        rpc_address: format!("host-a:{}", port + 1),
+    }))
+    .unwrap();
+}
+
 /// Two TaskManagers of one slot on host `host-a` with a shuffle service
 /// there, and `Source (2) -> Map (2)` (blocking, forward) with
 /// `shuffle-service.type` set to `kind`.
@@ -1550,14 +1563,7 @@ fn shuffle_job(d: &mut Driver, kind: &str) -> JobId {
         .unwrap();
         d.running.entry(id.to_string()).or_default();
     }
-    d.handle(Event::RegisterShuffleService(ShuffleServiceSpec {
-        id: "ss-a".to_string(),
-        host: "host-a".to_string(),
-        data_address: "host-a:9".to_string(),
-        dir: "/shuffle".to_string(),
-        rpc_address: "host-a:10".to_string(),
-    }))
-    .unwrap();
+    register_service(d, "ss-a", 9);
     let mut g = batch_forward(2);
     g.config.set("shuffle-service.type", kind);
     d.submit(g)
@@ -1678,14 +1684,7 @@ fn losing_the_shuffle_service_reruns_the_producers_whose_data_it_held() {
     assert_eq!(d.job(job).state, JobState::Running);
     assert!(deployed(&d.take()).is_empty());
     // The restarted service registers under a new id: they go there.
-    d.handle(Event::RegisterShuffleService(ShuffleServiceSpec {
-        id: "ss-a2".to_string(),
-        host: "host-a".to_string(),
-        data_address: "host-a:19".to_string(),
-        dir: "/shuffle".to_string(),
-        rpc_address: "host-a:20".to_string(),
-    }))
-    .unwrap();
+    register_service(&mut d, "ss-a2", 19);
     let again = deploys(&d.take());
     assert_eq!(again.len(), 2);
     assert!(
@@ -1746,14 +1745,7 @@ fn a_producer_finishing_after_its_service_was_lost_runs_again_and_the_job_ends()
     );
     d.take();
     d.let_restart_fire();
-    d.handle(Event::RegisterShuffleService(ShuffleServiceSpec {
-        id: "ss-a2".to_string(),
-        host: "host-a".to_string(),
-        data_address: "host-a:19".to_string(),
-        dir: "/shuffle".to_string(),
-        rpc_address: "host-a:20".to_string(),
-    }))
-    .unwrap();
+    register_service(&mut d, "ss-a2", 19);
     let mut rounds = 0;
     while d.job(job).state == JobState::Running && rounds < 10 {
         rounds += 1;

@@ -458,10 +458,6 @@ impl InputChannel for RemoteInputChannel {
         }))
     }
 
-    fn num_subpartitions(&self) -> usize {
-        (self.last_subpartition - self.first_subpartition + 1) as usize
-    }
-
     fn failure(&self) -> Option<String> {
         lock_state(&self.state).error.clone()
     }
