@@ -82,9 +82,6 @@ impl Example {
         let common = self.common();
         let mut config = Configuration::new();
         config.apply_dynamic(&common.dynamic)?;
-        if let Some(p) = common.parallelism {
-            config.set_option(&options::PARALLELISM, p);
-        }
         if common.disable_chaining {
             config.set_option(&options::CHAINING_ENABLED, false);
         }
@@ -95,6 +92,11 @@ impl Example {
             config.set(options::RUNTIME_MODE.key, mode.to_string());
         }
         let env = StreamExecutionEnvironment::with_config(config)?;
+        // `-p` is the user's choice (kept); without it, a batch job's
+        // operators get their parallelism from the data (adaptive batch).
+        if let Some(p) = common.parallelism {
+            env.set_parallelism(p);
+        }
         match self {
             Example::Wordcount { input, output, .. } => {
                 wordcount::build(&env, input.clone(), output.clone())

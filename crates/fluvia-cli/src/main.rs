@@ -281,7 +281,7 @@ fn report(
         note!(
             "  {} [parallelism {}]: records in {}, out {}; bytes in {}, out {}",
             jv.name,
-            jv.parallelism,
+            v["parallelism"],
             v["metrics"]["read-records"],
             v["metrics"]["write-records"],
             v["metrics"]["read-bytes"],

@@ -29,6 +29,13 @@ pub struct TaskDeploymentDescriptor {
     pub vertex_index: usize,
     pub subtask: usize,
     pub attempt: u32,
+    /// The vertex's parallelism as the scheduler decided it (the JobGraph's
+    /// is only a default under the adaptive batch scheduler).
+    pub parallelism: usize,
+    pub max_parallelism: usize,
+    /// Key groups of the subtask when its keyed input is read by ranges.
+    #[serde(default)]
+    pub key_group_range: Option<(usize, usize)>,
     pub inputs: Vec<InputDescriptor>,
     pub outputs: Vec<OutputDescriptor>,
 }

@@ -234,6 +234,9 @@ impl JmShared {
             vertex_index: d.attempt.vertex,
             subtask: d.attempt.subtask,
             attempt: d.attempt.attempt,
+            parallelism: d.parallelism,
+            max_parallelism: d.max_parallelism,
+            key_group_range: d.key_group_range.map(|r| (r.start, r.end)),
             inputs: d.inputs.clone(),
             outputs: d.outputs.clone(),
         })
@@ -432,9 +435,11 @@ impl JmShared {
                         .map(|s| s["metrics"][k].as_u64().unwrap_or(0))
                         .sum()
                 };
-                let states: Vec<ExecutionState> =
-                    job.eg.vertices[v].subtasks.iter().map(|s| s.state()).collect();
-                let status = if states.iter().all(|s| *s == ExecutionState::Finished) {
+                let ejv = &job.eg.vertices[v];
+                let states: Vec<ExecutionState> = ejv.subtasks.iter().map(|s| s.state()).collect();
+                let status = if !ejv.initialized {
+                    "CREATED"
+                } else if states.iter().all(|s| *s == ExecutionState::Finished) {
                     "FINISHED"
                 } else if states.iter().any(|s| {
                     !matches!(s, ExecutionState::Created | ExecutionState::Scheduled)
@@ -446,8 +451,11 @@ impl JmShared {
                 json!({
                     "id": jv.id.to_string(),
                     "name": jv.name,
-                    "parallelism": jv.parallelism,
+                    // Flink shows a parallelism the adaptive batch
+                    // scheduler has not decided yet as -1.
+                    "parallelism": if ejv.parallelism_decided { ejv.parallelism as i64 } else { -1 },
                     "maxParallelism": jv.max_parallelism,
+                    "parallelism-decided": ejv.parallelism_decided,
                     "status": status,
                     "metrics": {
                         "read-records": sum("read-records"),

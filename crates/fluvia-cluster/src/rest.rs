@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use fluvia_core::JobId;
-use fluvia_graph::plan::json_plan;
+use fluvia_graph::plan::json_plan_with;
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -68,7 +68,19 @@ async fn job(State(s): State<Shared>, Path(id): Path<String>) -> Response {
 async fn plan(State(s): State<Shared>, Path(id): Path<String>) -> Response {
     let st = lock(&s.state);
     match job_id(&id).and_then(|j| st.jobs.get(&j)) {
-        Some(j) => Json(json!({ "plan": json_plan(&j.graph) })).into_response(),
+        Some(j) => {
+            // The parallelism as the scheduler stands now (undecided: -1).
+            let parallelism: Vec<Option<usize>> = match st.scheduler.job(j.graph.job_id) {
+                Some(job) => job
+                    .eg
+                    .vertices
+                    .iter()
+                    .map(|v| v.parallelism_decided.then_some(v.parallelism))
+                    .collect(),
+                None => j.graph.vertices.iter().map(|v| Some(v.parallelism)).collect(),
+            };
+            Json(json!({ "plan": json_plan_with(&j.graph, &parallelism) })).into_response()
+        }
         None => not_found(format!("job {id} not found")),
     }
 }

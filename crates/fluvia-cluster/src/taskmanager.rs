@@ -163,7 +163,7 @@ impl Shared {
                 "{} ({}/{}) -> {i}",
                 vertex.name,
                 desc.subtask + 1,
-                vertex.parallelism
+                desc.parallelism
             );
             let request = PartitionRequest {
                 job_id: &desc.job_id,
@@ -211,6 +211,9 @@ impl Shared {
             vertex_index: desc.vertex_index,
             subtask_index: desc.subtask,
             attempt_number: desc.attempt,
+            parallelism: desc.parallelism,
+            max_parallelism: desc.max_parallelism,
+            key_group_range: desc.key_group_range,
             registry,
             inputs,
             outputs,

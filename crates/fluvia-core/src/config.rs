@@ -155,9 +155,67 @@ pub mod options {
         description: "SQL: fuse operators not separated by an exchange (joins in a row, chained scans) into one multiple-input task; false gives each join its own task.",
     };
 
+    /// Flink's `BatchExecutionOptions` (with the deprecated
+    /// `jobmanager.adaptive-batch-scheduler.*` spellings).
+    pub const AUTO_PARALLELISM_ENABLED: ConfigOption<bool> = ConfigOption {
+        key: "execution.batch.adaptive.auto-parallelism.enabled",
+        fallback_keys: &["jobmanager.adaptive-batch-scheduler.enabled"],
+        default: true,
+        description: "Batch jobs: decide at runtime, from the bytes their inputs produced, the parallelism of vertices whose parallelism nobody set, and balance the subpartitions each subtask reads.",
+    };
+    pub const AUTO_PARALLELISM_MIN: ConfigOption<usize> = ConfigOption {
+        key: "execution.batch.adaptive.auto-parallelism.min-parallelism",
+        fallback_keys: &["jobmanager.adaptive-batch-scheduler.min-parallelism"],
+        default: 1,
+        description: "Lower bound of the parallelism the adaptive batch scheduler decides.",
+    };
+    pub const AUTO_PARALLELISM_MAX: ConfigOption<usize> = ConfigOption {
+        key: "execution.batch.adaptive.auto-parallelism.max-parallelism",
+        fallback_keys: &["jobmanager.adaptive-batch-scheduler.max-parallelism"],
+        default: 128,
+        description: "Upper bound of the parallelism the adaptive batch scheduler decides.",
+    };
+    pub const AUTO_PARALLELISM_AVG_DATA_VOLUME: ConfigOption<u64> = ConfigOption {
+        key: "execution.batch.adaptive.auto-parallelism.avg-data-volume-per-task",
+        fallback_keys: &["jobmanager.adaptive-batch-scheduler.avg-data-volume-per-task"],
+        default: 16 * 1024 * 1024,
+        description: "Bytes each subtask of a vertex whose parallelism is decided adaptively should read (skew or the max parallelism can make it read more).",
+    };
+    pub const AUTO_PARALLELISM_DEFAULT_SOURCE: ConfigOption<usize> = ConfigOption {
+        key: "execution.batch.adaptive.auto-parallelism.default-source-parallelism",
+        fallback_keys: &["jobmanager.adaptive-batch-scheduler.default-source-parallelism"],
+        default: 1,
+        description: "Parallelism of sources whose parallelism is not set, under the adaptive batch scheduler.",
+    };
+
     /// (key, default as text, description) of every option, for docs and `--help`.
     pub fn all() -> Vec<(&'static str, String, &'static str)> {
         vec![
+            (
+                AUTO_PARALLELISM_ENABLED.key,
+                AUTO_PARALLELISM_ENABLED.default.to_string(),
+                AUTO_PARALLELISM_ENABLED.description,
+            ),
+            (
+                AUTO_PARALLELISM_MIN.key,
+                AUTO_PARALLELISM_MIN.default.to_string(),
+                AUTO_PARALLELISM_MIN.description,
+            ),
+            (
+                AUTO_PARALLELISM_MAX.key,
+                AUTO_PARALLELISM_MAX.default.to_string(),
+                AUTO_PARALLELISM_MAX.description,
+            ),
+            (
+                AUTO_PARALLELISM_AVG_DATA_VOLUME.key,
+                "16 mb".to_string(),
+                AUTO_PARALLELISM_AVG_DATA_VOLUME.description,
+            ),
+            (
+                AUTO_PARALLELISM_DEFAULT_SOURCE.key,
+                AUTO_PARALLELISM_DEFAULT_SOURCE.default.to_string(),
+                AUTO_PARALLELISM_DEFAULT_SOURCE.description,
+            ),
             (
                 BROADCAST_THRESHOLD.key,
                 BROADCAST_THRESHOLD.default.to_string(),

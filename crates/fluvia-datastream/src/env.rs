@@ -110,6 +110,9 @@ impl StreamExecutionEnvironment {
     pub fn set_parallelism(&self, parallelism: usize) -> &Self {
         let mut inner = self.inner.borrow_mut();
         inner.builder.default_parallelism = parallelism;
+        // Chosen by the user: kept as it is (the adaptive batch scheduler
+        // decides only parallelisms nobody set).
+        inner.builder.default_parallelism_configured = true;
         inner.config.set_option(&options::PARALLELISM, parallelism);
         self
     }

@@ -91,12 +91,21 @@ pub struct JobVertex {
     pub name: String,
     pub parallelism: usize,
     pub max_parallelism: usize,
+    /// Whether the user set the parallelism (of any chained operator). A
+    /// batch job's vertex without one has it decided at runtime by the
+    /// adaptive batch scheduler; `parallelism` is then only the default.
+    #[serde(default = "configured")]
+    pub parallelism_configured: bool,
     pub slot_sharing_group: String,
     /// The chain; `operators[0]` is the head.
     pub operators: Vec<ChainedOperator>,
     pub inputs: Vec<JobEdge>,
     pub produced_data_sets: Vec<IntermediateDataSet>,
     pub is_source: bool,
+}
+
+fn configured() -> bool {
+    true
 }
 
 impl JobVertex {

@@ -18,7 +18,8 @@ pub struct JsonPlan {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JsonPlanNode {
     pub id: String,
-    pub parallelism: usize,
+    /// -1 while the adaptive batch scheduler has not decided it (as Flink).
+    pub parallelism: i64,
     /// The head operator's name.
     pub operator: String,
     /// How the vertex runs its operators.
@@ -38,6 +39,13 @@ pub struct JsonPlanInput {
 }
 
 pub fn json_plan(jg: &JobGraph) -> JsonPlan {
+    let parallelism: Vec<Option<usize>> = jg.vertices.iter().map(|v| Some(v.parallelism)).collect();
+    json_plan_with(jg, &parallelism)
+}
+
+/// The plan with the parallelism each vertex has at runtime (`None`: not
+/// decided yet), as the JobManager regenerates it after each decision.
+pub fn json_plan_with(jg: &JobGraph, parallelism: &[Option<usize>]) -> JsonPlan {
     JsonPlan {
         jid: jg.job_id.to_string(),
         name: jg.name.clone(),
@@ -45,9 +53,14 @@ pub fn json_plan(jg: &JobGraph) -> JsonPlan {
         nodes: jg
             .vertices
             .iter()
-            .map(|v| JsonPlanNode {
+            .enumerate()
+            .map(|(i, v)| JsonPlanNode {
                 id: v.id.to_string(),
-                parallelism: v.parallelism,
+                parallelism: parallelism
+                    .get(i)
+                    .copied()
+                    .flatten()
+                    .map_or(-1, |p| p as i64),
                 operator: v.head().name.clone(),
                 operator_strategy: if v.operators.len() > 1 {
                     format!("chain of {} operators", v.operators.len())

@@ -105,6 +105,7 @@ impl StreamGraph {
             h.write_str(&n.name)
                 .write_u64(n.parallelism as u64)
                 .write_u64(n.max_parallelism as u64)
+                .write_u64(n.parallelism_configured as u64)
                 .write_str(n.uid.as_deref().unwrap_or(""));
         }
         for e in &self.edges {
@@ -147,6 +148,10 @@ pub struct StreamGraphBuilder {
     nodes: Vec<NodeSpec>,
     edges: Vec<EdgeSpec>,
     pub default_parallelism: usize,
+    /// Whether the user chose `default_parallelism` (`env.set_parallelism`,
+    /// `-p`): then every operator's parallelism counts as set, and the
+    /// adaptive batch scheduler keeps it.
+    pub default_parallelism_configured: bool,
     /// 0: derive per operator from its parallelism.
     pub default_max_parallelism: usize,
     pub chaining_enabled: bool,
@@ -160,6 +165,7 @@ impl StreamGraphBuilder {
             nodes: Vec::new(),
             edges: Vec::new(),
             default_parallelism: 1,
+            default_parallelism_configured: false,
             default_max_parallelism: 0,
             chaining_enabled: true,
             runtime_mode: RuntimeMode::Automatic,
@@ -337,7 +343,8 @@ impl StreamGraphBuilder {
                 uid: spec.uid.clone(),
                 parallelism,
                 max_parallelism,
-                parallelism_configured: spec.parallelism.is_some(),
+                parallelism_configured: spec.parallelism.is_some()
+                    || self.default_parallelism_configured,
                 slot_sharing_group: String::new(),
                 chaining_strategy: spec.chaining_strategy,
                 is_source: spec.is_source,

@@ -47,6 +47,9 @@ pub struct OperatorContext {
     /// its driver hands it a copy of each record (Flink's
     /// `CopyingChainingOutput`, done on the receiving side to save a call).
     pub copy_input: bool,
+    /// Key groups handed by the scheduler (ranges balanced by bytes need
+    /// not match the even split the parallelism gives).
+    pub key_groups: Option<(usize, usize)>,
     pub(crate) records_in: Rc<Cell<u64>>,
     /// Named results of the task, shipped to the client in its final report
     /// (shared by every operator of the chain).
@@ -81,6 +84,7 @@ impl OperatorContext {
             batch,
             object_reuse,
             copy_input: false,
+            key_groups: None,
             records_in: Rc::new(Cell::new(0)),
             accumulators: Rc::new(RefCell::new(Vec::new())),
         }
@@ -95,6 +99,9 @@ impl OperatorContext {
 
     /// Inclusive range of key groups this subtask owns.
     pub fn key_group_range(&self) -> (usize, usize) {
+        if let Some(range) = self.key_groups {
+            return range;
+        }
         key_group_range_for_operator(self.max_parallelism, self.parallelism, self.subtask_index)
     }
 

@@ -163,6 +163,8 @@ impl JobExecutionResult {
         }
         for (m, n) in vertices.iter_mut().zip(counts) {
             if n > 0 {
+                // The subtasks that ran: a parallelism decided at runtime.
+                m.parallelism = n;
                 m.busy_ms_per_second /= n as f64;
                 m.back_pressured_ms_per_second /= n as f64;
             }

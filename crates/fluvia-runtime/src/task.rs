@@ -43,6 +43,12 @@ pub struct TaskDeployment {
     pub vertex_index: usize,
     pub subtask_index: usize,
     pub attempt_number: u32,
+    /// As the scheduler decided them (not the JobGraph's defaults).
+    pub parallelism: usize,
+    pub max_parallelism: usize,
+    /// The key groups this subtask owns, when the scheduler handed it a
+    /// range (else derived from the parallelism).
+    pub key_group_range: Option<(usize, usize)>,
     pub registry: Arc<OperatorRegistry>,
     pub inputs: Vec<InputChannelSpec>,
     /// Indexed like the vertex's produced data sets.
@@ -61,7 +67,7 @@ impl TaskDeployment {
     /// `Name (i/p)` as Flink prints task names.
     pub fn task_name(&self) -> String {
         let v = self.vertex();
-        format!("{} ({}/{})", v.name, self.subtask_index + 1, v.parallelism)
+        format!("{} ({}/{})", v.name, self.subtask_index + 1, self.parallelism)
     }
 
     /// Where a failure with no better attribution happened: the operator that
@@ -76,7 +82,7 @@ impl TaskDeployment {
             task: v.name.clone(),
             operator: op,
             subtask_index: self.subtask_index,
-            parallelism: v.parallelism,
+            parallelism: self.parallelism,
         }
     }
 }
@@ -186,12 +192,13 @@ pub fn run_task(d: &TaskDeployment) -> Result<AttemptMetrics> {
                 op.name.clone(),
                 i,
                 d.subtask_index,
-                v.parallelism,
-                v.max_parallelism,
+                d.parallelism,
+                d.max_parallelism,
                 d.attempt_number,
                 batch,
                 d.job.object_reuse,
             );
+            ctx.key_groups = d.key_group_range;
             // Every operator but the head is fed through a chained edge.
             ctx.copy_input = i > 0 && !d.job.object_reuse;
             ctx.accumulators = std::rc::Rc::clone(&accumulators);

@@ -11,7 +11,7 @@
 //! [`ExecutionGraph`]: crate::ExecutionGraph
 
 use crate::execution_graph::SubpartitionRange;
-use fluvia_core::{ConfigOption, Configuration, FluviaError, Result};
+use fluvia_core::{Configuration, FluviaError, Result};
 
 /// Flink's `IndexRange`: an inclusive range of partition or subpartition
 /// indices. The same type as [`SubpartitionRange`], so a decided range goes
@@ -24,36 +24,14 @@ pub type IndexRange = SubpartitionRange;
 pub const MAX_NUM_SUBPARTITIONS_PER_TASK_CONSUME: usize = 32768;
 
 /// The `execution.batch.adaptive.auto-parallelism.*` options (Flink's
-/// `BatchExecutionOptions`), with their deprecated
-/// `jobmanager.adaptive-batch-scheduler.*` spellings.
+/// `BatchExecutionOptions`), defined with the other keys in
+/// `fluvia_core::config::options`.
 pub mod options {
-    use super::ConfigOption;
-
-    pub const MIN_PARALLELISM: ConfigOption<usize> = ConfigOption {
-        key: "execution.batch.adaptive.auto-parallelism.min-parallelism",
-        fallback_keys: &["jobmanager.adaptive-batch-scheduler.min-parallelism"],
-        default: 1,
-        description: "Lower bound of the parallelism the adaptive batch scheduler decides.",
-    };
-    pub const MAX_PARALLELISM: ConfigOption<usize> = ConfigOption {
-        key: "execution.batch.adaptive.auto-parallelism.max-parallelism",
-        fallback_keys: &["jobmanager.adaptive-batch-scheduler.max-parallelism"],
-        default: 128,
-        description: "Upper bound of the parallelism the adaptive batch scheduler decides.",
-    };
-    pub const AVG_DATA_VOLUME_PER_TASK: ConfigOption<u64> = ConfigOption {
-        key: "execution.batch.adaptive.auto-parallelism.avg-data-volume-per-task",
-        fallback_keys: &["jobmanager.adaptive-batch-scheduler.avg-data-volume-per-task"],
-        default: 16 * 1024 * 1024,
-        description: "Bytes each subtask of a vertex whose parallelism is decided adaptively \
-                      should read (skew or the max parallelism can make it read more).",
-    };
-    pub const DEFAULT_SOURCE_PARALLELISM: ConfigOption<usize> = ConfigOption {
-        key: "execution.batch.adaptive.auto-parallelism.default-source-parallelism",
-        fallback_keys: &["jobmanager.adaptive-batch-scheduler.default-source-parallelism"],
-        default: 1,
-        description: "Parallelism of sources whose parallelism is not set, under the \
-                      adaptive batch scheduler.",
+    pub use fluvia_core::config::options::{
+        AUTO_PARALLELISM_AVG_DATA_VOLUME as AVG_DATA_VOLUME_PER_TASK,
+        AUTO_PARALLELISM_DEFAULT_SOURCE as DEFAULT_SOURCE_PARALLELISM,
+        AUTO_PARALLELISM_ENABLED as ENABLED, AUTO_PARALLELISM_MAX as MAX_PARALLELISM,
+        AUTO_PARALLELISM_MIN as MIN_PARALLELISM,
     };
 }
 

@@ -75,6 +75,13 @@ pub struct ShuffleServiceTarget {
 pub struct Deployment {
     pub attempt: ExecutionAttemptId,
     pub task_manager: String,
+    /// The vertex's parallelism (decided at runtime under the adaptive
+    /// batch scheduler) and max parallelism.
+    pub parallelism: usize,
+    pub max_parallelism: usize,
+    /// The key groups this subtask owns when its keyed input was written
+    /// per key group (else derived from the parallelism, as in Flink).
+    pub key_group_range: Option<crate::SubpartitionRange>,
     pub inputs: Vec<InputDescriptor>,
     pub outputs: Vec<OutputDescriptor>,
 }

@@ -267,8 +267,14 @@ impl ExecutionVertex {
 pub struct ExecutionJobVertex {
     pub job_vertex: JobVertexId,
     pub name: String,
+    /// Final once `parallelism_decided`; before that the JobGraph's default.
     pub parallelism: usize,
     pub max_parallelism: usize,
+    /// Set by the user, or decided by the adaptive batch scheduler.
+    pub parallelism_decided: bool,
+    /// Whether its subtasks exist (Flink's initialized ExecutionJobVertex):
+    /// the parallelism is decided and every producer is initialized.
+    pub initialized: bool,
     pub subtasks: Vec<ExecutionVertex>,
 }
 
@@ -280,11 +286,27 @@ pub struct IntermediateResult {
     pub producer: usize,
     pub consumer: usize,
     pub partitioner: PartitionerKind,
+    pub distribution_pattern: DistributionPattern,
     pub result_partition_type: ResultPartitionType,
-    /// Subpartitions of each producer subtask's partition.
+    /// The consuming operator's input (0, or 1/2 for two inputs).
+    pub type_number: u8,
+    /// Subpartitions of each producer subtask's partition (empty until the
+    /// producer is initialized).
     pub num_subpartitions: Vec<usize>,
     /// The consumer's max parallelism: the key groups of a HASH edge.
     pub consumer_max_parallelism: usize,
+    /// Written before the consumer's parallelism was decided: subpartitions
+    /// follow the consumer's max parallelism (one per key group on a HASH
+    /// edge, one in all for a broadcast), and consumers read ranges of them.
+    pub dynamic: bool,
+}
+
+/// What each subtask of a vertex reads of one dynamic result: a partition
+/// range and the subpartition range read from each of those partitions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SubtaskInput {
+    pub partitions: SubpartitionRange,
+    pub subpartitions: SubpartitionRange,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -297,100 +319,52 @@ pub struct ExecutionGraph {
 }
 
 impl ExecutionGraph {
+    /// Every vertex with the JobGraph's parallelism, initialized.
     pub fn from_job_graph(jg: &JobGraph) -> Result<Self> {
-        let mut vertices: Vec<ExecutionJobVertex> = jg
+        let mut eg = Self::with_undecided(jg, &vec![false; jg.vertices.len()])?;
+        for v in 0..eg.vertices.len() {
+            eg.initialize(v, &[], 0)?;
+        }
+        Ok(eg)
+    }
+
+    /// No vertex initialized; those flagged `undecided` wait for a decided
+    /// parallelism ([`Self::decide_parallelism`]).
+    pub fn with_undecided(jg: &JobGraph, undecided: &[bool]) -> Result<Self> {
+        let vertices: Vec<ExecutionJobVertex> = jg
             .vertices
             .iter()
-            .map(|v| ExecutionJobVertex {
+            .enumerate()
+            .map(|(i, v)| ExecutionJobVertex {
                 job_vertex: v.id,
                 name: v.name.clone(),
                 parallelism: v.parallelism,
                 max_parallelism: v.max_parallelism,
-                subtasks: (0..v.parallelism)
-                    .map(|i| ExecutionVertex {
-                        subtask_index: i,
-                        attempts: vec![Execution::new(0, 0)],
-                        finished_attempt: None,
-                        produced_results: Vec::new(),
-                        consumed: Vec::new(),
-                    })
-                    .collect(),
+                parallelism_decided: !undecided.get(i).copied().unwrap_or(false),
+                initialized: false,
+                subtasks: Vec::new(),
             })
             .collect();
         let mut results = Vec::new();
-
-        for (consumer_idx, v) in jg.vertices.iter().enumerate() {
+        for (consumer, v) in jg.vertices.iter().enumerate() {
             for edge in &v.inputs {
-                let Some(producer_idx) = jg.vertex_index(edge.source_vertex) else {
+                let Some(producer) = jg.vertex_index(edge.source_vertex) else {
                     return internal_err!("edge into '{}' from an unknown vertex", v.name);
                 };
-                let p = jg.vertices[producer_idx].parallelism;
-                let c = v.parallelism;
-                let result_idx = results.len();
-                let mut num_subpartitions = vec![0usize; p];
-                let mut consumed: Vec<Vec<ConsumedPartition>> = vec![Vec::new(); c];
-                let mut connect = |producer: usize, consumer: usize, sp: usize| {
-                    consumed[consumer].push(ConsumedPartition {
-                        result: result_idx,
-                        producer_subtask: producer,
-                        subpartitions: SubpartitionRange::single(sp),
-                        type_number: edge.type_number,
-                    });
-                };
-                match edge.distribution_pattern {
-                    DistributionPattern::AllToAll => {
-                        for (producer, n) in num_subpartitions.iter_mut().enumerate() {
-                            *n = c;
-                            for consumer in 0..c {
-                                connect(producer, consumer, consumer);
-                            }
-                        }
-                    }
-                    DistributionPattern::Pointwise if p == c => {
-                        for (i, n) in num_subpartitions.iter_mut().enumerate() {
-                            *n = 1;
-                            connect(i, i, 0);
-                        }
-                    }
-                    DistributionPattern::Pointwise if p > c => {
-                        // Every producer has one subpartition; consumer
-                        // `producer * c / p` reads it (the inverse of the
-                        // range [i*P/C, (i+1)*P/C)).
-                        for (producer, n) in num_subpartitions.iter_mut().enumerate() {
-                            *n = 1;
-                            let consumer = (0..c)
-                                .find(|&j| producer < (j + 1) * p / c)
-                                .unwrap_or(c - 1);
-                            connect(producer, consumer, 0);
-                        }
-                    }
-                    DistributionPattern::Pointwise => {
-                        for (producer, n) in num_subpartitions.iter_mut().enumerate() {
-                            let start = (producer * c).div_ceil(p);
-                            let end = ((producer + 1) * c).div_ceil(p);
-                            *n = end - start;
-                            for (sp, consumer) in (start..end).enumerate() {
-                                connect(producer, consumer, sp);
-                            }
-                        }
-                    }
-                }
-                for (consumer, list) in consumed.into_iter().enumerate() {
-                    vertices[consumer_idx].subtasks[consumer]
-                        .consumed
-                        .extend(list);
-                }
-                for sub in &mut vertices[producer_idx].subtasks {
-                    sub.produced_results.push(result_idx);
+                if producer >= consumer {
+                    return internal_err!("the vertices of '{}' are not in topological order", jg.name);
                 }
                 results.push(IntermediateResult {
                     data_set: edge.source_data_set,
-                    producer: producer_idx,
-                    consumer: consumer_idx,
+                    producer,
+                    consumer,
                     partitioner: edge.partitioner,
+                    distribution_pattern: edge.distribution_pattern,
                     result_partition_type: edge.result_partition_type,
-                    num_subpartitions,
+                    type_number: edge.type_number,
+                    num_subpartitions: Vec::new(),
                     consumer_max_parallelism: v.max_parallelism,
+                    dynamic: false,
                 });
             }
         }
@@ -400,6 +374,172 @@ impl ExecutionGraph {
             vertices,
             results,
         })
+    }
+
+    /// Results vertex `v` consumes, in the order of its inputs.
+    pub fn inputs_of(&self, v: usize) -> impl Iterator<Item = usize> + '_ {
+        (0..self.results.len()).filter(move |&r| self.results[r].consumer == v)
+    }
+
+    /// Whether every producer of `v` is initialized.
+    pub fn producers_initialized(&self, v: usize) -> bool {
+        self.inputs_of(v)
+            .all(|r| self.vertices[self.results[r].producer].initialized)
+    }
+
+    pub fn decide_parallelism(&mut self, v: usize, parallelism: usize) -> Result<()> {
+        let ejv = &mut self.vertices[v];
+        if ejv.initialized {
+            return internal_err!("vertex '{}' is initialized already", ejv.name);
+        }
+        if parallelism == 0 || parallelism > ejv.max_parallelism {
+            return internal_err!(
+                "parallelism {parallelism} of '{}' is outside 1..={}",
+                ejv.name,
+                ejv.max_parallelism
+            );
+        }
+        ejv.parallelism = parallelism;
+        ejv.parallelism_decided = true;
+        Ok(())
+    }
+
+    /// Creates the subtasks of `v` (parallelism decided, producers
+    /// initialized) and connects them: static results by Flink's patterns,
+    /// dynamic ones by `dynamic_inputs` (one list per dynamic result, in
+    /// input order, one entry per subtask). Its own results get their
+    /// subpartition counts from their consumers as they stand now.
+    pub fn initialize(
+        &mut self,
+        v: usize,
+        dynamic_inputs: &[Vec<SubtaskInput>],
+        now_ms: u64,
+    ) -> Result<()> {
+        let name = self.vertices[v].name.clone();
+        if self.vertices[v].initialized || !self.vertices[v].parallelism_decided {
+            return internal_err!("vertex '{name}' cannot be initialized now");
+        }
+        if !self.producers_initialized(v) {
+            return internal_err!("a producer of '{name}' is not initialized");
+        }
+        let c = self.vertices[v].parallelism;
+        let mut consumed: Vec<Vec<ConsumedPartition>> = vec![Vec::new(); c];
+        let mut dynamic = dynamic_inputs.iter();
+        let inputs: Vec<usize> = self.inputs_of(v).collect();
+        for r in inputs {
+            let res = &self.results[r];
+            let p = self.vertices[res.producer].parallelism;
+            let mut connect = |producer: usize, consumer: usize, sp: SubpartitionRange| {
+                consumed[consumer].push(ConsumedPartition {
+                    result: r,
+                    producer_subtask: producer,
+                    subpartitions: sp,
+                    type_number: res.type_number,
+                });
+            };
+            if res.dynamic {
+                let Some(infos) = dynamic.next() else {
+                    return internal_err!("no input ranges for a dynamic input of '{name}'");
+                };
+                if infos.len() != c {
+                    return internal_err!(
+                        "{} input ranges for the {c} subtasks of '{name}'",
+                        infos.len()
+                    );
+                }
+                for (consumer, info) in infos.iter().enumerate() {
+                    let last = info.subpartitions.end;
+                    for producer in info.partitions.iter() {
+                        if producer >= p || last >= res.num_subpartitions[producer] {
+                            return internal_err!(
+                                "input range of '{name}' subtask {consumer} outside the result"
+                            );
+                        }
+                        connect(producer, consumer, info.subpartitions);
+                    }
+                }
+                continue;
+            }
+            match res.distribution_pattern {
+                DistributionPattern::AllToAll => {
+                    for producer in 0..p {
+                        for consumer in 0..c {
+                            connect(producer, consumer, SubpartitionRange::single(consumer));
+                        }
+                    }
+                }
+                DistributionPattern::Pointwise if p == c => {
+                    for i in 0..p {
+                        connect(i, i, SubpartitionRange::single(0));
+                    }
+                }
+                DistributionPattern::Pointwise if p > c => {
+                    // Every producer has one subpartition; consumer
+                    // `producer * c / p` reads it (the inverse of the
+                    // range [i*P/C, (i+1)*P/C)).
+                    for producer in 0..p {
+                        let consumer = (0..c)
+                            .find(|&j| producer < (j + 1) * p / c)
+                            .unwrap_or(c - 1);
+                        connect(producer, consumer, SubpartitionRange::single(0));
+                    }
+                }
+                DistributionPattern::Pointwise => {
+                    for producer in 0..p {
+                        let start = (producer * c).div_ceil(p);
+                        let end = ((producer + 1) * c).div_ceil(p);
+                        for (sp, consumer) in (start..end).enumerate() {
+                            connect(producer, consumer, SubpartitionRange::single(sp));
+                        }
+                    }
+                }
+            }
+        }
+        // Outputs: subpartitions per producer subtask, from the consumer's
+        // parallelism if decided, else from its max parallelism.
+        let outputs: Vec<usize> = (0..self.results.len())
+            .filter(|&r| self.results[r].producer == v)
+            .collect();
+        for &r in &outputs {
+            let consumer = &self.vertices[self.results[r].consumer];
+            let res = &self.results[r];
+            let (n, is_dynamic) = if consumer.parallelism_decided {
+                let cp = consumer.parallelism;
+                let counts = match res.distribution_pattern {
+                    DistributionPattern::AllToAll => vec![cp; c],
+                    DistributionPattern::Pointwise if c >= cp => vec![1; c],
+                    DistributionPattern::Pointwise => (0..c)
+                        .map(|i| ((i + 1) * cp).div_ceil(c) - (i * cp).div_ceil(c))
+                        .collect(),
+                };
+                (counts, false)
+            } else {
+                let max = consumer.max_parallelism;
+                let n = match res.distribution_pattern {
+                    _ if res.partitioner == PartitionerKind::Broadcast => 1,
+                    DistributionPattern::AllToAll => max,
+                    DistributionPattern::Pointwise => max.div_ceil(c).max(1),
+                };
+                (vec![n; c], true)
+            };
+            let res = &mut self.results[r];
+            res.num_subpartitions = n;
+            res.dynamic = is_dynamic;
+        }
+        let ejv = &mut self.vertices[v];
+        ejv.subtasks = consumed
+            .into_iter()
+            .enumerate()
+            .map(|(i, consumed)| ExecutionVertex {
+                subtask_index: i,
+                attempts: vec![Execution::new(0, now_ms)],
+                finished_attempt: None,
+                produced_results: outputs.clone(),
+                consumed,
+            })
+            .collect();
+        ejv.initialized = true;
+        Ok(())
     }
 
     /// The result a vertex writes for one of its produced data sets.

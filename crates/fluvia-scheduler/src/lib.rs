@@ -28,10 +28,10 @@ pub use deployment::{
 };
 pub use execution_graph::{
     AttemptMetrics, ConsumedPartition, Execution, ExecutionGraph, ExecutionJobVertex,
-    ExecutionState, ExecutionVertex, IntermediateResult, SubpartitionRange,
+    ExecutionState, ExecutionVertex, IntermediateResult, SubpartitionRange, SubtaskInput,
 };
 pub use scheduler::{
-    Action, Event, Job, JobState, Scheduler, SchedulerConfig, SharedSlot, TaskManagerSpec,
+    Action, AdaptiveJob, Event, Job, JobState, Scheduler, SchedulerConfig, SharedSlot, TaskManagerSpec,
 };
 pub use shuffle::{PartitionLocation, ShuffleMaster, ShuffleServiceSpec, ShuffleServiceType};
 pub use validate::validate_job_graph;

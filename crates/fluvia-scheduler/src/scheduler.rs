@@ -46,10 +46,15 @@ use crate::deployment::{
     Deployment, ExecutionAttemptId, InputDescriptor, OutputDescriptor, PartitionRef,
     ShuffleServiceTarget,
 };
-use crate::execution_graph::{AttemptMetrics, ExecutionGraph, ExecutionState};
+use crate::adaptive::{self, BlockingResultInfo, DeciderConfig};
+use crate::execution_graph::{AttemptMetrics, ExecutionGraph, ExecutionState, SubtaskInput};
 use crate::shuffle::{PartitionLocation, ShuffleMaster, ShuffleServiceSpec, ShuffleServiceType};
 use crate::validate::validate_job_graph;
-use fluvia_core::{FluviaError, JobId, Result, ResultPartitionType};
+use fluvia_core::config::options;
+use fluvia_core::{
+    DistributionPattern, FluviaError, JobId, PartitionerKind, Result, ResultPartitionType,
+    internal_err,
+};
 use fluvia_graph::{JobGraph, JobType};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -308,6 +313,18 @@ pub struct Job {
     pub shuffle_locations: BTreeMap<(usize, usize, u32), String>,
     /// Since when a producer waits for a shuffle service on its host.
     service_wait_since: Option<Duration>,
+    /// The adaptive batch scheduler's settings, when some vertex's
+    /// parallelism is decided at runtime.
+    pub adaptive: Option<AdaptiveJob>,
+}
+
+/// A batch job whose undecided vertices get their parallelism from the data.
+#[derive(Debug, Clone)]
+pub struct AdaptiveJob {
+    pub config: DeciderConfig,
+    /// Forward group of each vertex: vertices joined by forward edges share
+    /// one parallelism (decided once for all of them).
+    pub forward_group: Vec<usize>,
 }
 
 impl Job {
@@ -337,10 +354,110 @@ impl Job {
     }
 
     fn all_finished(&self) -> bool {
-        self.eg
-            .vertices
+        self.eg.vertices.iter().all(|v| {
+            v.initialized && v.subtasks.iter().all(|s| s.finished_attempt.is_some())
+        })
+    }
+
+    /// Whether every subtask of vertex `v` finished (its results are
+    /// complete, so their bytes are known).
+    fn vertex_finished(&self, v: usize) -> bool {
+        let ejv = &self.eg.vertices[v];
+        ejv.initialized && ejv.subtasks.iter().all(|s| s.finished_attempt.is_some())
+    }
+
+    /// Result `r` as the decider sees it: per producer subtask, the bytes
+    /// its winner wrote to each subpartition (zeros when not reported).
+    fn result_info(&self, r: usize) -> BlockingResultInfo {
+        let res = &self.eg.results[r];
+        let index = self.graph.vertices[res.producer]
+            .produced_data_sets
             .iter()
-            .all(|v| v.subtasks.iter().all(|s| s.finished_attempt.is_some()))
+            .position(|d| d.id == res.data_set);
+        let bytes = self.eg.vertices[res.producer]
+            .subtasks
+            .iter()
+            .zip(&res.num_subpartitions)
+            .map(|(s, &n)| {
+                s.winner()
+                    .and_then(|w| w.metrics.as_ref())
+                    .zip(index)
+                    .and_then(|(m, k)| m.subpartition_bytes.get(k))
+                    .filter(|b| b.len() == n)
+                    .cloned()
+                    .unwrap_or_else(|| vec![0; n])
+            })
+            .collect();
+        if res.partitioner == PartitionerKind::Broadcast {
+            BlockingResultInfo::broadcast(bytes)
+        } else if res.distribution_pattern == DistributionPattern::Pointwise {
+            BlockingResultInfo::pointwise(bytes)
+        } else {
+            BlockingResultInfo::all_to_all(bytes)
+        }
+    }
+
+    /// Initializes vertex `v` if it can be now: a decided one once its
+    /// producers are initialized, an undecided one once they all finished
+    /// (Flink's `initializeVerticesIfPossible`). Returns whether it did.
+    fn try_initialize(&mut self, v: usize, now_ms: u64) -> Result<bool> {
+        if self.eg.vertices[v].initialized || !self.eg.producers_initialized(v) {
+            return Ok(false);
+        }
+        let dynamic: Vec<usize> = self
+            .eg
+            .inputs_of(v)
+            .filter(|&r| self.eg.results[r].dynamic)
+            .collect();
+        let decided = self.eg.vertices[v].parallelism_decided;
+        if !decided
+            && !dynamic
+                .iter()
+                .all(|&r| self.vertex_finished(self.eg.results[r].producer))
+        {
+            return Ok(false);
+        }
+        let mut inputs = Vec::new();
+        if !decided || !dynamic.is_empty() {
+            let Some(adaptive) = &self.adaptive else {
+                return internal_err!("vertex {v} has dynamic inputs in a static job");
+            };
+            let infos: Vec<BlockingResultInfo> =
+                dynamic.iter().map(|&r| self.result_info(r)).collect();
+            let ejv = &self.eg.vertices[v];
+            let decision = adaptive::decide(
+                ejv.max_parallelism,
+                decided.then_some(ejv.parallelism),
+                &infos,
+                &adaptive.config,
+            )?;
+            if !decided {
+                let group = adaptive.forward_group[v];
+                let members: Vec<usize> = (0..self.eg.vertices.len())
+                    .filter(|&u| adaptive.forward_group[u] == group)
+                    .collect();
+                for u in members {
+                    if u == v || !self.eg.vertices[u].parallelism_decided {
+                        self.eg.decide_parallelism(u, decision.parallelism)?;
+                    }
+                }
+            }
+            inputs = decision
+                .inputs
+                .iter()
+                .map(|jvi| {
+                    jvi.subtasks
+                        .iter()
+                        .map(|e| SubtaskInput {
+                            partitions: e.partition_range,
+                            subpartitions: e.subpartition_range,
+                        })
+                        .collect()
+                })
+                .collect();
+        }
+        self.eg.initialize(v, &inputs, now_ms)?;
+        Ok(true)
     }
 
     fn has_live_attempts(&self) -> bool {
@@ -387,6 +504,63 @@ pub struct Scheduler {
     now: Duration,
     shuffle: ShuffleMaster,
     service_heartbeats: BTreeMap<String, Duration>,
+}
+
+/// Whether the job runs under the adaptive batch scheduler, and then its
+/// settings and which vertices start undecided: a batch job with only
+/// blocking exchanges, `execution.batch.adaptive.auto-parallelism.enabled`,
+/// and a vertex whose parallelism nobody set. A forward group with one
+/// member the user set keeps that parallelism for all of them.
+fn adaptive_plan(graph: &JobGraph) -> Result<Option<(AdaptiveJob, Vec<bool>)>> {
+    if graph.job_type != JobType::Batch
+        || !graph.config.get(&options::AUTO_PARALLELISM_ENABLED)?
+        || graph.vertices.iter().all(|v| v.parallelism_configured)
+        || graph
+            .vertices
+            .iter()
+            .flat_map(|v| &v.inputs)
+            .any(|e| e.result_partition_type != ResultPartitionType::Blocking)
+    {
+        return Ok(None);
+    }
+    let config = DeciderConfig::from_configuration(&graph.config)?;
+    let n = graph.vertices.len();
+    let mut parent: Vec<usize> = (0..n).collect();
+    fn find(p: &mut [usize], x: usize) -> usize {
+        let mut r = x;
+        while p[r] != r {
+            r = p[r];
+        }
+        p[x] = r;
+        r
+    }
+    for (c, v) in graph.vertices.iter().enumerate() {
+        for e in &v.inputs {
+            if e.partitioner == PartitionerKind::Forward
+                && let Some(p) = graph.vertex_index(e.source_vertex)
+            {
+                let (a, b) = (find(&mut parent, p), find(&mut parent, c));
+                parent[a] = b;
+            }
+        }
+    }
+    let forward_group: Vec<usize> = (0..n).map(|v| find(&mut parent, v)).collect();
+    let undecided: Vec<bool> = (0..n)
+        .map(|v| {
+            !graph
+                .vertices
+                .iter()
+                .zip(&forward_group)
+                .any(|(u, &g)| g == forward_group[v] && u.parallelism_configured)
+        })
+        .collect();
+    Ok(Some((
+        AdaptiveJob {
+            config,
+            forward_group,
+        },
+        undecided,
+    )))
 }
 
 fn ms(d: Duration) -> u64 {
@@ -595,7 +769,12 @@ impl Scheduler {
             Some(v) => ShuffleServiceType::parse(v)?,
             None => self.config.shuffle_service_type,
         };
-        let eg = ExecutionGraph::from_job_graph(&graph)?;
+        let adaptive = adaptive_plan(&graph)?;
+        let undecided: Vec<bool> = match &adaptive {
+            Some((_, undecided)) => undecided.clone(),
+            None => vec![false; graph.vertices.len()],
+        };
+        let eg = ExecutionGraph::with_undecided(&graph, &undecided)?;
         // Pipelined regions: union-find over pipelined edges.
         let n = graph.vertices.len();
         let mut parent: Vec<usize> = (0..n).collect();
@@ -652,9 +831,31 @@ impl Scheduler {
                 shuffle_service_type,
                 shuffle_locations: BTreeMap::new(),
                 service_wait_since: None,
+                adaptive: adaptive.map(|(a, _)| a),
             },
         );
+        if let Err(e) = self.initialize_vertices(id) {
+            self.jobs.remove(&id);
+            return Err(e);
+        }
         self.job_order.push(id);
+        Ok(())
+    }
+
+    /// Initializes every vertex that can be now, in topological order.
+    fn initialize_vertices(&mut self, id: JobId) -> Result<()> {
+        let now = ms(self.now);
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return Ok(());
+        };
+        for v in 0..job.eg.vertices.len() {
+            job.try_initialize(v, now).map_err(|e| {
+                FluviaError::Plan(format!(
+                    "deciding the parallelism of '{}': {e}",
+                    job.eg.vertices[v].name
+                ))
+            })?;
+        }
         Ok(())
     }
 
@@ -1014,6 +1215,10 @@ impl Scheduler {
                 attempt: ExecutionAttemptId { attempt: n, ..a },
             });
         }
+        if let Err(e) = self.initialize_vertices(a.job) {
+            self.end_job(a.job, JobState::Failed, Some(e.to_string()));
+            return;
+        }
         if let Some(job) = self.jobs.get(&a.job)
             && job.all_finished()
         {
@@ -1057,7 +1262,7 @@ impl Scheduler {
         let cause = format!(
             "{name} ({}/{}) failed: {cause}",
             i + 1,
-            job.graph.vertices[v].parallelism
+            job.eg.vertices[v].parallelism
         );
         let members = job.region_members(v, i);
         self.restart(id, members, cause);
@@ -1981,9 +2186,23 @@ impl Scheduler {
                     .filter(|_| r.result_partition_type == ResultPartitionType::Blocking),
             });
         }
+        // A keyed consumer of a result written per key group reads exactly
+        // the key groups of its subpartition range.
+        let key_group_range = sub
+            .consumed
+            .iter()
+            .find(|cp| {
+                let r = &job.eg.results[cp.result];
+                r.dynamic && r.partitioner == PartitionerKind::Hash
+            })
+            .map(|cp| cp.subpartitions);
+        let ejv = &job.eg.vertices[v];
         Some(Deployment {
             attempt: job.attempt_id(v, i, n),
             task_manager: tm,
+            parallelism: ejv.parallelism,
+            max_parallelism: ejv.max_parallelism,
+            key_group_range,
             inputs,
             outputs,
         })
