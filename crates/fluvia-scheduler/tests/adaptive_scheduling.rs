@@ -1,0 +1,300 @@
+//! The adaptive batch scheduler inside the [`Scheduler`]: vertices whose
+//! parallelism nobody set start undecided, producers write one subpartition
+//! per key group of such a consumer, and once the producers finished the
+//! consumer gets the parallelism and subpartition ranges the decider draws
+//! from the bytes they reported (Flink's `AdaptiveBatchSchedulerTest`).
+
+#![allow(clippy::unwrap_used)]
+
+use fluvia_core::config::options;
+use fluvia_core::{Configuration, ExchangeMode, JobId, PartitionerKind};
+use fluvia_graph::{JobGraph, JobGraphGenerator, StreamGraphBuilder};
+use fluvia_scheduler::{
+    Action, AttemptMetrics, Deployment, Event, ExecutionState, Scheduler, SchedulerConfig,
+    SubpartitionRange, TaskManagerSpec,
+};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// One operator: name, parallelism (None: left to the scheduler), max
+/// parallelism.
+struct Op(&'static str, Option<usize>, Option<usize>);
+
+/// A batch JobGraph, one vertex per operator (chaining off), vertex 0 the
+/// only source.
+fn graph(ops: &[Op], edges: &[(usize, usize, PartitionerKind)], conf: Configuration) -> JobGraph {
+    let mut b = StreamGraphBuilder::new("adaptive-job");
+    b.chaining_enabled = false;
+    let mut ids = Vec::new();
+    for (k, Op(name, p, max)) in ops.iter().enumerate() {
+        let id = if k == 0 {
+            b.add_source(*name, true)
+        } else {
+            b.add_operator(*name, 1)
+        };
+        if let Some(p) = p {
+            b.set_parallelism(id, *p);
+        }
+        if let Some(m) = max {
+            b.set_max_parallelism(id, *m);
+        }
+        ids.push(id);
+    }
+    for &(from, to, part) in edges {
+        b.add_edge(ids[from], ids[to], Some(part), ExchangeMode::Undefined, 0);
+    }
+    let jg = JobGraphGenerator::new(&b.build().unwrap())
+        .create_job_graph(conf, false)
+        .unwrap();
+    for (k, Op(name, _, _)) in ops.iter().enumerate() {
+        assert_eq!(jg.vertices[k].name, *name);
+    }
+    jg
+}
+
+/// Registers one TaskManager, submits, and plays every deployment through
+/// to FINISHED with the metrics `report` gives it.
+struct Driver {
+    s: Scheduler,
+    job: JobId,
+    now: Duration,
+    deployed: Vec<Deployment>,
+}
+
+impl Driver {
+    fn start(jg: JobGraph, slots: usize) -> Self {
+        let mut s = Scheduler::new(SchedulerConfig::default());
+        s.handle(
+            Duration::ZERO,
+            Event::RegisterTaskManager(TaskManagerSpec {
+                id: "tm-1".into(),
+                slots,
+                fingerprint: "fp".into(),
+                data_address: "tm-1:6121".into(),
+            }),
+        )
+        .unwrap();
+        let job = JobId(7);
+        s.handle(
+            Duration::ZERO,
+            Event::SubmitJob {
+                job,
+                graph: Arc::new(jg),
+                program: "p".into(),
+                fingerprint: "fp".into(),
+            },
+        )
+        .unwrap();
+        let mut d = Driver {
+            s,
+            job,
+            now: Duration::ZERO,
+            deployed: Vec::new(),
+        };
+        d.collect();
+        d
+    }
+
+    fn collect(&mut self) -> Vec<Deployment> {
+        let new: Vec<Deployment> = self
+            .s
+            .drain_actions()
+            .into_iter()
+            .filter_map(|a| match a {
+                Action::Deploy(d) => Some(*d),
+                _ => None,
+            })
+            .collect();
+        self.deployed.extend(new.iter().cloned());
+        new
+    }
+
+    fn event(&mut self, e: Event) {
+        self.now += Duration::from_millis(10);
+        self.s.handle(self.now, e).unwrap();
+    }
+
+    /// Acknowledges and finishes `d` with per-output subpartition bytes.
+    fn finish(&mut self, d: &Deployment, subpartition_bytes: Vec<Vec<u64>>) {
+        self.event(Event::DeployAcknowledged { attempt: d.attempt });
+        self.event(Event::AttemptState {
+            attempt: d.attempt,
+            state: ExecutionState::Finished,
+            failure: None,
+            metrics: Some(AttemptMetrics {
+                subpartition_bytes,
+                ..AttemptMetrics::default()
+            }),
+        });
+    }
+
+    fn vertex(&self, v: usize) -> &fluvia_scheduler::ExecutionJobVertex {
+        &self.s.job(self.job).unwrap().eg.vertices[v]
+    }
+}
+
+fn conf(pairs: &[(&str, &str)]) -> Configuration {
+    let mut c = Configuration::new();
+    for (k, v) in pairs {
+        c.set(*k, *v);
+    }
+    c
+}
+
+/// Flink's `DefaultVertexParallelismAndInputInfosDeciderTest` vector, with
+/// the two inputs written by two producers of one result: aggregated bytes
+/// [18,27,34,21,14,17,27,33,26,22], 60 bytes per task.
+const P0: [u64; 10] = [10, 15, 13, 12, 1, 10, 8, 20, 12, 17];
+const P1: [u64; 10] = [8, 12, 21, 9, 13, 7, 19, 13, 14, 5];
+
+#[test]
+fn an_undecided_keyed_vertex_gets_its_parallelism_and_balanced_key_group_ranges_from_the_bytes() {
+    let jg = graph(
+        &[Op("Source", Some(2), None), Op("Sum", None, Some(10))],
+        &[(0, 1, PartitionerKind::Hash)],
+        conf(&[(options::AUTO_PARALLELISM_AVG_DATA_VOLUME.key, "60")]),
+    );
+    assert!(!jg.vertices[1].parallelism_configured);
+    let mut d = Driver::start(jg, 8);
+    // Undecided: no subtasks yet; producers write one subpartition per key
+    // group of the consumer.
+    assert!(!d.vertex(1).parallelism_decided);
+    assert!(d.vertex(1).subtasks.is_empty());
+    let sources = d.deployed.clone();
+    assert_eq!(sources.len(), 2);
+    for s in &sources {
+        assert_eq!(s.outputs[0].num_subpartitions, 10);
+        assert_eq!(s.outputs[0].consumer_max_parallelism, 10);
+        assert_eq!(s.parallelism, 2);
+    }
+    d.finish(&sources[0], vec![P0.to_vec()]);
+    assert!(d.vertex(1).subtasks.is_empty(), "decided before all producers finished");
+    d.finish(&sources[1], vec![P1.to_vec()]);
+    assert!(d.vertex(1).parallelism_decided);
+    assert_eq!(d.vertex(1).parallelism, 5);
+    let sums = d.collect();
+    assert_eq!(sums.len(), 5);
+    let expected = [(0, 1), (2, 3), (4, 6), (7, 8), (9, 9)];
+    for s in &sums {
+        let (start, end) = expected[s.attempt.subtask];
+        assert_eq!(s.parallelism, 5);
+        assert_eq!(s.inputs.len(), 2, "one channel per producer");
+        for input in &s.inputs {
+            assert_eq!(
+                (input.first_subpartition, input.last_subpartition),
+                (start as u32, end as u32)
+            );
+        }
+        assert_eq!(
+            s.key_group_range,
+            Some(SubpartitionRange { start, end }),
+            "a keyed subtask owns exactly the key groups it reads"
+        );
+    }
+    for s in &sums {
+        d.finish(s, vec![]);
+    }
+    assert!(d.s.job(d.job).unwrap().state.is_terminal());
+}
+
+#[test]
+fn forward_connected_vertices_share_one_decision() {
+    let jg = graph(
+        &[
+            Op("Source", Some(2), None),
+            Op("Sum", None, Some(10)),
+            Op("Map", None, Some(10)),
+        ],
+        &[(0, 1, PartitionerKind::Hash), (1, 2, PartitionerKind::Forward)],
+        conf(&[(options::AUTO_PARALLELISM_AVG_DATA_VOLUME.key, "60")]),
+    );
+    let mut d = Driver::start(jg, 8);
+    let sources = d.deployed.clone();
+    d.finish(&sources[0], vec![P0.to_vec()]);
+    d.finish(&sources[1], vec![P1.to_vec()]);
+    // Map is decided with Sum, before any Sum subtask ran, and reads it
+    // pointwise: subtask i of Sum feeds subtask i of Map.
+    assert_eq!(d.vertex(2).parallelism, 5);
+    assert!(d.vertex(2).parallelism_decided);
+    let sums = d.collect();
+    for s in &sums {
+        assert_eq!(s.outputs[0].num_subpartitions, 1);
+        d.finish(s, vec![vec![100]]);
+    }
+    let maps = d.collect();
+    assert_eq!(maps.len(), 5);
+    for m in &maps {
+        assert_eq!(m.inputs.len(), 1);
+        assert_eq!(
+            m.inputs[0].partition.producer_subtask as usize,
+            m.attempt.subtask
+        );
+        assert_eq!(m.key_group_range, None);
+    }
+}
+
+#[test]
+fn a_parallelism_the_user_set_is_kept_and_an_unset_source_gets_the_default_source_parallelism() {
+    let jg = graph(
+        &[Op("Source", None, None), Op("Sum", Some(3), None)],
+        &[(0, 1, PartitionerKind::Hash)],
+        conf(&[
+            (options::AUTO_PARALLELISM_DEFAULT_SOURCE.key, "4"),
+            (options::AUTO_PARALLELISM_AVG_DATA_VOLUME.key, "1"),
+        ]),
+    );
+    let mut d = Driver::start(jg, 8);
+    assert_eq!(d.vertex(0).parallelism, 4);
+    // Sum's parallelism is known at submission: it is initialized as soon
+    // as its producer is, with a subpartition per subtask.
+    assert!(d.vertex(1).initialized);
+    let sources = d.deployed.clone();
+    assert_eq!(sources.len(), 4);
+    for s in &sources {
+        assert_eq!(s.outputs[0].num_subpartitions, 3);
+        d.finish(s, vec![vec![1000, 1000, 1000]]);
+    }
+    let sums = d.collect();
+    assert_eq!(sums.len(), 3);
+    assert!(sums.iter().all(|s| s.key_group_range.is_none()));
+}
+
+#[test]
+fn a_broadcast_input_of_an_undecided_vertex_is_one_subpartition_read_whole() {
+    let jg = graph(
+        &[Op("Source", Some(2), None), Op("Join", None, Some(8))],
+        &[(0, 1, PartitionerKind::Broadcast)],
+        conf(&[(options::AUTO_PARALLELISM_MIN.key, "3")]),
+    );
+    let mut d = Driver::start(jg, 8);
+    let sources = d.deployed.clone();
+    for s in &sources {
+        assert_eq!(s.outputs[0].num_subpartitions, 1);
+        d.finish(s, vec![vec![5_000]]);
+    }
+    // Only broadcast inputs: the min parallelism; every subtask reads
+    // subpartition 0 of every producer.
+    let joins = d.collect();
+    assert_eq!(joins.len(), 3);
+    for j in &joins {
+        assert_eq!(j.inputs.len(), 2);
+        assert!(
+            j.inputs
+                .iter()
+                .all(|i| i.first_subpartition == 0 && i.last_subpartition == 0)
+        );
+    }
+}
+
+#[test]
+fn with_auto_parallelism_disabled_every_vertex_keeps_the_default() {
+    let jg = graph(
+        &[Op("Source", Some(2), None), Op("Sum", None, Some(10))],
+        &[(0, 1, PartitionerKind::Hash)],
+        conf(&[(options::AUTO_PARALLELISM_ENABLED.key, "false")]),
+    );
+    let d = Driver::start(jg, 8);
+    assert!(d.vertex(1).parallelism_decided);
+    assert_eq!(d.vertex(1).parallelism, 1);
+    assert!(d.s.job(d.job).unwrap().adaptive.is_none());
+}
