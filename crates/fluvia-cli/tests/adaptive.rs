@@ -1,0 +1,189 @@
+//! The adaptive batch scheduler on a cluster of separate processes: a batch
+//! word count without `-p` gets the parallelism of its counting vertex from
+//! the bytes the tokenizer wrote, the REST API shows it (undecided vertices
+//! as -1 while they wait), the answer is right, and with one hot key the
+//! counting subtasks read balanced inputs except the one holding that key.
+
+mod common;
+
+use common::{Cluster, get};
+use fluvia_scheduler::adaptive::{self, BlockingResultInfo, DeciderConfig};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::process::Output;
+
+/// 512 KiB per counting subtask: the 12 MB the tokenizer writes give about
+/// two dozen subtasks.
+const AVG: u64 = 512 * 1024;
+
+fn job_id(o: &Output) -> String {
+    let err = String::from_utf8_lossy(&o.stderr);
+    err.split_whitespace()
+        .skip_while(|w| *w != "Job")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no job id in: {err}"))
+        .to_string()
+}
+
+/// A deterministic corpus: `lines` lines of 8 words; `hot_percent` of the
+/// words are "hot", the others drawn from 3000 distinct words.
+fn corpus(path: &Path, lines: usize, hot_percent: u64) -> BTreeMap<String, u64> {
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut text = String::new();
+    let mut counts = BTreeMap::new();
+    for _ in 0..lines {
+        for k in 0..8 {
+            let r = next();
+            let word = if r % 100 < hot_percent {
+                "hot".to_string()
+            } else {
+                format!("w{}", (r >> 8) % 3000)
+            };
+            if k > 0 {
+                text.push(' ');
+            }
+            text.push_str(&word);
+            *counts.entry(word).or_insert(0) += 1;
+        }
+        text.push('\n');
+    }
+    std::fs::write(path, text).unwrap();
+    counts
+}
+
+/// Runs the word count on the cluster without `-p` and returns the job's
+/// REST details after checking the output against `expected`.
+fn run_wordcount(cluster: &Cluster, dir: &Path, expected: &BTreeMap<String, u64>) -> Value {
+    let input = dir.join("corpus.txt");
+    let out = dir.join("counts.txt");
+    let avg = format!("execution.batch.adaptive.auto-parallelism.avg-data-volume-per-task={AVG}");
+    let o = cluster.run(&[
+        "wordcount",
+        "--input",
+        input.to_str().unwrap(),
+        "--output",
+        out.to_str().unwrap(),
+        "-D",
+        &avg,
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut want = String::new();
+    for (w, n) in expected {
+        writeln!(want, "{w},{n}").unwrap();
+    }
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), want);
+    let id = job_id(&o);
+    let details = get(&cluster.rest, &format!("/jobs/{id}"));
+    let plan = get(&cluster.rest, &format!("/jobs/{id}/plan"));
+    for (v, node) in details["vertices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(plan["plan"]["nodes"].as_array().unwrap())
+    {
+        assert_eq!(v["parallelism"], node["parallelism"], "plan and details agree");
+        assert_eq!(
+            v["subtasks"].as_array().unwrap().len() as u64,
+            v["parallelism"].as_u64().unwrap()
+        );
+    }
+    details
+}
+
+/// What the tokenizer wrote, per producer subtask and subpartition.
+fn tokenizer_bytes(details: &Value) -> Vec<Vec<u64>> {
+    details["vertices"][0]["subtasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            s["subpartition-bytes"][0]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|b| b.as_u64().unwrap())
+                .collect()
+        })
+        .collect()
+}
+
+fn decider() -> DeciderConfig {
+    DeciderConfig {
+        avg_data_volume_per_task: AVG,
+        ..DeciderConfig::default()
+    }
+}
+
+#[test]
+fn a_batch_word_count_without_p_gets_the_parallelism_its_data_volume_gives() {
+    let dir = tempfile::tempdir().unwrap();
+    let expected = corpus(&dir.path().join("corpus.txt"), 60_000, 0);
+    let cluster = Cluster::start(&[], 2, &["--slots", "4"]);
+    cluster.wait_for_task_managers(2);
+    let details = run_wordcount(&cluster, dir.path(), &expected);
+    let vertices = details["vertices"].as_array().unwrap();
+    assert_eq!(vertices[1]["name"], "Keyed Aggregation");
+    // The source kept the default source parallelism; the counting vertex
+    // writes 128 key groups' worth of subpartitions for its consumer.
+    assert_eq!(vertices[0]["parallelism"], 1);
+    let bytes = tokenizer_bytes(&details);
+    assert_eq!(bytes[0].len(), 128, "one subpartition per key group");
+    let total: u64 = bytes.iter().flatten().sum();
+    let decided = vertices[1]["parallelism"].as_u64().unwrap() as usize;
+    let decision = adaptive::decide(
+        128,
+        None,
+        &[BlockingResultInfo::all_to_all(bytes)],
+        &decider(),
+    )
+    .unwrap();
+    assert_eq!(decided, decision.parallelism);
+    let lower = total.div_ceil(AVG) as usize;
+    assert!(
+        (lower..=lower + 2).contains(&decided),
+        "{total} bytes at {AVG} per task: {decided} subtasks"
+    );
+    // The sort after the count was set to 1 by the program: kept.
+    assert_eq!(vertices[2]["parallelism"], 1);
+}
+
+#[test]
+fn with_one_hot_key_the_counting_subtasks_read_balanced_inputs_except_the_hot_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let expected = corpus(&dir.path().join("corpus.txt"), 60_000, 90);
+    let cluster = Cluster::start(&[], 2, &["--slots", "4"]);
+    cluster.wait_for_task_managers(2);
+    let details = run_wordcount(&cluster, dir.path(), &expected);
+    let bytes = tokenizer_bytes(&details);
+    let per_subpartition: Vec<u64> = (0..128)
+        .map(|s| bytes.iter().map(|p| p[s]).sum())
+        .collect();
+    let hot = (0..128).max_by_key(|&s| per_subpartition[s]).unwrap();
+    let total: u64 = per_subpartition.iter().sum();
+    assert!(per_subpartition[hot] * 10 > total * 8, "the hot key dominates");
+    // What each counting subtask read: the hot one reads about the hot
+    // subpartition, every other one at most the target volume.
+    let counting = details["vertices"][1]["subtasks"].as_array().unwrap();
+    assert!(counting.len() > 2, "{} subtasks", counting.len());
+    let reads: Vec<u64> = counting
+        .iter()
+        .map(|s| s["metrics"]["read-bytes"].as_u64().unwrap())
+        .collect();
+    let max = *reads.iter().max().unwrap();
+    let others: Vec<u64> = reads.iter().copied().filter(|&r| r != max).collect();
+    println!("hot subpartition {} bytes; reads {reads:?}", per_subpartition[hot]);
+    // Balanced ranges give the hot subpartition a subtask of its own.
+    assert!(max * 10 >= per_subpartition[hot] * 9, "{reads:?}");
+    assert!(max <= per_subpartition[hot] + per_subpartition[hot] / 20, "{reads:?}");
+    for r in &others {
+        assert!(*r <= AVG + AVG / 4, "a balanced subtask read {r} bytes: {reads:?}");
+    }
+}
