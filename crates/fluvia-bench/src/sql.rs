@@ -66,6 +66,7 @@ pub fn run_suite(a: Args) -> Result<()> {
             tables: a.data.clone(),
             format,
             parallelism: a.parallelism,
+            adaptive: false,
             config,
         }
     };

@@ -134,7 +134,9 @@ struct SqlArgs {
     /// The statement(s) to run.
     #[arg(short = 'e', long = "execute", value_name = "SQL")]
     execute: Option<String>,
-    /// Parallelism of the query's operators (default: parallelism.default).
+    /// Parallelism of the query's operators; without it the scans run at the
+    /// default source parallelism (the machine's cores unless configured) and
+    /// every later stage gets its parallelism from the data.
     #[arg(short, long)]
     parallelism: Option<usize>,
     /// Print the JobGraph (fragments, exchanges, multiple-input members) instead of running.
@@ -184,8 +186,11 @@ enum TpcdsCommand {
         /// Directory of answers (qN.csv) to check results against.
         #[arg(long, value_name = "DIR")]
         check: Option<PathBuf>,
-        #[arg(short, long, default_value_t = 2)]
-        parallelism: usize,
+        /// Parallelism of every operator; without it the scans run at the
+        /// default source parallelism (the machine's cores unless configured)
+        /// and every later stage gets its parallelism from the data.
+        #[arg(short, long)]
+        parallelism: Option<usize>,
         /// Runs of each query; the median time is reported.
         #[arg(long, default_value_t = 1)]
         repeat: usize,
@@ -417,16 +422,7 @@ const QUERY_ERROR: u8 = 2;
 
 fn sql_command(a: SqlArgs) -> Result<ExitCode> {
     let config = a.conf.load()?;
-    let parallelism = match a.parallelism {
-        Some(p) => p,
-        None => config.get(&options::PARALLELISM)?,
-    };
-    let settings = SqlSettings {
-        tables: a.tables,
-        format: a.format,
-        parallelism,
-        config,
-    };
+    let settings = SqlSettings::new(a.tables, a.format, a.parallelism, config)?;
     let text = match (&a.file, &a.execute) {
         (Some(f), _) => {
             std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?
@@ -550,12 +546,7 @@ fn tpcds_command(command: TpcdsCommand) -> Result<ExitCode> {
             jobmanager,
             conf,
         } => {
-            let settings = SqlSettings {
-                tables: data,
-                format,
-                parallelism,
-                config: conf.load()?,
-            };
+            let settings = SqlSettings::new(data, format, parallelism, conf.load()?)?;
             let target = match (engine.as_str(), jobmanager) {
                 ("fluvia", Some(jm)) => Target::Cluster(jm),
                 ("fluvia", None) => Target::Embedded,

@@ -57,7 +57,51 @@ pub struct SqlSettings {
     pub tables: PathBuf,
     pub format: TableFormat,
     pub parallelism: usize,
+    /// No `-p` given: stages past the scans get their parallelism from the
+    /// data at runtime (the adaptive batch scheduler); `parallelism` is then
+    /// only what the scans are planned with.
+    pub adaptive: bool,
     pub config: Configuration,
+}
+
+impl SqlSettings {
+    /// Settings for `-p` (kept as given) or, without it, adaptive ones whose
+    /// scans are planned at [`default_scan_parallelism`].
+    pub fn new(
+        tables: PathBuf,
+        format: TableFormat,
+        parallelism: Option<usize>,
+        config: Configuration,
+    ) -> fluvia_core::Result<Self> {
+        let (parallelism, adaptive) = match parallelism {
+            Some(p) => (p, false),
+            None => (default_scan_parallelism(&config)?, true),
+        };
+        Ok(SqlSettings {
+            tables,
+            format,
+            parallelism,
+            adaptive,
+            config,
+        })
+    }
+}
+
+/// The parallelism scans are planned with when the query has none:
+/// `execution.batch.adaptive.auto-parallelism.default-source-parallelism`
+/// or `parallelism.default` when configured, else the machine's cores.
+pub fn default_scan_parallelism(config: &Configuration) -> fluvia_core::Result<usize> {
+    use fluvia_core::config::options;
+    if config
+        .get_raw(options::AUTO_PARALLELISM_DEFAULT_SOURCE.key)
+        .is_some()
+    {
+        return config.get(&options::AUTO_PARALLELISM_DEFAULT_SOURCE);
+    }
+    if config.get_raw(options::PARALLELISM.key).is_some() {
+        return config.get(&options::PARALLELISM);
+    }
+    Ok(std::thread::available_parallelism().map_or(2, |n| n.get()))
 }
 
 /// Plans one statement; the result file goes to `work`.
@@ -67,6 +111,7 @@ pub fn plan(s: &SqlSettings, sql: &str, name: &str, work: &Path) -> Result<Plann
         tables: s.tables.clone(),
         format: s.format,
         parallelism: s.parallelism,
+        adaptive: s.adaptive,
         config: s.config.clone(),
         result_path: work.join(format!("{}.arrow", sanitize(name))),
         name: name.to_string(),

@@ -4,6 +4,8 @@
 //! as -1 while they wait), the answer is right, and with one hot key the
 //! counting subtasks read balanced inputs except the one holding that key.
 
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use common::{Cluster, get};
@@ -89,7 +91,10 @@ fn run_wordcount(cluster: &Cluster, dir: &Path, expected: &BTreeMap<String, u64>
         .iter()
         .zip(plan["plan"]["nodes"].as_array().unwrap())
     {
-        assert_eq!(v["parallelism"], node["parallelism"], "plan and details agree");
+        assert_eq!(
+            v["parallelism"], node["parallelism"],
+            "plan and details agree"
+        );
         assert_eq!(
             v["subtasks"].as_array().unwrap().len() as u64,
             v["parallelism"].as_u64().unwrap()
@@ -163,12 +168,13 @@ fn with_one_hot_key_the_counting_subtasks_read_balanced_inputs_except_the_hot_on
     cluster.wait_for_task_managers(2);
     let details = run_wordcount(&cluster, dir.path(), &expected);
     let bytes = tokenizer_bytes(&details);
-    let per_subpartition: Vec<u64> = (0..128)
-        .map(|s| bytes.iter().map(|p| p[s]).sum())
-        .collect();
+    let per_subpartition: Vec<u64> = (0..128).map(|s| bytes.iter().map(|p| p[s]).sum()).collect();
     let hot = (0..128).max_by_key(|&s| per_subpartition[s]).unwrap();
     let total: u64 = per_subpartition.iter().sum();
-    assert!(per_subpartition[hot] * 10 > total * 8, "the hot key dominates");
+    assert!(
+        per_subpartition[hot] * 10 > total * 8,
+        "the hot key dominates"
+    );
     // What each counting subtask read: the hot one reads about the hot
     // subpartition, every other one at most the target volume.
     let counting = details["vertices"][1]["subtasks"].as_array().unwrap();
@@ -179,11 +185,99 @@ fn with_one_hot_key_the_counting_subtasks_read_balanced_inputs_except_the_hot_on
         .collect();
     let max = *reads.iter().max().unwrap();
     let others: Vec<u64> = reads.iter().copied().filter(|&r| r != max).collect();
-    println!("hot subpartition {} bytes; reads {reads:?}", per_subpartition[hot]);
+    println!(
+        "hot subpartition {} bytes; reads {reads:?}",
+        per_subpartition[hot]
+    );
     // Balanced ranges give the hot subpartition a subtask of its own.
     assert!(max * 10 >= per_subpartition[hot] * 9, "{reads:?}");
-    assert!(max <= per_subpartition[hot] + per_subpartition[hot] / 20, "{reads:?}");
+    assert!(
+        max <= per_subpartition[hot] + per_subpartition[hot] / 20,
+        "{reads:?}"
+    );
     for r in &others {
-        assert!(*r <= AVG + AVG / 4, "a balanced subtask read {r} bytes: {reads:?}");
+        assert!(
+            *r <= AVG + AVG / 4,
+            "a balanced subtask read {r} bytes: {reads:?}"
+        );
     }
+}
+
+/// A SQL aggregation without `-p` on the cluster: the scans run at the
+/// configured default parallelism, the final aggregation's parallelism is
+/// decided from the bytes the partial aggregations hashed into 128 key
+/// groups, and the answer matches the same query at a fixed parallelism.
+#[test]
+fn a_sql_query_without_p_gets_the_parallelism_of_its_hash_stages_from_the_data() {
+    let data = common::tpcds_data();
+    let cluster = Cluster::start(&[], 2, &["--slots", "4"]);
+    cluster.wait_for_task_managers(2);
+    let sql = "select ss_item_sk, count(*) as n, sum(ss_quantity) as q from store_sales \
+               group by ss_item_sk order by ss_item_sk";
+    let run = |extra: &[&str]| {
+        let o = common::fluvia()
+            .args(["sql", "--jobmanager", &cluster.rpc, "--tables"])
+            .arg(data)
+            .args(["-e", sql])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).to_string()
+    };
+    let adaptive = run(&[
+        "-D",
+        "parallelism.default=3",
+        "-D",
+        "execution.batch.adaptive.auto-parallelism.avg-data-volume-per-task=16kb",
+    ]);
+    assert_eq!(adaptive, run(&["-p", "2"]), "same rows either way");
+    let jobs = get(&cluster.rest, "/jobs");
+    let first = jobs["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["id"].as_str().unwrap().to_string())
+        .find(|id| {
+            get(&cluster.rest, &format!("/jobs/{id}"))["vertices"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|v| v["maxParallelism"] == 128)
+        })
+        .expect("the adaptive job");
+    let details = get(&cluster.rest, &format!("/jobs/{first}"));
+    let vertices = details["vertices"].as_array().unwrap();
+    assert!(
+        vertices[0]["name"]
+            .as_str()
+            .unwrap()
+            .contains("store_sales")
+    );
+    assert_eq!(
+        vertices[0]["parallelism"], 3,
+        "scans at the default parallelism"
+    );
+    let bytes = tokenizer_bytes(&details);
+    let adaptive_vertex = vertices
+        .iter()
+        .find(|v| v["maxParallelism"] == 128)
+        .unwrap();
+    let decision = adaptive::decide(
+        128,
+        None,
+        &[BlockingResultInfo::all_to_all(bytes)],
+        &DeciderConfig {
+            avg_data_volume_per_task: 16 * 1024,
+            ..DeciderConfig::default()
+        },
+    )
+    .unwrap();
+    assert!(
+        decision.parallelism > 1,
+        "{} subtasks",
+        decision.parallelism
+    );
+    assert_eq!(adaptive_vertex["parallelism"], decision.parallelism as u64);
+    assert_eq!(adaptive_vertex["parallelism-decided"], true);
 }

@@ -32,6 +32,14 @@ fn all_99_tpcds_queries_match_the_answers_at_parallelism_2() {
     assert_all_103_statements_pass(ok, &out);
 }
 
+/// No `-p`: the scans run at the machine's cores and every later stage that
+/// reads only exchanges gets its parallelism from the data at runtime.
+#[test]
+fn all_99_tpcds_queries_match_with_the_parallelism_left_to_the_adaptive_batch_scheduler() {
+    let (ok, out) = tpcds_run(&[]);
+    assert_all_103_statements_pass(ok, &out);
+}
+
 #[test]
 fn all_99_tpcds_queries_match_on_a_cluster_with_an_external_shuffle_service() {
     let dir = tempfile::tempdir().unwrap();

@@ -77,7 +77,12 @@ async fn plan(State(s): State<Shared>, Path(id): Path<String>) -> Response {
                     .iter()
                     .map(|v| v.parallelism_decided.then_some(v.parallelism))
                     .collect(),
-                None => j.graph.vertices.iter().map(|v| Some(v.parallelism)).collect(),
+                None => j
+                    .graph
+                    .vertices
+                    .iter()
+                    .map(|v| Some(v.parallelism))
+                    .collect(),
             };
             Json(json!({ "plan": json_plan_with(&j.graph, &parallelism) })).into_response()
         }

@@ -140,9 +140,7 @@ impl<'a> JobGraphGenerator<'a> {
                 name: self.chained_name(head),
                 parallelism: head_node.parallelism,
                 max_parallelism: head_node.max_parallelism,
-                parallelism_configured: members
-                    .iter()
-                    .any(|&m| g.node(m).parallelism_configured),
+                parallelism_configured: members.iter().any(|&m| g.node(m).parallelism_configured),
                 slot_sharing_group: head_node.slot_sharing_group.clone(),
                 operators,
                 inputs: Vec::new(),

@@ -95,13 +95,24 @@ pub fn text_plan(jg: &JobGraph) -> String {
         jg.num_operators(),
         jg.vertices.len()
     );
+    // Batch jobs leave a parallelism nobody set to the adaptive batch
+    // scheduler (unless switched off).
+    let adaptive = jg.job_type == crate::JobType::Batch
+        && jg
+            .config
+            .get(&fluvia_core::config::options::AUTO_PARALLELISM_ENABLED)
+            .unwrap_or(true);
     for (i, v) in jg.vertices.iter().enumerate() {
+        let parallelism = if adaptive && !v.parallelism_configured {
+            format!("parallelism decided at runtime (default {})", v.parallelism)
+        } else {
+            format!("parallelism {}", v.parallelism)
+        };
         let _ = writeln!(
             out,
-            "[{}] {}\n    parallelism {}, max parallelism {}, slot sharing group '{}'",
+            "[{}] {}\n    {parallelism}, max parallelism {}, slot sharing group '{}'",
             i + 1,
             v.name,
-            v.parallelism,
             v.max_parallelism,
             v.slot_sharing_group
         );

@@ -67,7 +67,12 @@ impl TaskDeployment {
     /// `Name (i/p)` as Flink prints task names.
     pub fn task_name(&self) -> String {
         let v = self.vertex();
-        format!("{} ({}/{})", v.name, self.subtask_index + 1, self.parallelism)
+        format!(
+            "{} ({}/{})",
+            v.name,
+            self.subtask_index + 1,
+            self.parallelism
+        )
     }
 
     /// Where a failure with no better attribution happened: the operator that

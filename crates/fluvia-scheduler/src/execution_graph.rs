@@ -352,7 +352,10 @@ impl ExecutionGraph {
                     return internal_err!("edge into '{}' from an unknown vertex", v.name);
                 };
                 if producer >= consumer {
-                    return internal_err!("the vertices of '{}' are not in topological order", jg.name);
+                    return internal_err!(
+                        "the vertices of '{}' are not in topological order",
+                        jg.name
+                    );
                 }
                 results.push(IntermediateResult {
                     data_set: edge.source_data_set,

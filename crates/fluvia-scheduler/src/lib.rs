@@ -31,7 +31,8 @@ pub use execution_graph::{
     ExecutionState, ExecutionVertex, IntermediateResult, SubpartitionRange, SubtaskInput,
 };
 pub use scheduler::{
-    Action, AdaptiveJob, Event, Job, JobState, Scheduler, SchedulerConfig, SharedSlot, TaskManagerSpec,
+    Action, AdaptiveJob, Event, Job, JobState, Scheduler, SchedulerConfig, SharedSlot,
+    TaskManagerSpec,
 };
 pub use shuffle::{PartitionLocation, ShuffleMaster, ShuffleServiceSpec, ShuffleServiceType};
 pub use validate::validate_job_graph;

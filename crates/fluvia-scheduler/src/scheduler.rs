@@ -42,11 +42,11 @@
 //!   final report was lost), and an attempt a TaskManager runs that the
 //!   scheduler does not know as live is cancelled.
 
+use crate::adaptive::{self, BlockingResultInfo, DeciderConfig};
 use crate::deployment::{
     Deployment, ExecutionAttemptId, InputDescriptor, OutputDescriptor, PartitionRef,
     ShuffleServiceTarget,
 };
-use crate::adaptive::{self, BlockingResultInfo, DeciderConfig};
 use crate::execution_graph::{AttemptMetrics, ExecutionGraph, ExecutionState, SubtaskInput};
 use crate::shuffle::{PartitionLocation, ShuffleMaster, ShuffleServiceSpec, ShuffleServiceType};
 use crate::validate::validate_job_graph;
@@ -354,9 +354,10 @@ impl Job {
     }
 
     fn all_finished(&self) -> bool {
-        self.eg.vertices.iter().all(|v| {
-            v.initialized && v.subtasks.iter().all(|s| s.finished_attempt.is_some())
-        })
+        self.eg
+            .vertices
+            .iter()
+            .all(|v| v.initialized && v.subtasks.iter().all(|s| s.finished_attempt.is_some()))
     }
 
     /// Whether every subtask of vertex `v` finished (its results are

@@ -168,7 +168,10 @@ fn an_undecided_keyed_vertex_gets_its_parallelism_and_balanced_key_group_ranges_
         assert_eq!(s.parallelism, 2);
     }
     d.finish(&sources[0], vec![P0.to_vec()]);
-    assert!(d.vertex(1).subtasks.is_empty(), "decided before all producers finished");
+    assert!(
+        d.vertex(1).subtasks.is_empty(),
+        "decided before all producers finished"
+    );
     d.finish(&sources[1], vec![P1.to_vec()]);
     assert!(d.vertex(1).parallelism_decided);
     assert_eq!(d.vertex(1).parallelism, 5);
@@ -205,7 +208,10 @@ fn forward_connected_vertices_share_one_decision() {
             Op("Sum", None, Some(10)),
             Op("Map", None, Some(10)),
         ],
-        &[(0, 1, PartitionerKind::Hash), (1, 2, PartitionerKind::Forward)],
+        &[
+            (0, 1, PartitionerKind::Hash),
+            (1, 2, PartitionerKind::Forward),
+        ],
         conf(&[(options::AUTO_PARALLELISM_AVG_DATA_VOLUME.key, "60")]),
     );
     let mut d = Driver::start(jg, 8);

@@ -71,6 +71,14 @@ pub struct SqlJob {
     pub result_path: String,
     /// Fluvia configuration entries of the job (`-D`).
     pub config: Vec<(String, String)>,
+    /// Per stage: whether its parallelism is left to the adaptive batch
+    /// scheduler (decided from the bytes its inputs wrote).
+    #[serde(default)]
+    pub adaptive: Vec<bool>,
+    /// Subpartitions a producer hashes into for an adaptive consumer (its
+    /// max parallelism: the consumer reads ranges of them).
+    #[serde(default)]
+    pub key_groups: usize,
 }
 
 /// How to plan a query.
@@ -80,6 +88,9 @@ pub struct PlanRequest {
     pub tables: PathBuf,
     pub format: TableFormat,
     pub parallelism: usize,
+    /// No parallelism was given (`-p`): stages that only read exchanges
+    /// get theirs at runtime from the data, when the configuration allows.
+    pub adaptive: bool,
     pub config: Configuration,
     pub result_path: PathBuf,
     pub name: String,
@@ -203,6 +214,11 @@ pub fn plan(req: &PlanRequest) -> std::result::Result<PlannedQuery, PlanError> {
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
+    let adaptive = if req.adaptive && req.config.get(&options::AUTO_PARALLELISM_ENABLED)? {
+        split::adaptive_stages(&stage_plan)
+    } else {
+        vec![false; stage_plan.stages.len()]
+    };
     Ok(PlannedQuery {
         job: SqlJob {
             name: req.name.clone(),
@@ -210,6 +226,8 @@ pub fn plan(req: &PlanRequest) -> std::result::Result<PlannedQuery, PlanError> {
             stages,
             result_path: req.result_path.to_string_lossy().to_string(),
             config,
+            adaptive,
+            key_groups: req.config.get(&options::AUTO_PARALLELISM_MAX)?,
         },
         stage_plan,
         physical,
@@ -306,6 +324,11 @@ impl SqlJob {
         Ok(Arc::new(schema))
     }
 
+    /// Whether the scheduler decides the parallelism of stage `id`.
+    pub fn is_adaptive(&self, id: usize) -> bool {
+        self.adaptive.get(id).copied().unwrap_or(false) && self.key_groups > 0
+    }
+
     /// Whether stage `id` feeds its consumer one-to-one.
     fn is_pointwise(&self, id: usize) -> bool {
         let s = &self.stages[id];
@@ -332,7 +355,7 @@ impl SqlJob {
         b.runtime_mode = RuntimeMode::Batch;
         b.chaining_enabled = config.get(&options::CHAINING_ENABLED)?;
         let mut nodes = Vec::with_capacity(self.stages.len());
-        for s in &self.stages {
+        for (k, s) in self.stages.iter().enumerate() {
             let id = if s.inputs.is_empty() {
                 b.add_source(s.name.clone(), true)
             } else {
@@ -340,8 +363,14 @@ impl SqlJob {
                 b.set_chaining_strategy(n, fluvia_core::ChainingStrategy::HeadWithSources);
                 n
             };
-            b.set_parallelism(id, s.parallelism);
-            b.set_max_parallelism(id, s.parallelism.max(1));
+            if self.is_adaptive(k) {
+                // Left to the scheduler; the planned count is the default.
+                b.default_parallelism = s.parallelism;
+                b.set_max_parallelism(id, self.key_groups.max(s.parallelism));
+            } else {
+                b.set_parallelism(id, s.parallelism);
+                b.set_max_parallelism(id, s.parallelism.max(1));
+            }
             nodes.push(id);
         }
         let sink = b.add_operator("Sink: collect", 1);
@@ -503,6 +532,11 @@ impl TaskDriver for StageDriver {
         .map_err(df_err)?;
         let (plan, mut partitioner, offset) = match spec.exchange {
             Exchange::Hash { partitions, offset } => {
+                // An adaptive consumer reads ranges of key groups.
+                let partitions = match spec.consumer {
+                    Some(c) if self.job.is_adaptive(c) => self.job.key_groups,
+                    _ => partitions,
+                };
                 let Some(r) = plan.downcast_ref::<RepartitionExec>() else {
                     return Err(FluviaError::Internal(
                         "hash stage without its exchange".into(),
@@ -525,7 +559,15 @@ impl TaskDriver for StageDriver {
         let _enter = rt.enter();
         // One partition: state DataFusion shares between the partitions of
         // an operator (a join's dynamic filter) is complete in this task.
-        let plan = split::task_view(&plan, self.subtask).map_err(df_err)?;
+        // An adaptive stage has no scan or union, the only operators whose
+        // partition index picks data: its subtasks read what the scheduler
+        // handed them, however many there are.
+        let view = if self.job.is_adaptive(self.stage) {
+            self.subtask % spec.parallelism.max(1)
+        } else {
+            self.subtask
+        };
+        let plan = split::task_view(&plan, view).map_err(df_err)?;
         let mut stream = plan.execute(0, Arc::clone(&task_ctx)).map_err(df_err)?;
         while let Some(next) = rt.block_on(stream.next()) {
             let batch = next.map_err(df_err)?;

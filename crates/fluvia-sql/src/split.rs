@@ -296,6 +296,80 @@ pub fn split(plan: Arc<dyn ExecutionPlan>, policy: CutPolicy) -> DfResult<StageP
     Ok(StagePlan { stages: s.stages })
 }
 
+// ---------------------------------------------------------------- adaptive
+
+/// Stages whose parallelism the adaptive batch scheduler may decide: a
+/// fragment that only reads exchanges (no scan, values or union: the
+/// operators whose partition index picks data), planned at the query's
+/// parallelism, whose inputs are hash exchanges over all of its planned
+/// partitions, broadcasts, or one-to-one forwards. Stages joined by forward
+/// edges share one parallelism, so a group is adaptive only as a whole,
+/// and only if one of its members reads a hash exchange (else there is
+/// nothing to balance).
+pub fn adaptive_stages(plan: &StagePlan) -> Vec<bool> {
+    fn reads_only_exchanges(plan: &Arc<dyn ExecutionPlan>) -> bool {
+        if plan.is::<ExchangeReaderExec>() {
+            return true;
+        }
+        let children = plan.children();
+        !children.is_empty()
+            && !plan.is::<UnionExec>()
+            && children.into_iter().all(reads_only_exchanges)
+    }
+    let stages = &plan.stages;
+    let n = stages.len();
+    let planned = stages.iter().map(|s| s.parallelism).max().unwrap_or(1);
+    let forward = |producer: usize| {
+        let p = &stages[producer];
+        p.exchange == (Exchange::Forward { offset: 0 })
+            && p.consumer
+                .is_some_and(|c| stages[c].parallelism == p.parallelism)
+    };
+    let mut hash_input = vec![false; n];
+    let eligible: Vec<bool> = stages
+        .iter()
+        .enumerate()
+        .map(|(id, s)| {
+            let inputs_ok = !s.inputs.is_empty()
+                && s.inputs.iter().all(|&i| match stages[i].exchange {
+                    Exchange::Hash { partitions, offset } => {
+                        hash_input[id] = true;
+                        offset == 0 && partitions == s.parallelism
+                    }
+                    Exchange::Broadcast => true,
+                    Exchange::Forward { .. } => forward(i),
+                    Exchange::Global { .. } => false,
+                });
+            planned > 1 && s.parallelism == planned && inputs_ok && reads_only_exchanges(&s.plan)
+        })
+        .collect();
+    // Forward groups: union-find over one-to-one edges, sink edge aside.
+    let mut group: Vec<usize> = (0..n).collect();
+    fn find(g: &mut [usize], x: usize) -> usize {
+        let mut r = x;
+        while g[r] != r {
+            r = g[r];
+        }
+        g[x] = r;
+        r
+    }
+    for (id, s) in stages.iter().enumerate() {
+        if let Some(c) = s.consumer
+            && forward(id)
+        {
+            let (a, b) = (find(&mut group, id), find(&mut group, c));
+            group[a] = b;
+        }
+    }
+    let roots: Vec<usize> = (0..n).map(|i| find(&mut group, i)).collect();
+    (0..n)
+        .map(|i| {
+            let members = || (0..n).filter(|&j| roots[j] == roots[i]);
+            members().all(|j| eligible[j]) && members().any(|j| hash_input[j])
+        })
+        .collect()
+}
+
 // ---------------------------------------------------------------- naming
 
 /// The table a scan reads: the folder (or file stem) of its first file.
