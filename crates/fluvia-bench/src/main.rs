@@ -7,11 +7,13 @@
 //! cargo run --release -p fluvia-bench -- startup      # submission to finish, embedded and on a cluster
 //! cargo run --release -p fluvia-bench -- sql --data DIR  # TPC-DS: Fluvia vs DataFusion, multiple-input on/off
 //! cargo run --release -p fluvia-bench -- shuffle      # blocking partitions: sort-merge vs file per subpartition vs a plain file
+//! cargo run --release -p fluvia-bench -- skew         # a skewed join: skew splitting off vs on
 //! ```
 
 mod datastream;
 mod network;
 mod shuffle;
+mod skew;
 mod sql;
 mod startup;
 
@@ -35,6 +37,8 @@ enum Suite {
     Sql(sql::Args),
     /// Blocking partitions: sort-merge vs one file per subpartition vs a plain file, LZ4 on/off.
     Shuffle(shuffle::Args),
+    /// A join with one hot key: slowest over median join subtask, skew splitting off vs on.
+    Skew(skew::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -44,5 +48,6 @@ fn main() -> anyhow::Result<()> {
         Suite::Startup(a) => startup::run(a),
         Suite::Sql(a) => sql::run_suite(a),
         Suite::Shuffle(a) => shuffle::run(a),
+        Suite::Skew(a) => skew::run_bench(a),
     }
 }

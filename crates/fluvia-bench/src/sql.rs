@@ -71,16 +71,29 @@ pub fn run_suite(a: Args) -> Result<()> {
         }
     };
     let (on, off) = (settings(true), settings(false));
+    // No -p: scans at p, every later stage decided from the data.
+    let adaptive = SqlSettings {
+        adaptive: true,
+        ..on.clone()
+    };
     let numbers: Vec<usize> = if a.query.is_empty() {
         (1..=99).collect()
     } else {
         a.query.clone()
     };
     println!(
-        "{:<8} {:>10} {:>10} {:>7} {:>12} {:>14} {:>14}",
-        "query", "datafusion", "fluvia", "ratio", "fluvia MI-off", "net bytes MI", "net MI-off"
+        "{:<8} {:>10} {:>10} {:>7} {:>12} {:>14} {:>14} {:>10} {:>7}",
+        "query",
+        "datafusion",
+        "fluvia",
+        "ratio",
+        "fluvia MI-off",
+        "net bytes MI",
+        "net MI-off",
+        "adaptive",
+        "ratio"
     );
-    let (mut df_total, mut fl_total, mut off_total) = (0.0, 0.0, 0.0);
+    let (mut df_total, mut fl_total, mut off_total, mut ad_total) = (0.0, 0.0, 0.0, 0.0);
     let (mut bytes_on, mut bytes_off) = (0u64, 0u64);
     let mut failed = Vec::new();
     for q in numbers {
@@ -91,31 +104,36 @@ pub fn run_suite(a: Args) -> Result<()> {
                 measure(&on, sql, &Target::DataFusion, a.repeat),
                 measure(&on, sql, &Target::Embedded, a.repeat),
                 measure(&off, sql, &Target::Embedded, a.repeat),
+                measure(&adaptive, sql, &Target::Embedded, a.repeat),
             );
-            let (Ok(d), Ok(f), Ok(o)) = cells else {
+            let (Ok(d), Ok(f), Ok(o), Ok(ad)) = cells else {
                 failed.push(name);
                 continue;
             };
             df_total += d.secs;
             fl_total += f.secs;
             off_total += o.secs;
+            ad_total += ad.secs;
             bytes_on += f.network_bytes;
             bytes_off += o.network_bytes;
             println!(
-                "{name:<8} {:>10.3} {:>10.3} {:>7.2} {:>12.3} {:>14} {:>14}",
+                "{name:<8} {:>10.3} {:>10.3} {:>7.2} {:>12.3} {:>14} {:>14} {:>10.3} {:>7.2}",
                 d.secs,
                 f.secs,
                 f.secs / d.secs.max(1e-9),
                 o.secs,
                 f.network_bytes,
-                o.network_bytes
+                o.network_bytes,
+                ad.secs,
+                ad.secs / d.secs.max(1e-9)
             );
         }
     }
     println!(
-        "{:<8} {df_total:>10.3} {fl_total:>10.3} {:>7.2} {off_total:>12.3} {bytes_on:>14} {bytes_off:>14}",
+        "{:<8} {df_total:>10.3} {fl_total:>10.3} {:>7.2} {off_total:>12.3} {bytes_on:>14} {bytes_off:>14} {ad_total:>10.3} {:>7.2}",
         "total",
-        fl_total / df_total.max(1e-9)
+        fl_total / df_total.max(1e-9),
+        ad_total / df_total.max(1e-9)
     );
     if !failed.is_empty() {
         println!("not measured (an engine failed): {}", failed.join(" "));

@@ -281,3 +281,122 @@ fn a_sql_query_without_p_gets_the_parallelism_of_its_hash_stages_from_the_data()
     assert_eq!(adaptive_vertex["parallelism"], decision.parallelism as u64);
     assert_eq!(adaptive_vertex["parallelism-decided"], true);
 }
+
+/// A join whose probe side has one hot key: with skew splitting the hot
+/// subpartition is shared out among several join subtasks by producer
+/// partitions (REST lists the split), no join subtask reads it whole, and
+/// the answer is the one without splitting.
+#[test]
+fn a_skewed_join_subpartition_is_split_across_subtasks_with_the_same_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let tables = dir.path().join("tables");
+    let (rows, keys) = (60_000u64, 6_000u64);
+    // Four probe files: four scan subtasks, the partitions a hot
+    // subpartition is split by.
+    let mut probe = vec![String::from("k,v\n"); 4];
+    let mut build = String::from("k,w\n");
+    let (mut expected_sum, mut state) = (0u64, 7u64);
+    let mut w = vec![0u64; keys as usize];
+    for (k, slot) in w.iter_mut().enumerate() {
+        *slot = (k as u64 * 7919) % 1000;
+        writeln!(build, "{k},{slot}").unwrap();
+    }
+    for i in 0..rows {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let k = if i % 2 == 0 { 0 } else { (state >> 33) % keys };
+        let v = (state >> 20) % 1000;
+        writeln!(probe[(i / 2 % 4) as usize], "{k},{v}").unwrap();
+        expected_sum += v + w[k as usize];
+    }
+    std::fs::create_dir_all(tables.join("probe")).unwrap();
+    for (i, text) in probe.iter().enumerate() {
+        std::fs::write(tables.join("probe").join(format!("part-{i}.csv")), text).unwrap();
+    }
+    std::fs::create_dir_all(tables.join("build")).unwrap();
+    std::fs::write(tables.join("build").join("build.csv"), build).unwrap();
+    let cluster = Cluster::start(&[], 2, &["--slots", "4"]);
+    cluster.wait_for_task_managers(2);
+    let sql = "select count(*) as n, sum(p.v + b.w) as s from probe p join build b on p.k = b.k";
+    let run = |strategy: &str| {
+        let o = common::fluvia()
+            .args([
+                "sql",
+                "--jobmanager",
+                &cluster.rpc,
+                "--format",
+                "csv",
+                "--tables",
+            ])
+            .arg(&tables)
+            .args(["-e", sql])
+            .args(["-D", "parallelism.default=4"])
+            .args(["-D", "table.optimizer.join.broadcast-threshold=0"])
+            .args([
+                "-D",
+                "execution.batch.adaptive.auto-parallelism.avg-data-volume-per-task=32kb",
+            ])
+            .args([
+                "-D",
+                "table.optimizer.skewed-join-optimization.skewed-threshold=1kb",
+            ])
+            .args([
+                "-D",
+                &format!("table.optimizer.skewed-join-optimization.strategy={strategy}"),
+            ])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).to_string()
+    };
+    let want = format!("n,s\n{rows},{expected_sum}\n");
+    assert_eq!(run("NONE"), want);
+    assert_eq!(run("AUTO"), want);
+    // The two jobs, oldest first: the join vertex of each.
+    let mut joins = Vec::new();
+    let jobs = get(&cluster.rest, "/jobs");
+    let mut ids: Vec<(u64, String)> = jobs["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| {
+            let id = j["id"].as_str().unwrap().to_string();
+            let d = get(&cluster.rest, &format!("/jobs/{id}"));
+            (d["start-time"].as_u64().unwrap(), id)
+        })
+        .collect();
+    ids.sort();
+    for (_, id) in ids {
+        let d = get(&cluster.rest, &format!("/jobs/{id}"));
+        let join = d["vertices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"].as_str().unwrap().contains("HashJoin"))
+            .unwrap()
+            .clone();
+        joins.push(join);
+    }
+    assert_eq!(joins.len(), 2);
+    let max_read = |v: &Value| {
+        v["subtasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["metrics"]["read-bytes"].as_u64().unwrap())
+            .max()
+            .unwrap()
+    };
+    assert_eq!(joins[0]["skew-splits"].as_array().unwrap().len(), 0);
+    let splits = joins[1]["skew-splits"].as_array().unwrap();
+    assert_eq!(splits.len(), 1, "{splits:?}");
+    assert!(splits[0]["pieces"].as_u64().unwrap() >= 2);
+    // Without splitting one subtask reads the whole hot key; with it, the
+    // biggest read shrinks by at least a third.
+    let (off, on) = (max_read(&joins[0]), max_read(&joins[1]));
+    assert!(
+        on * 3 <= off * 2,
+        "largest join input {off} bytes off, {on} on"
+    );
+}

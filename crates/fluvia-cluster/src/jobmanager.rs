@@ -456,6 +456,18 @@ impl JmShared {
                     "parallelism": if ejv.parallelism_decided { ejv.parallelism as i64 } else { -1 },
                     "maxParallelism": jv.max_parallelism,
                     "parallelism-decided": ejv.parallelism_decided,
+                    // Skewed subpartitions shared out among subtasks.
+                    "skew-splits": job
+                        .skew_splits
+                        .iter()
+                        .filter(|(u, _)| *u == v)
+                        .flat_map(|(_, splits)| splits.iter())
+                        .map(|sp| json!({
+                            "subpartition": sp.subpartition,
+                            "input": sp.input,
+                            "pieces": sp.pieces,
+                        }))
+                        .collect::<Vec<_>>(),
                     "status": status,
                     "metrics": {
                         "read-records": sum("read-records"),

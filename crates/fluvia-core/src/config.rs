@@ -188,6 +188,25 @@ pub mod options {
         description: "Parallelism of sources whose parallelism is not set, under the adaptive batch scheduler.",
     };
 
+    pub const SKEWED_JOIN_STRATEGY: ConfigOption<&'static str> = ConfigOption {
+        key: "table.optimizer.skewed-join-optimization.strategy",
+        fallback_keys: &[],
+        default: "AUTO",
+        description: "SQL under the adaptive batch scheduler: AUTO splits a skewed subpartition of a join side across subtasks where the join type allows it; NONE never.",
+    };
+    pub const SKEWED_JOIN_FACTOR: ConfigOption<f64> = ConfigOption {
+        key: "table.optimizer.skewed-join-optimization.skewed-factor",
+        fallback_keys: &[],
+        default: 4.0,
+        description: "A join side's subpartition is skewed above this many times the median one (and above the threshold).",
+    };
+    pub const SKEWED_JOIN_THRESHOLD: ConfigOption<u64> = ConfigOption {
+        key: "table.optimizer.skewed-join-optimization.skewed-threshold",
+        fallback_keys: &[],
+        default: 256 * 1024 * 1024,
+        description: "A join side's subpartition is skewed only above this many bytes.",
+    };
+
     /// (key, default as text, description) of every option, for docs and `--help`.
     pub fn all() -> Vec<(&'static str, String, &'static str)> {
         vec![
@@ -215,6 +234,21 @@ pub mod options {
                 AUTO_PARALLELISM_DEFAULT_SOURCE.key,
                 AUTO_PARALLELISM_DEFAULT_SOURCE.default.to_string(),
                 AUTO_PARALLELISM_DEFAULT_SOURCE.description,
+            ),
+            (
+                SKEWED_JOIN_STRATEGY.key,
+                SKEWED_JOIN_STRATEGY.default.to_string(),
+                SKEWED_JOIN_STRATEGY.description,
+            ),
+            (
+                SKEWED_JOIN_FACTOR.key,
+                SKEWED_JOIN_FACTOR.default.to_string(),
+                SKEWED_JOIN_FACTOR.description,
+            ),
+            (
+                SKEWED_JOIN_THRESHOLD.key,
+                "256 mb".to_string(),
+                SKEWED_JOIN_THRESHOLD.description,
             ),
             (
                 BROADCAST_THRESHOLD.key,
@@ -315,6 +349,16 @@ impl ConfigValue for usize {
         s.trim()
             .parse()
             .map_err(|_| "expected a non-negative integer".to_string())
+    }
+}
+
+impl ConfigValue for f64 {
+    fn parse_value(s: &str) -> std::result::Result<Self, String> {
+        s.trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite() && *v >= 0.0)
+            .ok_or_else(|| "expected a non-negative number".to_string())
     }
 }
 

@@ -194,6 +194,7 @@ impl<'a> JobGraphGenerator<'a> {
                 result_partition_type: rpt,
                 type_number: edge.type_number,
                 stream_edge: edge.id,
+                intra_input_key_correlated: edge.intra_input_key_correlated,
             });
         }
 

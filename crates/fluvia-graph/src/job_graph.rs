@@ -73,6 +73,9 @@ pub struct JobEdge {
     /// 0 for a one-input head, 1 or 2 for the inputs of a two-input head.
     pub type_number: u8,
     pub stream_edge: usize,
+    /// See `StreamEdge::intra_input_key_correlated`.
+    #[serde(default = "configured")]
+    pub intra_input_key_correlated: bool,
 }
 
 impl JobEdge {

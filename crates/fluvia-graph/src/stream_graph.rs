@@ -58,6 +58,16 @@ pub struct StreamEdge {
     pub exchange_mode: ExchangeMode,
     /// 0 for one-input operators, 1 or 2 for the inputs of a two-input operator.
     pub type_number: u8,
+    /// Flink's `intraInputKeyCorrelated`: records of one key must reach one
+    /// subtask. False lets the adaptive batch scheduler split a skewed
+    /// subpartition of this input across subtasks (a join side whose join
+    /// type allows it).
+    #[serde(default = "correlated")]
+    pub intra_input_key_correlated: bool,
+}
+
+fn correlated() -> bool {
+    true
 }
 
 /// A resolved, validated StreamGraph.
@@ -138,6 +148,7 @@ struct EdgeSpec {
     partitioner: Option<PartitionerKind>,
     exchange_mode: ExchangeMode,
     type_number: u8,
+    intra_input_key_correlated: bool,
 }
 
 /// Records nodes and edges with optional settings; [`build`](Self::build)
@@ -230,8 +241,17 @@ impl StreamGraphBuilder {
             partitioner,
             exchange_mode,
             type_number,
+            intra_input_key_correlated: true,
         });
         self.edges.len() - 1
+    }
+
+    /// Marks edge `edge` as one whose skewed subpartitions may be split
+    /// across subtasks (`false`), see [`StreamEdge::intra_input_key_correlated`].
+    pub fn set_intra_input_key_correlated(&mut self, edge: usize, correlated: bool) {
+        if let Some(e) = self.edges.get_mut(edge) {
+            e.intra_input_key_correlated = correlated;
+        }
     }
 
     pub fn node_name(&self, id: StreamNodeId) -> &str {
@@ -407,6 +427,7 @@ impl StreamGraphBuilder {
                 partitioner_explicit: e.partitioner.is_some(),
                 exchange_mode: e.exchange_mode,
                 type_number: e.type_number,
+                intra_input_key_correlated: e.intra_input_key_correlated,
             });
         }
 

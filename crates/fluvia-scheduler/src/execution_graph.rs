@@ -290,6 +290,9 @@ pub struct IntermediateResult {
     pub result_partition_type: ResultPartitionType,
     /// The consuming operator's input (0, or 1/2 for two inputs).
     pub type_number: u8,
+    /// Whether a skewed subpartition must stay with one subtask (see the
+    /// JobEdge's flag).
+    pub intra_input_key_correlated: bool,
     /// Subpartitions of each producer subtask's partition (empty until the
     /// producer is initialized).
     pub num_subpartitions: Vec<usize>,
@@ -365,6 +368,7 @@ impl ExecutionGraph {
                     distribution_pattern: edge.distribution_pattern,
                     result_partition_type: edge.result_partition_type,
                     type_number: edge.type_number,
+                    intra_input_key_correlated: edge.intra_input_key_correlated,
                     num_subpartitions: Vec::new(),
                     consumer_max_parallelism: v.max_parallelism,
                     dynamic: false,
@@ -410,12 +414,12 @@ impl ExecutionGraph {
     /// Creates the subtasks of `v` (parallelism decided, producers
     /// initialized) and connects them: static results by Flink's patterns,
     /// dynamic ones by `dynamic_inputs` (one list per dynamic result, in
-    /// input order, one entry per subtask). Its own results get their
+    /// input order, with the slices each subtask reads). Its own results get their
     /// subpartition counts from their consumers as they stand now.
     pub fn initialize(
         &mut self,
         v: usize,
-        dynamic_inputs: &[Vec<SubtaskInput>],
+        dynamic_inputs: &[Vec<Vec<SubtaskInput>>],
         now_ms: u64,
     ) -> Result<()> {
         let name = self.vertices[v].name.clone();
@@ -450,15 +454,17 @@ impl ExecutionGraph {
                         infos.len()
                     );
                 }
-                for (consumer, info) in infos.iter().enumerate() {
-                    let last = info.subpartitions.end;
-                    for producer in info.partitions.iter() {
-                        if producer >= p || last >= res.num_subpartitions[producer] {
-                            return internal_err!(
-                                "input range of '{name}' subtask {consumer} outside the result"
-                            );
+                for (consumer, slices) in infos.iter().enumerate() {
+                    for info in slices {
+                        let last = info.subpartitions.end;
+                        for producer in info.partitions.iter() {
+                            if producer >= p || last >= res.num_subpartitions[producer] {
+                                return internal_err!(
+                                    "input range of '{name}' subtask {consumer} outside the result"
+                                );
+                            }
+                            connect(producer, consumer, info.subpartitions);
                         }
-                        connect(producer, consumer, info.subpartitions);
                     }
                 }
                 continue;

@@ -16,6 +16,7 @@ pub mod deployment;
 pub mod execution_graph;
 pub mod scheduler;
 pub mod shuffle;
+pub mod skew;
 pub mod validate;
 
 pub use adaptive::{

@@ -49,6 +49,7 @@ use crate::deployment::{
 };
 use crate::execution_graph::{AttemptMetrics, ExecutionGraph, ExecutionState, SubtaskInput};
 use crate::shuffle::{PartitionLocation, ShuffleMaster, ShuffleServiceSpec, ShuffleServiceType};
+use crate::skew::{self, SkewConfig, SkewSplit};
 use crate::validate::validate_job_graph;
 use fluvia_core::config::options;
 use fluvia_core::{
@@ -316,6 +317,9 @@ pub struct Job {
     /// The adaptive batch scheduler's settings, when some vertex's
     /// parallelism is decided at runtime.
     pub adaptive: Option<AdaptiveJob>,
+    /// Vertices whose skewed subpartitions were split: (vertex, [(subpartition,
+    /// input, pieces)]).
+    pub skew_splits: Vec<(usize, Vec<SkewSplit>)>,
 }
 
 /// A batch job whose undecided vertices get their parallelism from the data.
@@ -325,6 +329,8 @@ pub struct AdaptiveJob {
     /// Forward group of each vertex: vertices joined by forward edges share
     /// one parallelism (decided once for all of them).
     pub forward_group: Vec<usize>,
+    /// Skew splitting of join sides (`None`: strategy NONE).
+    pub skew: Option<SkewConfig>,
 }
 
 impl Job {
@@ -426,12 +432,71 @@ impl Job {
             let infos: Vec<BlockingResultInfo> =
                 dynamic.iter().map(|&r| self.result_info(r)).collect();
             let ejv = &self.eg.vertices[v];
-            let decision = adaptive::decide(
-                ejv.max_parallelism,
-                decided.then_some(ejv.parallelism),
-                &infos,
-                &adaptive.config,
-            )?;
+            let splittable: Vec<bool> = dynamic
+                .iter()
+                .map(|&r| !self.eg.results[r].intra_input_key_correlated)
+                .collect();
+            // A join side that may be split and is skewed: FLIP-475.
+            let skewed = match (&adaptive.skew, decided) {
+                (Some(skew), false) if splittable.iter().any(|&s| s) => skew::decide_skewed(
+                    ejv.max_parallelism,
+                    &infos,
+                    &splittable,
+                    skew,
+                    &adaptive.config,
+                )?,
+                _ => None,
+            };
+            let decision: (usize, Vec<Vec<Vec<SubtaskInput>>>) = match skewed {
+                Some(d) => {
+                    let slices = d
+                        .inputs
+                        .iter()
+                        .map(|subtasks| {
+                            subtasks
+                                .iter()
+                                .map(|list| {
+                                    list.iter()
+                                        .map(|e| SubtaskInput {
+                                            partitions: e.partition_range,
+                                            subpartitions: e.subpartition_range,
+                                        })
+                                        .collect()
+                                })
+                                .collect()
+                        })
+                        .collect();
+                    self.skew_splits.push((v, d.split.clone()));
+                    (d.parallelism, slices)
+                }
+                None => {
+                    let d = adaptive::decide(
+                        ejv.max_parallelism,
+                        decided.then_some(ejv.parallelism),
+                        &infos,
+                        &adaptive.config,
+                    )?;
+                    let slices = d
+                        .inputs
+                        .iter()
+                        .map(|jvi| {
+                            jvi.subtasks
+                                .iter()
+                                .map(|e| {
+                                    vec![SubtaskInput {
+                                        partitions: e.partition_range,
+                                        subpartitions: e.subpartition_range,
+                                    }]
+                                })
+                                .collect()
+                        })
+                        .collect();
+                    (d.parallelism, slices)
+                }
+            };
+            let Some(adaptive) = &self.adaptive else {
+                return internal_err!("vertex {v} has dynamic inputs in a static job");
+            };
             if !decided {
                 let group = adaptive.forward_group[v];
                 let members: Vec<usize> = (0..self.eg.vertices.len())
@@ -439,23 +504,11 @@ impl Job {
                     .collect();
                 for u in members {
                     if u == v || !self.eg.vertices[u].parallelism_decided {
-                        self.eg.decide_parallelism(u, decision.parallelism)?;
+                        self.eg.decide_parallelism(u, decision.0)?;
                     }
                 }
             }
-            inputs = decision
-                .inputs
-                .iter()
-                .map(|jvi| {
-                    jvi.subtasks
-                        .iter()
-                        .map(|e| SubtaskInput {
-                            partitions: e.partition_range,
-                            subpartitions: e.subpartition_range,
-                        })
-                        .collect()
-                })
-                .collect();
+            inputs = decision.1;
         }
         self.eg.initialize(v, &inputs, now_ms)?;
         Ok(true)
@@ -525,6 +578,24 @@ fn adaptive_plan(graph: &JobGraph) -> Result<Option<(AdaptiveJob, Vec<bool>)>> {
         return Ok(None);
     }
     let config = DeciderConfig::from_configuration(&graph.config)?;
+    let skew = match graph
+        .config
+        .get(&options::SKEWED_JOIN_STRATEGY)?
+        .to_ascii_uppercase()
+        .as_str()
+    {
+        "NONE" => None,
+        "AUTO" | "FORCED" => Some(SkewConfig {
+            factor: graph.config.get(&options::SKEWED_JOIN_FACTOR)?,
+            threshold: graph.config.get(&options::SKEWED_JOIN_THRESHOLD)?,
+        }),
+        other => {
+            return Err(FluviaError::Config(format!(
+                "'{}' is {other}: expected AUTO, FORCED or NONE",
+                options::SKEWED_JOIN_STRATEGY.key
+            )));
+        }
+    };
     let n = graph.vertices.len();
     let mut parent: Vec<usize> = (0..n).collect();
     fn find(p: &mut [usize], x: usize) -> usize {
@@ -559,6 +630,7 @@ fn adaptive_plan(graph: &JobGraph) -> Result<Option<(AdaptiveJob, Vec<bool>)>> {
         AdaptiveJob {
             config,
             forward_group,
+            skew,
         },
         undecided,
     )))
@@ -833,6 +905,7 @@ impl Scheduler {
                 shuffle_locations: BTreeMap::new(),
                 service_wait_since: None,
                 adaptive: adaptive.map(|(a, _)| a),
+                skew_splits: Vec::new(),
             },
         );
         if let Err(e) = self.initialize_vertices(id) {

@@ -79,6 +79,10 @@ pub struct SqlJob {
     /// max parallelism: the consumer reads ranges of them).
     #[serde(default)]
     pub key_groups: usize,
+    /// Per stage, per input: whether a skewed subpartition of the input may
+    /// be split across the stage's subtasks (a join side; FLIP-475).
+    #[serde(default)]
+    pub splittable: Vec<Vec<bool>>,
 }
 
 /// How to plan a query.
@@ -226,6 +230,18 @@ pub fn plan(req: &PlanRequest) -> std::result::Result<PlannedQuery, PlanError> {
             stages,
             result_path: req.result_path.to_string_lossy().to_string(),
             config,
+            splittable: stage_plan
+                .stages
+                .iter()
+                .zip(&adaptive)
+                .map(|(s, &a)| {
+                    if a {
+                        split::splittable_inputs(s)
+                    } else {
+                        vec![false; s.inputs.len()]
+                    }
+                })
+                .collect(),
             adaptive,
             key_groups: req.config.get(&options::AUTO_PARALLELISM_MAX)?,
         },
@@ -394,13 +410,21 @@ impl SqlJob {
             } else {
                 ExchangeMode::Undefined
             };
-            b.add_edge(
+            let edge = b.add_edge(
                 nodes[id],
                 target,
                 Some(self.partitioner(id)),
                 mode,
                 type_number,
             );
+            if let Some(c) = s.consumer {
+                let pos = self.stages[c].inputs.iter().position(|&i| i == id);
+                let split = pos
+                    .and_then(|p| self.splittable.get(c).and_then(|f| f.get(p)))
+                    .copied()
+                    .unwrap_or(false);
+                b.set_intra_input_key_correlated(edge, !split);
+            }
         }
         b.build()
     }

@@ -370,6 +370,80 @@ pub fn adaptive_stages(plan: &StagePlan) -> Vec<bool> {
         .collect()
 }
 
+/// Per input of `stage` (in `stage.inputs` order): whether a skewed
+/// subpartition of it may be split across subtasks (FLIP-475). Only the two
+/// hash sides of one partitioned hash join, under operators that do not
+/// depend on how rows are partitioned, and only the sides the join type
+/// allows: splitting a side gives each of its rows all of the other side's
+/// rows of that key once, so a side may be split when the join emits
+/// nothing per row of the *other* side alone (INNER: either; LEFT, semi,
+/// anti, mark: left; the RIGHT kinds: right).
+pub fn splittable_inputs(stage: &Stage) -> Vec<bool> {
+    use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+    use datafusion::physical_plan::filter::FilterExec;
+    use datafusion::physical_plan::projection::ProjectionExec;
+
+    let none = vec![false; stage.inputs.len()];
+    // A one-to-one consumer keeps relying on this stage's partitioning.
+    if matches!(stage.exchange, Exchange::Forward { .. }) {
+        return none;
+    }
+    fn row_wise(plan: &Arc<dyn ExecutionPlan>) -> bool {
+        plan.is::<ProjectionExec>() || plan.is::<FilterExec>()
+    }
+    fn reader_below(plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
+        if let Some(r) = plan.downcast_ref::<ExchangeReaderExec>() {
+            return Some(r.stage());
+        }
+        match plan.children().as_slice() {
+            [only] if row_wise(plan) => reader_below(only),
+            _ => None,
+        }
+    }
+    let mut node = Arc::clone(&stage.plan);
+    loop {
+        if let Some(hj) = node.downcast_ref::<HashJoinExec>() {
+            if *hj.partition_mode() != PartitionMode::Partitioned {
+                return none;
+            }
+            let (Some(left), Some(right)) = (reader_below(hj.left()), reader_below(hj.right()))
+            else {
+                return none;
+            };
+            let jt = *hj.join_type();
+            let left_ok = matches!(
+                jt,
+                JoinType::Inner
+                    | JoinType::Left
+                    | JoinType::LeftSemi
+                    | JoinType::LeftAnti
+                    | JoinType::LeftMark
+            );
+            let right_ok = matches!(
+                jt,
+                JoinType::Inner
+                    | JoinType::Right
+                    | JoinType::RightSemi
+                    | JoinType::RightAnti
+                    | JoinType::RightMark
+            );
+            return stage
+                .inputs
+                .iter()
+                .map(|&i| (i == left && left_ok) || (i == right && right_ok))
+                .collect();
+        }
+        let partial = node
+            .downcast_ref::<AggregateExec>()
+            .is_some_and(|a| *a.mode() == AggregateMode::Partial);
+        let next = match node.children().as_slice() {
+            [only] if row_wise(&node) || partial => Arc::clone(only),
+            _ => return none,
+        };
+        node = next;
+    }
+}
+
 // ---------------------------------------------------------------- naming
 
 /// The table a scan reads: the folder (or file stem) of its first file.
