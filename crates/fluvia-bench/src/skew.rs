@@ -20,8 +20,9 @@ pub struct Args {
     /// Distinct keys of the build side.
     #[arg(long, default_value_t = 200_000)]
     keys: usize,
-    /// Scan parallelism (the join's is decided at runtime).
-    #[arg(short, long, default_value_t = 2)]
+    /// Scan parallelism (the join's is decided at runtime): the producer
+    /// partitions a hot subpartition can be split by.
+    #[arg(short, long, default_value_t = 4)]
     parallelism: usize,
     #[arg(long, default_value = "4mb")]
     avg_data_volume_per_task: String,

@@ -282,14 +282,10 @@ fn a_sql_query_without_p_gets_the_parallelism_of_its_hash_stages_from_the_data()
     assert_eq!(adaptive_vertex["parallelism-decided"], true);
 }
 
-/// A join whose probe side has one hot key: with skew splitting the hot
-/// subpartition is shared out among several join subtasks by producer
-/// partitions (REST lists the split), no join subtask reads it whole, and
-/// the answer is the one without splitting.
-#[test]
-fn a_skewed_join_subpartition_is_split_across_subtasks_with_the_same_answer() {
-    let dir = tempfile::tempdir().unwrap();
-    let tables = dir.path().join("tables");
+/// Tables `probe` (four CSV files; half of the rows carry key 0) and
+/// `build` (one row per key), and the answer of [`JOIN`] over them.
+fn skewed_tables(dir: &Path) -> (std::path::PathBuf, String) {
+    let tables = dir.join("tables");
     let (rows, keys) = (60_000u64, 6_000u64);
     // Four probe files: four scan subtasks, the partitions a hot
     // subpartition is split by.
@@ -316,78 +312,100 @@ fn a_skewed_join_subpartition_is_split_across_subtasks_with_the_same_answer() {
     }
     std::fs::create_dir_all(tables.join("build")).unwrap();
     std::fs::write(tables.join("build").join("build.csv"), build).unwrap();
-    let cluster = Cluster::start(&[], 2, &["--slots", "4"]);
-    cluster.wait_for_task_managers(2);
-    let sql = "select count(*) as n, sum(p.v + b.w) as s from probe p join build b on p.k = b.k";
-    let run = |strategy: &str| {
-        let o = common::fluvia()
-            .args([
-                "sql",
-                "--jobmanager",
-                &cluster.rpc,
-                "--format",
-                "csv",
-                "--tables",
-            ])
-            .arg(&tables)
-            .args(["-e", sql])
-            .args(["-D", "parallelism.default=4"])
-            .args(["-D", "table.optimizer.join.broadcast-threshold=0"])
-            .args([
-                "-D",
-                "execution.batch.adaptive.auto-parallelism.avg-data-volume-per-task=32kb",
-            ])
-            .args([
-                "-D",
-                "table.optimizer.skewed-join-optimization.skewed-threshold=1kb",
-            ])
-            .args([
-                "-D",
-                &format!("table.optimizer.skewed-join-optimization.strategy={strategy}"),
-            ])
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        String::from_utf8_lossy(&o.stdout).to_string()
-    };
-    let want = format!("n,s\n{rows},{expected_sum}\n");
-    assert_eq!(run("NONE"), want);
-    assert_eq!(run("AUTO"), want);
-    // The two jobs, oldest first: the join vertex of each.
-    let mut joins = Vec::new();
+    (tables, format!("n,s\n{rows},{expected_sum}\n"))
+}
+
+const JOIN: &str =
+    "select count(*) as n, sum(p.v + b.w) as s from probe p join build b on p.k = b.k";
+
+/// Runs [`JOIN`] on the cluster without `-p`, scans at 4, with `extra`
+/// settings; returns its output.
+fn run_join(cluster: &Cluster, tables: &Path, extra: &[&str]) -> String {
+    let mut cmd = common::fluvia();
+    cmd.args([
+        "sql",
+        "--jobmanager",
+        &cluster.rpc,
+        "--format",
+        "csv",
+        "--tables",
+    ])
+    .arg(tables)
+    .args(["-e", JOIN, "-D", "parallelism.default=4"]);
+    for kv in extra {
+        cmd.args(["-D", kv]);
+    }
+    let o = cmd.output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).to_string()
+}
+
+/// The join vertex of every job on the cluster, oldest job first.
+fn join_vertices(cluster: &Cluster) -> Vec<Value> {
     let jobs = get(&cluster.rest, "/jobs");
-    let mut ids: Vec<(u64, String)> = jobs["jobs"]
+    let mut details: Vec<Value> = jobs["jobs"]
         .as_array()
         .unwrap()
         .iter()
         .map(|j| {
-            let id = j["id"].as_str().unwrap().to_string();
-            let d = get(&cluster.rest, &format!("/jobs/{id}"));
-            (d["start-time"].as_u64().unwrap(), id)
+            get(
+                &cluster.rest,
+                &format!("/jobs/{}", j["id"].as_str().unwrap()),
+            )
         })
         .collect();
-    ids.sort();
-    for (_, id) in ids {
-        let d = get(&cluster.rest, &format!("/jobs/{id}"));
-        let join = d["vertices"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|v| v["name"].as_str().unwrap().contains("HashJoin"))
-            .unwrap()
-            .clone();
-        joins.push(join);
-    }
-    assert_eq!(joins.len(), 2);
-    let max_read = |v: &Value| {
-        v["subtasks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|s| s["metrics"]["read-bytes"].as_u64().unwrap())
-            .max()
-            .unwrap()
+    details.sort_by_key(|d| d["start-time"].as_u64().unwrap());
+    details
+        .iter()
+        .map(|d| {
+            d["vertices"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|v| v["name"].as_str().unwrap().contains("HashJoin"))
+                .unwrap()
+                .clone()
+        })
+        .collect()
+}
+
+fn max_read(v: &Value) -> u64 {
+    v["subtasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["metrics"]["read-bytes"].as_u64().unwrap())
+        .max()
+        .unwrap()
+}
+
+/// A join whose probe side has one hot key: with skew splitting the hot
+/// subpartition is shared out among several join subtasks by producer
+/// partitions (REST lists the split), no join subtask reads it whole, and
+/// the answer is the one without splitting.
+#[test]
+fn a_skewed_join_subpartition_is_split_across_subtasks_with_the_same_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tables, want) = skewed_tables(dir.path());
+    let cluster = Cluster::start(&[], 2, &["--slots", "4"]);
+    cluster.wait_for_task_managers(2);
+    // No broadcast, planned or at runtime: the skew path alone.
+    let common = [
+        "table.optimizer.join.broadcast-threshold=0",
+        "execution.batch.adaptive.auto-parallelism.avg-data-volume-per-task=32kb",
+        "table.optimizer.skewed-join-optimization.skewed-threshold=1kb",
+    ];
+    let with = |strategy: &'static str| {
+        let mut v = common.to_vec();
+        v.push(strategy);
+        v
     };
+    let off = with("table.optimizer.skewed-join-optimization.strategy=NONE");
+    let on = with("table.optimizer.skewed-join-optimization.strategy=AUTO");
+    assert_eq!(run_join(&cluster, &tables, &off), want);
+    assert_eq!(run_join(&cluster, &tables, &on), want);
+    let joins = join_vertices(&cluster);
+    assert_eq!(joins.len(), 2);
     assert_eq!(joins[0]["skew-splits"].as_array().unwrap().len(), 0);
     let splits = joins[1]["skew-splits"].as_array().unwrap();
     assert_eq!(splits.len(), 1, "{splits:?}");
@@ -399,4 +417,52 @@ fn a_skewed_join_subpartition_is_split_across_subtasks_with_the_same_answer() {
         on * 3 <= off * 2,
         "largest join input {off} bytes off, {on} on"
     );
+}
+
+/// The planner cannot size CSV tables, so it hash-partitions both sides;
+/// once they finished, the build side's real bytes are under
+/// `table.optimizer.join.broadcast-threshold`: every join subtask reads it
+/// whole and the probe side is cut by bytes alone (FLIP-470 at runtime).
+#[test]
+fn a_join_side_found_small_at_runtime_is_broadcast() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tables, want) = skewed_tables(dir.path());
+    let cluster = Cluster::start(&[], 2, &["--slots", "4"]);
+    cluster.wait_for_task_managers(2);
+    let avg = "execution.batch.adaptive.auto-parallelism.avg-data-volume-per-task=32kb";
+    let none = run_join(
+        &cluster,
+        &tables,
+        &[avg, "table.optimizer.adaptive-broadcast-join.strategy=NONE"],
+    );
+    assert_eq!(none, want);
+    assert_eq!(
+        run_join(
+            &cluster,
+            &tables,
+            &[
+                avg,
+                "table.optimizer.adaptive-broadcast-join.strategy=RUNTIME_ONLY"
+            ],
+        ),
+        want
+    );
+    let joins = join_vertices(&cluster);
+    assert_eq!(joins[0]["adaptive-broadcast-input"], Value::Null);
+    assert!(
+        joins[1]["adaptive-broadcast-input"].is_u64(),
+        "{}",
+        joins[1]
+    );
+    // Every subtask reads the whole build side: none reads less than it.
+    let build_bytes: u64 = joins[1]["subtasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["metrics"]["read-bytes"].as_u64().unwrap())
+        .min()
+        .unwrap();
+    assert!(build_bytes > 0);
+    // Cut by bytes, the hot key no longer sits in one subtask.
+    assert!(max_read(&joins[1]) * 3 <= max_read(&joins[0]) * 2);
 }

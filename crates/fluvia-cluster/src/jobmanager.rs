@@ -456,6 +456,12 @@ impl JmShared {
                     "parallelism": if ejv.parallelism_decided { ejv.parallelism as i64 } else { -1 },
                     "maxParallelism": jv.max_parallelism,
                     "parallelism-decided": ejv.parallelism_decided,
+                    // A join side every subtask read whole, decided at runtime.
+                    "adaptive-broadcast-input": job
+                        .adaptive_broadcasts
+                        .iter()
+                        .find(|(u, _)| *u == v)
+                        .map(|(_, input)| *input),
                     // Skewed subpartitions shared out among subtasks.
                     "skew-splits": job
                         .skew_splits

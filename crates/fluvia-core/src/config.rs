@@ -188,6 +188,12 @@ pub mod options {
         description: "Parallelism of sources whose parallelism is not set, under the adaptive batch scheduler.",
     };
 
+    pub const ADAPTIVE_BROADCAST_JOIN_STRATEGY: ConfigOption<&'static str> = ConfigOption {
+        key: "table.optimizer.adaptive-broadcast-join.strategy",
+        fallback_keys: &[],
+        default: "AUTO",
+        description: "SQL under the adaptive batch scheduler: AUTO broadcasts a join side the planner estimated small, and at runtime one whose real bytes are below table.optimizer.join.broadcast-threshold; RUNTIME_ONLY only the latter; NONE only the planner's.",
+    };
     pub const SKEWED_JOIN_STRATEGY: ConfigOption<&'static str> = ConfigOption {
         key: "table.optimizer.skewed-join-optimization.strategy",
         fallback_keys: &[],
@@ -234,6 +240,11 @@ pub mod options {
                 AUTO_PARALLELISM_DEFAULT_SOURCE.key,
                 AUTO_PARALLELISM_DEFAULT_SOURCE.default.to_string(),
                 AUTO_PARALLELISM_DEFAULT_SOURCE.description,
+            ),
+            (
+                ADAPTIVE_BROADCAST_JOIN_STRATEGY.key,
+                ADAPTIVE_BROADCAST_JOIN_STRATEGY.default.to_string(),
+                ADAPTIVE_BROADCAST_JOIN_STRATEGY.description,
             ),
             (
                 SKEWED_JOIN_STRATEGY.key,

@@ -320,6 +320,9 @@ pub struct Job {
     /// Vertices whose skewed subpartitions were split: (vertex, [(subpartition,
     /// input, pieces)]).
     pub skew_splits: Vec<(usize, Vec<SkewSplit>)>,
+    /// Join vertices turned into broadcast joins at runtime: (vertex, input
+    /// read whole by every subtask).
+    pub adaptive_broadcasts: Vec<(usize, usize)>,
 }
 
 /// A batch job whose undecided vertices get their parallelism from the data.
@@ -331,6 +334,9 @@ pub struct AdaptiveJob {
     pub forward_group: Vec<usize>,
     /// Skew splitting of join sides (`None`: strategy NONE).
     pub skew: Option<SkewConfig>,
+    /// Runtime broadcast of a join side below this many bytes (`None`:
+    /// strategy NONE).
+    pub broadcast_threshold: Option<u64>,
 }
 
 impl Job {
@@ -436,9 +442,24 @@ impl Job {
                 .iter()
                 .map(|&r| !self.eg.results[r].intra_input_key_correlated)
                 .collect();
-            // A join side that may be split and is skewed: FLIP-475.
-            let skewed = match (&adaptive.skew, decided) {
-                (Some(skew), false) if splittable.iter().any(|&s| s) => skew::decide_skewed(
+            // A join side small enough to broadcast now that its bytes are
+            // known (FLIP-470), else a skewed side that may be split
+            // (FLIP-475).
+            let may_split = !decided && splittable.iter().any(|&s| s);
+            let broadcast = match adaptive.broadcast_threshold {
+                Some(threshold) if may_split => skew::decide_broadcast(
+                    ejv.max_parallelism,
+                    &infos,
+                    &splittable,
+                    threshold,
+                    &adaptive.config,
+                )?,
+                _ => None,
+            };
+            let broadcast_input = broadcast.as_ref().map(|(small, _)| *small);
+            let skewed = match (&adaptive.skew, broadcast) {
+                (_, Some((_, d))) => Some(d),
+                (Some(skew), None) if may_split => skew::decide_skewed(
                     ejv.max_parallelism,
                     &infos,
                     &splittable,
@@ -466,7 +487,12 @@ impl Job {
                                 .collect()
                         })
                         .collect();
-                    self.skew_splits.push((v, d.split.clone()));
+                    if !d.split.is_empty() {
+                        self.skew_splits.push((v, d.split.clone()));
+                    }
+                    if let Some(small) = broadcast_input {
+                        self.adaptive_broadcasts.push((v, small));
+                    }
                     (d.parallelism, slices)
                 }
                 None => {
@@ -596,6 +622,21 @@ fn adaptive_plan(graph: &JobGraph) -> Result<Option<(AdaptiveJob, Vec<bool>)>> {
             )));
         }
     };
+    let broadcast_threshold = match graph
+        .config
+        .get(&options::ADAPTIVE_BROADCAST_JOIN_STRATEGY)?
+        .to_ascii_uppercase()
+        .as_str()
+    {
+        "NONE" => None,
+        "AUTO" | "RUNTIME_ONLY" => Some(graph.config.get(&options::BROADCAST_THRESHOLD)?),
+        other => {
+            return Err(FluviaError::Config(format!(
+                "'{}' is {other}: expected AUTO, RUNTIME_ONLY or NONE",
+                options::ADAPTIVE_BROADCAST_JOIN_STRATEGY.key
+            )));
+        }
+    };
     let n = graph.vertices.len();
     let mut parent: Vec<usize> = (0..n).collect();
     fn find(p: &mut [usize], x: usize) -> usize {
@@ -631,6 +672,7 @@ fn adaptive_plan(graph: &JobGraph) -> Result<Option<(AdaptiveJob, Vec<bool>)>> {
             config,
             forward_group,
             skew,
+            broadcast_threshold,
         },
         undecided,
     )))
@@ -906,6 +948,7 @@ impl Scheduler {
                 service_wait_since: None,
                 adaptive: adaptive.map(|(a, _)| a),
                 skew_splits: Vec::new(),
+                adaptive_broadcasts: Vec::new(),
             },
         );
         if let Err(e) = self.initialize_vertices(id) {

@@ -280,54 +280,15 @@ pub fn decide_skewed(
                 }]);
                 continue;
             }
-            // Per producer partition: the subpartitions this run covers.
-            let mut ranges: Vec<Option<IndexRange>> = vec![None; input.num_partitions()];
-            for slice in &slices[a..=b] {
-                let (s, only) = match *slice {
-                    Slice::Whole(s) => (s, None),
-                    Slice::Piece {
-                        s,
-                        input: j,
-                        partitions,
-                    } => (s, (j == i).then_some(partitions)),
-                };
-                for (p, range) in ranges.iter_mut().enumerate() {
-                    if only.is_some_and(|r| !(r.start..=r.end).contains(&p)) {
-                        continue;
-                    }
-                    *range = Some(match *range {
-                        None => IndexRange::single(s),
-                        Some(r) if r.end + 1 == s || r.end == s => IndexRange {
-                            start: r.start,
-                            end: s,
-                        },
-                        Some(r) => {
-                            return internal(format!(
-                                "partition {p} of input {i} would read subpartitions {}..={} and {s}",
-                                r.start, r.end
-                            ));
-                        }
-                    });
-                }
-            }
-            // Neighbouring partitions reading the same range: one slice.
-            let mut list: Vec<ExecutionVertexInputInfo> = Vec::new();
-            for (p, range) in ranges.into_iter().enumerate() {
-                let Some(range) = range else { continue };
-                match list.last_mut() {
-                    Some(last)
-                        if last.subpartition_range == range
-                            && last.partition_range.end + 1 == p =>
-                    {
-                        last.partition_range.end = p;
-                    }
-                    _ => list.push(ExecutionVertexInputInfo {
-                        partition_range: IndexRange::single(p),
-                        subpartition_range: range,
-                    }),
-                }
-            }
-            per_input[i].push(list);
+            let run = slices[a..=b].iter().map(|slice| match *slice {
+                Slice::Whole(s) => (s, None),
+                Slice::Piece {
+                    s,
+                    input: j,
+                    partitions,
+                } => (s, (j == i).then_some(partitions)),
+            });
+            per_input[i].push(ranges_per_partition(input.num_partitions(), run)?);
         }
     }
     Ok(Some(SkewedDecision {
@@ -335,6 +296,186 @@ pub fn decide_skewed(
         inputs: per_input,
         split,
     }))
+}
+
+/// FLIP-470 at runtime: once both sides of a join finished, a side whose
+/// bytes stay below `threshold` is read whole by every subtask (broadcast)
+/// and the other side, one the join type lets split, is cut by bytes alone
+/// (by subpartitions and, within a big subpartition, by producer
+/// partitions), whatever its keys. `None` when no side qualifies. `split`
+/// of the answer is empty; the broadcast side is returned beside it.
+pub fn decide_broadcast(
+    vertex_max_parallelism: usize,
+    inputs: &[BlockingResultInfo],
+    splittable: &[bool],
+    threshold: u64,
+    config: &DeciderConfig,
+) -> Result<Option<(usize, SkewedDecision)>> {
+    config.validate()?;
+    if splittable.len() != inputs.len() || inputs.iter().any(|i| i.is_pointwise) {
+        return Ok(None);
+    }
+    let hash: Vec<usize> = (0..inputs.len())
+        .filter(|&i| !inputs[i].is_broadcast)
+        .collect();
+    let [a, b] = hash[..] else {
+        return Ok(None);
+    };
+    let (ta, tb) = (inputs[a].total_bytes(), inputs[b].total_bytes());
+    // The smaller side is broadcast, if small enough and the other side
+    // may be split.
+    let (small, big) = if ta <= tb { (a, b) } else { (b, a) };
+    if inputs[small].total_bytes() > threshold || !splittable[big] {
+        return Ok(None);
+    }
+    let big_input = &inputs[big];
+    let n = big_input.num_subpartitions(0);
+    if n == 0 {
+        return Ok(None);
+    }
+    let avg = config.avg_data_volume_per_task;
+    // Cells of the big side in (subpartition, partition) order, cut into
+    // slices of about `avg` bytes that never cross a subpartition.
+    let mut slices: Vec<(usize, IndexRange, u64)> = Vec::new();
+    for s in 0..n {
+        let bytes: Vec<u64> = big_input.subpartition_bytes.iter().map(|p| p[s]).collect();
+        for r in cut(&bytes, avg) {
+            let b: u64 = r.iter().map(|p| bytes[p]).sum();
+            slices.push((s, r, b));
+        }
+    }
+    let max_partitions = big_input
+        .num_partitions()
+        .max(inputs[small].num_partitions());
+    let max_slices = MAX_NUM_SUBPARTITIONS_PER_TASK_CONSUME / max_partitions.max(1);
+    let group = |limit: u64| -> Vec<(usize, usize)> {
+        let mut tasks = Vec::new();
+        let (mut start, mut sum) = (0, 0u64);
+        for (k, slice) in slices.iter().enumerate() {
+            if k == start {
+                sum = slice.2;
+            } else if sum.saturating_add(slice.2) <= limit && k - start < max_slices {
+                sum += slice.2;
+            } else {
+                tasks.push((start, k - 1));
+                start = k;
+                sum = slice.2;
+            }
+        }
+        tasks.push((start, slices.len() - 1));
+        tasks
+    };
+    let min = config.min_parallelism.min(vertex_max_parallelism);
+    let max = config.max_parallelism.min(vertex_max_parallelism);
+    let total: u64 = slices.iter().map(|s| s.2).sum();
+    let mut tasks = group(avg);
+    if tasks.len() > max {
+        let (mut lo, mut hi) = (avg, total.max(avg));
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if group(mid).len() <= max {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        tasks = group(lo);
+    } else if tasks.len() < min && slices.len() >= min {
+        let (mut lo, mut hi) = (1u64, avg);
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if group(mid).len() >= min {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        tasks = group(lo);
+    }
+    if !(min..=max).contains(&tasks.len()) {
+        return Ok(None);
+    }
+    let mut per_input: Vec<Vec<Vec<ExecutionVertexInputInfo>>> = vec![Vec::new(); inputs.len()];
+    for &(first, last) in &tasks {
+        for (i, input) in inputs.iter().enumerate() {
+            let all = IndexRange {
+                start: 0,
+                end: input.num_partitions() - 1,
+            };
+            if input.is_broadcast {
+                per_input[i].push(vec![ExecutionVertexInputInfo {
+                    partition_range: all,
+                    subpartition_range: IndexRange::single(0),
+                }]);
+            } else if i == small {
+                per_input[i].push(vec![ExecutionVertexInputInfo {
+                    partition_range: all,
+                    subpartition_range: IndexRange {
+                        start: 0,
+                        end: input.num_subpartitions(0) - 1,
+                    },
+                }]);
+            } else {
+                per_input[i].push(ranges_per_partition(
+                    input.num_partitions(),
+                    slices[first..=last].iter().map(|&(s, r, _)| (s, Some(r))),
+                )?);
+            }
+        }
+    }
+    Ok(Some((
+        small,
+        SkewedDecision {
+            parallelism: tasks.len(),
+            inputs: per_input,
+            split: Vec::new(),
+        },
+    )))
+}
+
+/// What one subtask reads of one input, from the run of (subpartition,
+/// partitions covered, `None`: all) it got: per producer partition the
+/// contiguous subpartition range it covers, neighbouring partitions with
+/// the same range merged into one slice.
+fn ranges_per_partition(
+    num_partitions: usize,
+    run: impl Iterator<Item = (usize, Option<IndexRange>)>,
+) -> Result<Vec<ExecutionVertexInputInfo>> {
+    let mut ranges: Vec<Option<IndexRange>> = vec![None; num_partitions];
+    for (s, only) in run {
+        for (p, range) in ranges.iter_mut().enumerate() {
+            if only.is_some_and(|r| !(r.start..=r.end).contains(&p)) {
+                continue;
+            }
+            *range = Some(match *range {
+                None => IndexRange::single(s),
+                Some(r) if r.end + 1 == s || r.end == s => IndexRange {
+                    start: r.start,
+                    end: s,
+                },
+                Some(r) => {
+                    return internal(format!(
+                        "partition {p} would read subpartitions {}..={} and {s}",
+                        r.start, r.end
+                    ));
+                }
+            });
+        }
+    }
+    let mut list: Vec<ExecutionVertexInputInfo> = Vec::new();
+    for (p, range) in ranges.into_iter().enumerate() {
+        let Some(range) = range else { continue };
+        match list.last_mut() {
+            Some(last) if last.subpartition_range == range && last.partition_range.end + 1 == p => {
+                last.partition_range.end = p;
+            }
+            _ => list.push(ExecutionVertexInputInfo {
+                partition_range: IndexRange::single(p),
+                subpartition_range: range,
+            }),
+        }
+    }
+    Ok(list)
 }
 
 /// Cuts consecutive partitions into ranges while their bytes stay below
@@ -450,6 +591,56 @@ mod tests {
                     && (sl.subpartition_range.start..=sl.subpartition_range.end).contains(&2)
             }));
         }
+    }
+
+    #[test]
+    fn a_small_side_is_read_whole_by_every_subtask_and_the_big_one_cut_by_bytes() {
+        // Big side: all of its bytes in one subpartition (one key), 4
+        // producers; small side: 2 producers, 8 bytes each in total.
+        let big = BlockingResultInfo::all_to_all(vec![vec![0, 400, 0, 0]; 4]);
+        let small = BlockingResultInfo::all_to_all(vec![vec![1, 2, 3, 2]; 2]);
+        let inputs = [small, big];
+        let (b, d) = decide_broadcast(128, &inputs, &[false, true], 100, &config(400))
+            .unwrap()
+            .expect("broadcast");
+        assert_eq!(b, 0);
+        assert_eq!(d.parallelism, 4, "{d:?}");
+        for t in 0..d.parallelism {
+            assert_eq!(
+                d.inputs[0][t],
+                vec![ExecutionVertexInputInfo {
+                    partition_range: IndexRange { start: 0, end: 1 },
+                    subpartition_range: IndexRange { start: 0, end: 3 },
+                }]
+            );
+        }
+        // Every (partition, subpartition) cell of the big side exactly once.
+        for p in 0..4 {
+            for s in 0..4 {
+                let n = d.inputs[1]
+                    .iter()
+                    .filter(|sl| {
+                        sl.iter().any(|e| {
+                            (e.partition_range.start..=e.partition_range.end).contains(&p)
+                                && (e.subpartition_range.start..=e.subpartition_range.end)
+                                    .contains(&s)
+                        })
+                    })
+                    .count();
+                assert_eq!(n, 1, "({p},{s})");
+            }
+        }
+        // Too big to broadcast, or a big side that may not be split: no.
+        assert!(
+            decide_broadcast(128, &inputs, &[false, true], 5, &config(400))
+                .unwrap()
+                .is_none()
+        );
+        assert!(
+            decide_broadcast(128, &inputs, &[true, false], 100, &config(400))
+                .unwrap()
+                .is_none()
+        );
     }
 
     #[test]

@@ -47,7 +47,16 @@ pub fn datafusion_options(
     parallelism: usize,
     config: &Configuration,
 ) -> Result<Vec<(String, String)>> {
-    let threshold = config.get(&options::BROADCAST_THRESHOLD)?;
+    // RUNTIME_ONLY: no join is broadcast on estimates, only once the
+    // scheduler saw a side's real bytes.
+    let threshold = match config
+        .get(&options::ADAPTIVE_BROADCAST_JOIN_STRATEGY)?
+        .to_ascii_uppercase()
+        .as_str()
+    {
+        "RUNTIME_ONLY" => 0,
+        _ => config.get(&options::BROADCAST_THRESHOLD)?,
+    };
     let mut opts: Vec<(String, String)> = vec![
         (
             "datafusion.execution.target_partitions",
