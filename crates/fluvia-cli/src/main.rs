@@ -136,7 +136,7 @@ struct SqlArgs {
     execute: Option<String>,
     /// Parallelism of the query's operators; without it the scans run at the
     /// default source parallelism (the machine's cores unless configured) and
-    /// every later stage gets its parallelism from the data.
+    /// fragments that only read exchanges get theirs from the data.
     #[arg(short, long)]
     parallelism: Option<usize>,
     /// Print the JobGraph (fragments, exchanges, multiple-input members) instead of running.
@@ -188,7 +188,7 @@ enum TpcdsCommand {
         check: Option<PathBuf>,
         /// Parallelism of every operator; without it the scans run at the
         /// default source parallelism (the machine's cores unless configured)
-        /// and every later stage gets its parallelism from the data.
+        /// and fragments that only read exchanges get theirs from the data.
         #[arg(short, long)]
         parallelism: Option<usize>,
         /// Runs of each query; the median time is reported.

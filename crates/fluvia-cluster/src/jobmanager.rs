@@ -438,7 +438,11 @@ impl JmShared {
                 let ejv = &job.eg.vertices[v];
                 let states: Vec<ExecutionState> = ejv.subtasks.iter().map(|s| s.state()).collect();
                 let status = if !ejv.initialized {
-                    "CREATED"
+                    // Never started: cancelled with a job that ended early.
+                    match job.state {
+                        JobState::Failed | JobState::Canceled => "CANCELED",
+                        _ => "CREATED",
+                    }
                 } else if states.iter().all(|s| *s == ExecutionState::Finished) {
                     "FINISHED"
                 } else if states.iter().any(|s| {

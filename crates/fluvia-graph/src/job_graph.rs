@@ -154,6 +154,59 @@ impl JobGraph {
         per_group.values().sum()
     }
 
+    /// Under Flink's adaptive batch scheduler: which vertices start with their
+    /// parallelism undecided, and the forward group of every vertex (vertices
+    /// joined by forward edges share one parallelism). `None` when the job
+    /// does not run adaptively: not batch, an exchange that is not
+    /// blocking, `execution.batch.adaptive.auto-parallelism.enabled` false,
+    /// or every parallelism set. A group with one member the user set keeps
+    /// that parallelism for all of them.
+    pub fn adaptive_vertices(&self) -> Result<Option<(Vec<bool>, Vec<usize>)>> {
+        use fluvia_core::config::options::AUTO_PARALLELISM_ENABLED;
+        if self.job_type != JobType::Batch
+            || !self.config.get(&AUTO_PARALLELISM_ENABLED)?
+            || self.vertices.iter().all(|v| v.parallelism_configured)
+            || self
+                .vertices
+                .iter()
+                .flat_map(|v| &v.inputs)
+                .any(|e| e.result_partition_type != ResultPartitionType::Blocking)
+        {
+            return Ok(None);
+        }
+        let n = self.vertices.len();
+        let mut parent: Vec<usize> = (0..n).collect();
+        fn find(p: &mut [usize], x: usize) -> usize {
+            let mut r = x;
+            while p[r] != r {
+                r = p[r];
+            }
+            p[x] = r;
+            r
+        }
+        for (c, v) in self.vertices.iter().enumerate() {
+            for e in &v.inputs {
+                if e.partitioner == PartitionerKind::Forward
+                    && let Some(p) = self.vertex_index(e.source_vertex)
+                {
+                    let (a, b) = (find(&mut parent, p), find(&mut parent, c));
+                    parent[a] = b;
+                }
+            }
+        }
+        let groups: Vec<usize> = (0..n).map(|v| find(&mut parent, v)).collect();
+        let undecided = (0..n)
+            .map(|v| {
+                !self
+                    .vertices
+                    .iter()
+                    .zip(&groups)
+                    .any(|(u, &g)| g == groups[v] && u.parallelism_configured)
+            })
+            .collect();
+        Ok(Some((undecided, groups)))
+    }
+
     /// Number of operators over all chains.
     pub fn num_operators(&self) -> usize {
         self.vertices.iter().map(|v| v.operators.len()).sum()

@@ -38,9 +38,24 @@ pub struct JsonPlanInput {
     pub exchange: String,
 }
 
+/// Before it runs: a vertex the adaptive batch scheduler will decide shows
+/// -1.
 pub fn json_plan(jg: &JobGraph) -> JsonPlan {
-    let parallelism: Vec<Option<usize>> = jg.vertices.iter().map(|v| Some(v.parallelism)).collect();
+    let undecided = undecided(jg);
+    let parallelism: Vec<Option<usize>> = jg
+        .vertices
+        .iter()
+        .zip(&undecided)
+        .map(|(v, &u)| (!u).then_some(v.parallelism))
+        .collect();
     json_plan_with(jg, &parallelism)
+}
+
+fn undecided(jg: &JobGraph) -> Vec<bool> {
+    match jg.adaptive_vertices() {
+        Ok(Some((undecided, _))) => undecided,
+        _ => vec![false; jg.vertices.len()],
+    }
 }
 
 /// The plan with the parallelism each vertex has at runtime (`None`: not
@@ -95,15 +110,9 @@ pub fn text_plan(jg: &JobGraph) -> String {
         jg.num_operators(),
         jg.vertices.len()
     );
-    // Batch jobs leave a parallelism nobody set to the adaptive batch
-    // scheduler (unless switched off).
-    let adaptive = jg.job_type == crate::JobType::Batch
-        && jg
-            .config
-            .get(&fluvia_core::config::options::AUTO_PARALLELISM_ENABLED)
-            .unwrap_or(true);
+    let undecided = undecided(jg);
     for (i, v) in jg.vertices.iter().enumerate() {
-        let parallelism = if adaptive && !v.parallelism_configured {
+        let parallelism = if undecided[i] {
             format!("parallelism decided at runtime (default {})", v.parallelism)
         } else {
             format!("parallelism {}", v.parallelism)

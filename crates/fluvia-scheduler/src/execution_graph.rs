@@ -272,6 +272,9 @@ pub struct ExecutionJobVertex {
     pub max_parallelism: usize,
     /// Set by the user, or decided by the adaptive batch scheduler.
     pub parallelism_decided: bool,
+    /// Left to the adaptive batch scheduler at submission: its producers
+    /// write per key group even once it is decided (by its forward group).
+    pub started_undecided: bool,
     /// Whether its subtasks exist (Flink's initialized ExecutionJobVertex):
     /// the parallelism is decided and every producer is initialized.
     pub initialized: bool,
@@ -344,6 +347,7 @@ impl ExecutionGraph {
                 parallelism: v.parallelism,
                 max_parallelism: v.max_parallelism,
                 parallelism_decided: !undecided.get(i).copied().unwrap_or(false),
+                started_undecided: undecided.get(i).copied().unwrap_or(false),
                 initialized: false,
                 subtasks: Vec::new(),
             })
@@ -504,6 +508,22 @@ impl ExecutionGraph {
                 }
             }
         }
+        // A decision at runtime can give more channels than the JobGraph's
+        // defaults the submission was checked with.
+        let channels: usize = consumed.iter().map(Vec::len).sum::<usize>()
+            + self
+                .vertices
+                .iter()
+                .flat_map(|u| &u.subtasks)
+                .map(|s| s.consumed.len())
+                .sum::<usize>();
+        if channels > crate::validate::MAX_CHANNELS {
+            return internal_err!(
+                "'{name}' at parallelism {c} would bring the job to {channels} input channels, \
+                 more than the {} allowed",
+                crate::validate::MAX_CHANNELS
+            );
+        }
         // Outputs: subpartitions per producer subtask, from the consumer's
         // parallelism if decided, else from its max parallelism.
         let outputs: Vec<usize> = (0..self.results.len())
@@ -512,25 +532,30 @@ impl ExecutionGraph {
         for &r in &outputs {
             let consumer = &self.vertices[self.results[r].consumer];
             let res = &self.results[r];
-            let (n, is_dynamic) = if consumer.parallelism_decided {
-                let cp = consumer.parallelism;
-                let counts = match res.distribution_pattern {
-                    DistributionPattern::AllToAll => vec![cp; c],
-                    DistributionPattern::Pointwise if c >= cp => vec![1; c],
-                    DistributionPattern::Pointwise => (0..c)
-                        .map(|i| ((i + 1) * cp).div_ceil(c) - (i * cp).div_ceil(c))
-                        .collect(),
+            // One-to-one inside a forward group stays one-to-one; any other
+            // edge into a vertex that started undecided is written per key
+            // group, so its members agree on the keys each subtask holds.
+            let one_to_one = res.partitioner == PartitionerKind::Forward;
+            let (n, is_dynamic) =
+                if consumer.parallelism_decided && (!consumer.started_undecided || one_to_one) {
+                    let cp = consumer.parallelism;
+                    let counts = match res.distribution_pattern {
+                        DistributionPattern::AllToAll => vec![cp; c],
+                        DistributionPattern::Pointwise if c >= cp => vec![1; c],
+                        DistributionPattern::Pointwise => (0..c)
+                            .map(|i| ((i + 1) * cp).div_ceil(c) - (i * cp).div_ceil(c))
+                            .collect(),
+                    };
+                    (counts, false)
+                } else {
+                    let max = consumer.max_parallelism;
+                    let n = match res.distribution_pattern {
+                        _ if res.partitioner == PartitionerKind::Broadcast => 1,
+                        DistributionPattern::AllToAll => max,
+                        DistributionPattern::Pointwise => max.div_ceil(c).max(1),
+                    };
+                    (vec![n; c], true)
                 };
-                (counts, false)
-            } else {
-                let max = consumer.max_parallelism;
-                let n = match res.distribution_pattern {
-                    _ if res.partitioner == PartitionerKind::Broadcast => 1,
-                    DistributionPattern::AllToAll => max,
-                    DistributionPattern::Pointwise => max.div_ceil(c).max(1),
-                };
-                (vec![n; c], true)
-            };
             let res = &mut self.results[r];
             res.num_subpartitions = n;
             res.dynamic = is_dynamic;

@@ -47,7 +47,9 @@ use crate::deployment::{
     Deployment, ExecutionAttemptId, InputDescriptor, OutputDescriptor, PartitionRef,
     ShuffleServiceTarget,
 };
-use crate::execution_graph::{AttemptMetrics, ExecutionGraph, ExecutionState, SubtaskInput};
+use crate::execution_graph::{
+    AttemptMetrics, ExecutionGraph, ExecutionState, SubpartitionRange, SubtaskInput,
+};
 use crate::shuffle::{PartitionLocation, ShuffleMaster, ShuffleServiceSpec, ShuffleServiceType};
 use crate::skew::{self, SkewConfig, SkewSplit};
 use crate::validate::validate_job_graph;
@@ -337,6 +339,9 @@ pub struct AdaptiveJob {
     /// Runtime broadcast of a join side below this many bytes (`None`:
     /// strategy NONE).
     pub broadcast_threshold: Option<u64>,
+    /// Per forward group, once decided: the number of subpartitions of its
+    /// keyed inputs and the range each subtask reads.
+    pub group_ranges: BTreeMap<usize, (usize, Vec<SubpartitionRange>)>,
 }
 
 impl Job {
@@ -438,17 +443,29 @@ impl Job {
             let infos: Vec<BlockingResultInfo> =
                 dynamic.iter().map(|&r| self.result_info(r)).collect();
             let ejv = &self.eg.vertices[v];
+            let group = adaptive.forward_group[v];
+            let members: Vec<usize> = (0..self.eg.vertices.len())
+                .filter(|&u| adaptive.forward_group[u] == group)
+                .collect();
+            // The group's parallelism must suit every member (Flink: the
+            // smallest max parallelism of the group).
+            let max_parallelism = members
+                .iter()
+                .map(|&u| self.eg.vertices[u].max_parallelism)
+                .min()
+                .unwrap_or(ejv.max_parallelism);
             let splittable: Vec<bool> = dynamic
                 .iter()
                 .map(|&r| !self.eg.results[r].intra_input_key_correlated)
                 .collect();
             // A join side small enough to broadcast now that its bytes are
             // known (FLIP-470), else a skewed side that may be split
-            // (FLIP-475).
-            let may_split = !decided && splittable.iter().any(|&s| s);
+            // (FLIP-475). Only for a vertex alone in its forward group: the
+            // irregular slices could not be matched by the other members.
+            let may_split = !decided && members.len() == 1 && splittable.iter().any(|&s| s);
             let broadcast = match adaptive.broadcast_threshold {
                 Some(threshold) if may_split => skew::decide_broadcast(
-                    ejv.max_parallelism,
+                    max_parallelism,
                     &infos,
                     &splittable,
                     threshold,
@@ -460,7 +477,7 @@ impl Job {
             let skewed = match (&adaptive.skew, broadcast) {
                 (_, Some((_, d))) => Some(d),
                 (Some(skew), None) if may_split => skew::decide_skewed(
-                    ejv.max_parallelism,
+                    max_parallelism,
                     &infos,
                     &splittable,
                     skew,
@@ -468,9 +485,9 @@ impl Job {
                 )?,
                 _ => None,
             };
-            let decision: (usize, Vec<Vec<Vec<SubtaskInput>>>) = match skewed {
+            let (parallelism, slices, ranges) = match skewed {
                 Some(d) => {
-                    let slices = d
+                    let slices: Vec<Vec<Vec<SubtaskInput>>> = d
                         .inputs
                         .iter()
                         .map(|subtasks| {
@@ -493,48 +510,81 @@ impl Job {
                     if let Some(small) = broadcast_input {
                         self.adaptive_broadcasts.push((v, small));
                     }
-                    (d.parallelism, slices)
+                    (d.parallelism, slices, None)
                 }
                 None => {
                     let d = adaptive::decide(
-                        ejv.max_parallelism,
+                        max_parallelism,
                         decided.then_some(ejv.parallelism),
                         &infos,
                         &adaptive.config,
                     )?;
+                    // A member decided with its group reads the key groups
+                    // the group's first decision gave each subtask, so that
+                    // subtask k of every member holds the same keys.
+                    let shared = adaptive.group_ranges.get(&group).cloned();
+                    let mut ranges = None;
                     let slices = d
                         .inputs
                         .iter()
-                        .map(|jvi| {
-                            jvi.subtasks
-                                .iter()
-                                .map(|e| {
-                                    vec![SubtaskInput {
-                                        partitions: e.partition_range,
-                                        subpartitions: e.subpartition_range,
-                                    }]
-                                })
-                                .collect()
+                        .zip(&infos)
+                        .map(|(jvi, info)| {
+                            let keyed = !info.is_broadcast && !info.is_pointwise;
+                            let n = info.num_subpartitions(0);
+                            let all = SubpartitionRange {
+                                start: 0,
+                                end: info.num_partitions().saturating_sub(1),
+                            };
+                            match &shared {
+                                Some((sn, r))
+                                    if keyed && decided && *sn == n && r.len() == d.parallelism =>
+                                {
+                                    r.iter()
+                                        .map(|&sub| {
+                                            vec![SubtaskInput {
+                                                partitions: all,
+                                                subpartitions: sub,
+                                            }]
+                                        })
+                                        .collect()
+                                }
+                                _ => {
+                                    if keyed && !decided && ranges.is_none() {
+                                        ranges = Some((
+                                            n,
+                                            jvi.subtasks
+                                                .iter()
+                                                .map(|e| e.subpartition_range)
+                                                .collect::<Vec<_>>(),
+                                        ));
+                                    }
+                                    jvi.subtasks
+                                        .iter()
+                                        .map(|e| {
+                                            vec![SubtaskInput {
+                                                partitions: e.partition_range,
+                                                subpartitions: e.subpartition_range,
+                                            }]
+                                        })
+                                        .collect()
+                                }
+                            }
                         })
                         .collect();
-                    (d.parallelism, slices)
+                    (d.parallelism, slices, ranges)
                 }
-            };
-            let Some(adaptive) = &self.adaptive else {
-                return internal_err!("vertex {v} has dynamic inputs in a static job");
             };
             if !decided {
-                let group = adaptive.forward_group[v];
-                let members: Vec<usize> = (0..self.eg.vertices.len())
-                    .filter(|&u| adaptive.forward_group[u] == group)
-                    .collect();
-                for u in members {
+                for &u in &members {
                     if u == v || !self.eg.vertices[u].parallelism_decided {
-                        self.eg.decide_parallelism(u, decision.0)?;
+                        self.eg.decide_parallelism(u, parallelism)?;
                     }
                 }
+                if let (Some(r), Some(adaptive)) = (ranges, self.adaptive.as_mut()) {
+                    adaptive.group_ranges.insert(group, r);
+                }
             }
-            inputs = decision.1;
+            inputs = slices;
         }
         self.eg.initialize(v, &inputs, now_ms)?;
         Ok(true)
@@ -586,23 +636,13 @@ pub struct Scheduler {
     service_heartbeats: BTreeMap<String, Duration>,
 }
 
-/// Whether the job runs under the adaptive batch scheduler, and then its
-/// settings and which vertices start undecided: a batch job with only
-/// blocking exchanges, `execution.batch.adaptive.auto-parallelism.enabled`,
-/// and a vertex whose parallelism nobody set. A forward group with one
-/// member the user set keeps that parallelism for all of them.
+/// Whether the job runs under the adaptive batch scheduler (see
+/// [`JobGraph::adaptive_vertices`]), and then its settings and which
+/// vertices start undecided.
 fn adaptive_plan(graph: &JobGraph) -> Result<Option<(AdaptiveJob, Vec<bool>)>> {
-    if graph.job_type != JobType::Batch
-        || !graph.config.get(&options::AUTO_PARALLELISM_ENABLED)?
-        || graph.vertices.iter().all(|v| v.parallelism_configured)
-        || graph
-            .vertices
-            .iter()
-            .flat_map(|v| &v.inputs)
-            .any(|e| e.result_partition_type != ResultPartitionType::Blocking)
-    {
+    let Some((undecided, forward_group)) = graph.adaptive_vertices()? else {
         return Ok(None);
-    }
+    };
     let config = DeciderConfig::from_configuration(&graph.config)?;
     let skew = match graph
         .config
@@ -637,42 +677,13 @@ fn adaptive_plan(graph: &JobGraph) -> Result<Option<(AdaptiveJob, Vec<bool>)>> {
             )));
         }
     };
-    let n = graph.vertices.len();
-    let mut parent: Vec<usize> = (0..n).collect();
-    fn find(p: &mut [usize], x: usize) -> usize {
-        let mut r = x;
-        while p[r] != r {
-            r = p[r];
-        }
-        p[x] = r;
-        r
-    }
-    for (c, v) in graph.vertices.iter().enumerate() {
-        for e in &v.inputs {
-            if e.partitioner == PartitionerKind::Forward
-                && let Some(p) = graph.vertex_index(e.source_vertex)
-            {
-                let (a, b) = (find(&mut parent, p), find(&mut parent, c));
-                parent[a] = b;
-            }
-        }
-    }
-    let forward_group: Vec<usize> = (0..n).map(|v| find(&mut parent, v)).collect();
-    let undecided: Vec<bool> = (0..n)
-        .map(|v| {
-            !graph
-                .vertices
-                .iter()
-                .zip(&forward_group)
-                .any(|(u, &g)| g == forward_group[v] && u.parallelism_configured)
-        })
-        .collect();
     Ok(Some((
         AdaptiveJob {
             config,
             forward_group,
             skew,
             broadcast_threshold,
+            group_ranges: BTreeMap::new(),
         },
         undecided,
     )))
@@ -1635,11 +1646,15 @@ impl Scheduler {
                     if s.finished_attempt.is_none() || self.results_available(job, v, i) {
                         continue;
                     }
+                    // A consumer not initialized yet needs every partition
+                    // (its decision waits for all of them).
                     let needed = s.produced_results.iter().any(|&r| {
-                        job.eg.results[r].result_partition_type == ResultPartitionType::Blocking
-                            && job.consumers_of(r, i).iter().any(|&(c, j)| {
-                                job.eg.vertices[c].subtasks[j].finished_attempt.is_none()
-                            })
+                        let res = &job.eg.results[r];
+                        res.result_partition_type == ResultPartitionType::Blocking
+                            && (!job.eg.vertices[res.consumer].initialized
+                                || job.consumers_of(r, i).iter().any(|&(c, j)| {
+                                    job.eg.vertices[c].subtasks[j].finished_attempt.is_none()
+                                }))
                     });
                     if needed {
                         lost = Some((v, i));

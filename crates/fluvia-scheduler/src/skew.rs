@@ -142,7 +142,7 @@ pub fn decide_skewed(
             let mean = if normal.is_empty() {
                 0
             } else {
-                normal.iter().sum::<u64>() / normal.len() as u64
+                total(normal.iter().copied()) / normal.len() as u64
             };
             mean.max(avg)
         })
@@ -175,27 +175,25 @@ pub fn decide_skewed(
 
     let slice_bytes = |k: usize, after: Option<usize>| -> u64 {
         match slices[k] {
-            Slice::Whole(s) => hash.iter().map(|&i| agg[i][s]).sum(),
+            Slice::Whole(s) => total(hash.iter().map(|&i| agg[i][s])),
             Slice::Piece {
                 s,
                 input,
                 partitions,
             } => {
-                let own: u64 = partitions
-                    .iter()
-                    .map(|p| inputs[input].subpartition_bytes[p][s])
-                    .sum();
+                let own = total(
+                    partitions
+                        .iter()
+                        .map(|p| inputs[input].subpartition_bytes[p][s]),
+                );
                 // The other sides of `s` are read once per subtask.
                 let same = after.is_some_and(|a| slices[a].subpartition() == s);
                 let others: u64 = if same {
                     0
                 } else {
-                    hash.iter()
-                        .filter(|&&j| j != input)
-                        .map(|&j| agg[j][s])
-                        .sum()
+                    total(hash.iter().filter(|&&j| j != input).map(|&j| agg[j][s]))
                 };
-                own + others
+                own.saturating_add(others)
             }
         }
     };
@@ -228,11 +226,11 @@ pub fn decide_skewed(
     };
     let min = config.min_parallelism.min(vertex_max_parallelism);
     let max = config.max_parallelism.min(vertex_max_parallelism);
-    let total: u64 = (0..slices.len()).map(|k| slice_bytes(k, None)).sum();
+    let all_bytes = total((0..slices.len()).map(|k| slice_bytes(k, None)));
     let mut tasks = group(avg);
     if tasks.len() > max {
         // The smallest limit that gives at most `max` subtasks.
-        let (mut lo, mut hi) = (avg, total.max(avg));
+        let (mut lo, mut hi) = (avg, all_bytes.max(avg));
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
             if group(mid).len() <= max {
@@ -340,7 +338,7 @@ pub fn decide_broadcast(
     for s in 0..n {
         let bytes: Vec<u64> = big_input.subpartition_bytes.iter().map(|p| p[s]).collect();
         for r in cut(&bytes, avg) {
-            let b: u64 = r.iter().map(|p| bytes[p]).sum();
+            let b = total(r.iter().map(|p| bytes[p]));
             slices.push((s, r, b));
         }
     }
@@ -355,7 +353,7 @@ pub fn decide_broadcast(
             if k == start {
                 sum = slice.2;
             } else if sum.saturating_add(slice.2) <= limit && k - start < max_slices {
-                sum += slice.2;
+                sum = sum.saturating_add(slice.2);
             } else {
                 tasks.push((start, k - 1));
                 start = k;
@@ -367,10 +365,10 @@ pub fn decide_broadcast(
     };
     let min = config.min_parallelism.min(vertex_max_parallelism);
     let max = config.max_parallelism.min(vertex_max_parallelism);
-    let total: u64 = slices.iter().map(|s| s.2).sum();
+    let all_bytes = total(slices.iter().map(|s| s.2));
     let mut tasks = group(avg);
     if tasks.len() > max {
-        let (mut lo, mut hi) = (avg, total.max(avg));
+        let (mut lo, mut hi) = (avg, all_bytes.max(avg));
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
             if group(mid).len() <= max {
@@ -500,6 +498,11 @@ fn cut(bytes: &[u64], target: u64) -> Vec<IndexRange> {
         });
     }
     ranges
+}
+
+/// Sums reported byte counts without overflowing on hostile reports.
+fn total(values: impl Iterator<Item = u64>) -> u64 {
+    values.fold(0, u64::saturating_add)
 }
 
 fn internal<T>(msg: impl Into<String>) -> Result<T> {

@@ -63,17 +63,24 @@ struct Driver {
 
 impl Driver {
     fn start(jg: JobGraph, slots: usize) -> Self {
-        let mut s = Scheduler::new(SchedulerConfig::default());
-        s.handle(
-            Duration::ZERO,
-            Event::RegisterTaskManager(TaskManagerSpec {
-                id: "tm-1".into(),
-                slots,
-                fingerprint: "fp".into(),
-                data_address: "tm-1:6121".into(),
-            }),
-        )
-        .unwrap();
+        Self::start_on(jg, &[slots], SchedulerConfig::default())
+    }
+
+    /// One TaskManager `tm-<k+1>` per entry of `slots`.
+    fn start_on(jg: JobGraph, slots: &[usize], config: SchedulerConfig) -> Self {
+        let mut s = Scheduler::new(config);
+        for (k, &n) in slots.iter().enumerate() {
+            s.handle(
+                Duration::ZERO,
+                Event::RegisterTaskManager(TaskManagerSpec {
+                    id: format!("tm-{}", k + 1),
+                    slots: n,
+                    fingerprint: "fp".into(),
+                    data_address: format!("tm-{}:6121", k + 1),
+                }),
+            )
+            .unwrap();
+        }
         let job = JobId(7);
         s.handle(
             Duration::ZERO,
@@ -303,4 +310,108 @@ fn with_auto_parallelism_disabled_every_vertex_keeps_the_default() {
     assert!(d.vertex(1).parallelism_decided);
     assert_eq!(d.vertex(1).parallelism, 1);
     assert!(d.s.job(d.job).unwrap().adaptive.is_none());
+}
+
+#[test]
+fn a_forward_group_member_reads_the_key_groups_its_group_decided_on_every_keyed_input() {
+    // Source -HASH-> Sum -FORWARD-> Merge, and Source -HASH-> Merge: Merge is
+    // decided with Sum, and its own keyed input from Source must give
+    // subtask k the same key groups as Sum's subtask k.
+    let jg = graph(
+        &[
+            Op("Source", Some(2), None),
+            Op("Sum", None, Some(10)),
+            Op("Merge", None, Some(10)),
+        ],
+        &[
+            (0, 1, PartitionerKind::Hash),
+            (1, 2, PartitionerKind::Forward),
+            (0, 2, PartitionerKind::Hash),
+        ],
+        conf(&[(options::AUTO_PARALLELISM_AVG_DATA_VOLUME.key, "60")]),
+    );
+    let mut d = Driver::start(jg, 16);
+    let sources = d.deployed.clone();
+    for s in &sources {
+        // One output per consumer, in edge order: Sum, then Merge.
+        assert_eq!(s.outputs.len(), 2);
+        assert!(s.outputs.iter().all(|o| o.num_subpartitions == 10));
+    }
+    d.finish(&sources[0], vec![P0.to_vec(), vec![1; 10]]);
+    d.finish(&sources[1], vec![P1.to_vec(), vec![1; 10]]);
+    let expected = [(0, 1), (2, 3), (4, 6), (7, 8), (9, 9)];
+    assert_eq!(d.vertex(2).parallelism, 5);
+    let sums = d.collect();
+    for s in &sums {
+        d.finish(s, vec![vec![10]]);
+    }
+    let merges = d.collect();
+    assert_eq!(merges.len(), 5);
+    for m in &merges {
+        let (start, end) = expected[m.attempt.subtask];
+        let from_source: Vec<_> = m
+            .inputs
+            .iter()
+            .filter(|i| i.partition.data_set == sources[0].outputs[1].data_set)
+            .collect();
+        assert_eq!(from_source.len(), 2, "one channel per source subtask");
+        for i in from_source {
+            assert_eq!(
+                (i.first_subpartition, i.last_subpartition),
+                (start as u32, end as u32),
+                "subtask {} of Merge",
+                m.attempt.subtask
+            );
+        }
+        assert_eq!(m.key_group_range, Some(SubpartitionRange { start, end }));
+    }
+}
+
+#[test]
+fn a_partition_lost_before_its_consumer_is_decided_is_produced_again_first() {
+    let jg = graph(
+        &[Op("Source", Some(2), None), Op("Sum", None, Some(10))],
+        &[(0, 1, PartitionerKind::Hash)],
+        conf(&[(options::AUTO_PARALLELISM_AVG_DATA_VOLUME.key, "60")]),
+    );
+    let config = SchedulerConfig {
+        restart_attempts: 3,
+        restart_delay: Duration::ZERO,
+        probe_timeout: Duration::from_millis(100),
+        ..SchedulerConfig::default()
+    };
+    let mut d = Driver::start_on(jg, &[1, 1], config);
+    let sources = d.deployed.clone();
+    assert_eq!(sources.len(), 2);
+    let on_first = sources.iter().find(|s| s.task_manager == "tm-1").unwrap().clone();
+    let on_second = sources.iter().find(|s| s.task_manager == "tm-2").unwrap().clone();
+    d.finish(&on_first, vec![P0.to_vec()]);
+    // Its TaskManager (and the partition) goes while the other source runs.
+    d.event(Event::TaskManagerLost {
+        task_manager: "tm-1".into(),
+        reason: "killed".into(),
+    });
+    d.finish(&on_second, vec![P1.to_vec()]);
+    assert!(
+        !d.vertex(1).initialized,
+        "decided from a partition that no longer exists"
+    );
+    // The lost source runs again (on tm-2, now free), then Sum is decided.
+    d.event(Event::ProbeAnswered {
+        task_manager: "tm-2".into(),
+        alive: true,
+    });
+    for _ in 0..20 {
+        d.event(Event::Tick);
+    }
+    let again = d.collect();
+    let rerun = again
+        .iter()
+        .find(|x| x.attempt.vertex == 0 && x.attempt.subtask == on_first.attempt.subtask)
+        .expect("the lost source runs again")
+        .clone();
+    assert_eq!(rerun.attempt.attempt, 1);
+    d.finish(&rerun, vec![P0.to_vec()]);
+    assert!(d.vertex(1).initialized);
+    assert_eq!(d.vertex(1).parallelism, 5);
 }

@@ -340,7 +340,14 @@ pub fn adaptive_stages(plan: &StagePlan) -> Vec<bool> {
                     Exchange::Forward { .. } => forward(i),
                     Exchange::Global { .. } => false,
                 });
-            planned > 1 && s.parallelism == planned && inputs_ok && reads_only_exchanges(&s.plan)
+            // A forward output must be one-to-one into the stage's group: a
+            // direct route (union offset) picks consumer subtasks by index.
+            let output_ok = !matches!(s.exchange, Exchange::Forward { .. }) || forward(id);
+            planned > 1
+                && s.parallelism == planned
+                && inputs_ok
+                && output_ok
+                && reads_only_exchanges(&s.plan)
         })
         .collect();
     // Forward groups: union-find over one-to-one edges, sink edge aside.
