@@ -98,6 +98,27 @@ fn answers_do_not_depend_on_parallelism_chaining_or_multiple_input() {
             "-D",
             "table.optimizer.join.broadcast-threshold=0",
         ][..],
+        // No -p, multiple input off: forward groups of adaptive stages.
+        &[
+            "-D",
+            "parallelism.default=3",
+            "-D",
+            "table.optimizer.multiple-input-enabled=false",
+        ][..],
+        // No -p, skewed joins split and small sides broadcast at runtime
+        // wherever the data allows it.
+        &[
+            "-D",
+            "execution.batch.adaptive.auto-parallelism.avg-data-volume-per-task=64kb",
+            "-D",
+            "table.optimizer.skewed-join-optimization.skewed-threshold=0",
+            "-D",
+            "table.optimizer.skewed-join-optimization.skewed-factor=1.5",
+            "-D",
+            "table.optimizer.join.broadcast-threshold=65536",
+            "-D",
+            "table.optimizer.adaptive-broadcast-join.strategy=RUNTIME_ONLY",
+        ][..],
     ] {
         let (ok, out) = tpcds_run(&mix_args(extra));
         assert!(ok, "{extra:?}:\n{out}");
