@@ -396,6 +396,7 @@ impl JmShared {
                                         .collect();
                                 json!({
                                     "attempt-number": a.attempt_number,
+                                    "speculative": job.speculative_attempts.contains(&(v, i, a.attempt_number)),
                                     "status": a.state.name(),
                                     "taskmanager-id": a.task_manager.clone().unwrap_or_default(),
                                     "host": host_of(&a.task_manager),
@@ -501,6 +502,9 @@ impl JmShared {
             "restarts": job.restarts,
             "error": job.failure_cause,
             "shuffle-service-type": job.shuffle_service_type.name(),
+            "speculative": job.speculative.is_some(),
+            "numSlowExecutionVertices": job.num_slow_execution_vertices,
+            "numEffectiveSpeculativeExecutions": job.num_effective_speculative_executions,
             "vertices": vertices,
         })
     }

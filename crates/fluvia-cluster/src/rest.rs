@@ -31,6 +31,12 @@ async fn overview(State(s): State<Shared>) -> Json<Value> {
     let used: usize = st.scheduler.task_managers().map(|(_, used)| used).sum();
     Json(json!({
         "taskmanagers": st.scheduler.task_managers().count(),
+        // Blocked by speculative execution: no new attempts go there.
+        "taskmanagers-blocked": st
+            .scheduler
+            .task_managers()
+            .filter(|(t, _)| st.scheduler.is_task_manager_blocked(&t.id))
+            .count(),
         "shuffle-services": st.scheduler.shuffle_master().services().count(),
         "slots-total": total,
         "slots-available": total.saturating_sub(used),
@@ -177,6 +183,7 @@ async fn taskmanagers(State(s): State<Shared>) -> Json<Value> {
                 "freeSlots": spec.slots.saturating_sub(used),
                 "programFingerprint": spec.fingerprint,
                 "timeSinceLastHeartbeat": t.last_heartbeat.elapsed().as_millis() as u64,
+                "blocked": st.scheduler.is_task_manager_blocked(&spec.id),
             })
         })
         .collect();

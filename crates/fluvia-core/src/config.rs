@@ -188,6 +188,48 @@ pub mod options {
         description: "Parallelism of sources whose parallelism is not set, under the adaptive batch scheduler.",
     };
 
+    pub const SPECULATIVE_ENABLED: ConfigOption<bool> = ConfigOption {
+        key: "execution.batch.speculative.enabled",
+        fallback_keys: &[],
+        default: false,
+        description: "Batch jobs: run a second attempt of a subtask the slow-task detector finds slow on another TaskManager; the first to finish wins.",
+    };
+    pub const SPECULATIVE_MAX_CONCURRENT: ConfigOption<usize> = ConfigOption {
+        key: "execution.batch.speculative.max-concurrent-executions",
+        fallback_keys: &[],
+        default: 2,
+        description: "Attempts of one subtask that may run at once under speculative execution.",
+    };
+    pub const SPECULATIVE_BLOCK_DURATION: ConfigOption<Duration> = ConfigOption {
+        key: "execution.batch.speculative.block-slow-node-duration",
+        fallback_keys: &[],
+        default: Duration::from_secs(60),
+        description: "How long a TaskManager running a slow attempt gets no new attempts (0: not blocked).",
+    };
+    pub const SLOW_TASK_CHECK_INTERVAL: ConfigOption<Duration> = ConfigOption {
+        key: "slow-task-detector.check-interval",
+        fallback_keys: &[],
+        default: Duration::from_secs(1),
+        description: "How often the slow-task detector looks for slow attempts.",
+    };
+    pub const SLOW_TASK_LOWER_BOUND: ConfigOption<Duration> = ConfigOption {
+        key: "slow-task-detector.execution-time.baseline-lower-bound",
+        fallback_keys: &[],
+        default: Duration::from_secs(60),
+        description: "An attempt running shorter than this is never slow.",
+    };
+    pub const SLOW_TASK_BASELINE_RATIO: ConfigOption<f64> = ConfigOption {
+        key: "slow-task-detector.execution-time.baseline-ratio",
+        fallback_keys: &[],
+        default: 0.75,
+        description: "Share of a vertex's subtasks that must have finished before its slow ones are looked for; the baseline is the median of that share.",
+    };
+    pub const SLOW_TASK_BASELINE_MULTIPLIER: ConfigOption<f64> = ConfigOption {
+        key: "slow-task-detector.execution-time.baseline-multiplier",
+        fallback_keys: &[],
+        default: 1.5,
+        description: "An attempt is slow above this many times the baseline execution time per input byte.",
+    };
     pub const ADAPTIVE_BROADCAST_JOIN_STRATEGY: ConfigOption<&'static str> = ConfigOption {
         key: "table.optimizer.adaptive-broadcast-join.strategy",
         fallback_keys: &[],
@@ -240,6 +282,41 @@ pub mod options {
                 AUTO_PARALLELISM_DEFAULT_SOURCE.key,
                 AUTO_PARALLELISM_DEFAULT_SOURCE.default.to_string(),
                 AUTO_PARALLELISM_DEFAULT_SOURCE.description,
+            ),
+            (
+                SPECULATIVE_ENABLED.key,
+                SPECULATIVE_ENABLED.default.to_string(),
+                SPECULATIVE_ENABLED.description,
+            ),
+            (
+                SPECULATIVE_MAX_CONCURRENT.key,
+                SPECULATIVE_MAX_CONCURRENT.default.to_string(),
+                SPECULATIVE_MAX_CONCURRENT.description,
+            ),
+            (
+                SPECULATIVE_BLOCK_DURATION.key,
+                "1 min".to_string(),
+                SPECULATIVE_BLOCK_DURATION.description,
+            ),
+            (
+                SLOW_TASK_CHECK_INTERVAL.key,
+                "1 s".to_string(),
+                SLOW_TASK_CHECK_INTERVAL.description,
+            ),
+            (
+                SLOW_TASK_LOWER_BOUND.key,
+                "1 min".to_string(),
+                SLOW_TASK_LOWER_BOUND.description,
+            ),
+            (
+                SLOW_TASK_BASELINE_RATIO.key,
+                SLOW_TASK_BASELINE_RATIO.default.to_string(),
+                SLOW_TASK_BASELINE_RATIO.description,
+            ),
+            (
+                SLOW_TASK_BASELINE_MULTIPLIER.key,
+                SLOW_TASK_BASELINE_MULTIPLIER.default.to_string(),
+                SLOW_TASK_BASELINE_MULTIPLIER.description,
             ),
             (
                 ADAPTIVE_BROADCAST_JOIN_STRATEGY.key,

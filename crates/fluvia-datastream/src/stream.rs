@@ -280,6 +280,12 @@ impl<T: Data> DataStream<T> {
 
     fn sink(&self, name: &str, factory: Arc<dyn OperatorFactory>) -> DataStreamSink {
         let stream: DataStream<()> = self.one_input(&format!("Sink: {name}"), factory, None);
+        // A sink's effects are not attempt-private: never two attempts.
+        self.env
+            .inner
+            .borrow_mut()
+            .builder
+            .set_supports_concurrent_attempts(stream.inputs[0].node, false);
         DataStreamSink {
             env: self.env.clone(),
             node: stream.inputs[0].node,

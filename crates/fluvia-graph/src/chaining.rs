@@ -141,6 +141,9 @@ impl<'a> JobGraphGenerator<'a> {
                 parallelism: head_node.parallelism,
                 max_parallelism: head_node.max_parallelism,
                 parallelism_configured: members.iter().any(|&m| g.node(m).parallelism_configured),
+                supports_concurrent_attempts: members
+                    .iter()
+                    .all(|&m| g.node(m).supports_concurrent_attempts),
                 slot_sharing_group: head_node.slot_sharing_group.clone(),
                 operators,
                 inputs: Vec::new(),

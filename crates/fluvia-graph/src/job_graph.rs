@@ -99,6 +99,10 @@ pub struct JobVertex {
     /// adaptive batch scheduler; `parallelism` is then only the default.
     #[serde(default = "configured")]
     pub parallelism_configured: bool,
+    /// Every chained operator supports concurrent attempts: the vertex may
+    /// be speculated.
+    #[serde(default = "configured")]
+    pub supports_concurrent_attempts: bool,
     pub slot_sharing_group: String,
     /// The chain; `operators[0]` is the head.
     pub operators: Vec<ChainedOperator>,

@@ -39,6 +39,11 @@ pub struct StreamNode {
     pub is_source: bool,
     /// Sources only: whether the source ends (decides AUTOMATIC runtime mode).
     pub bounded: bool,
+    /// Flink's `SupportsConcurrentExecutionAttempts`: whether two attempts
+    /// of one subtask may run at once (speculative execution). Sinks with
+    /// side effects say no.
+    #[serde(default = "correlated")]
+    pub supports_concurrent_attempts: bool,
     /// Number of logical inputs of the operator (0 source, 1, or 2 for connect).
     pub num_inputs: usize,
     pub in_edges: Vec<usize>,
@@ -139,6 +144,7 @@ struct NodeSpec {
     is_source: bool,
     bounded: bool,
     num_inputs: usize,
+    supports_concurrent_attempts: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -221,6 +227,7 @@ impl StreamGraphBuilder {
             is_source,
             bounded,
             num_inputs,
+            supports_concurrent_attempts: true,
         });
         self.nodes.len() - 1
     }
@@ -271,6 +278,12 @@ impl StreamGraphBuilder {
     pub fn set_parallelism(&mut self, id: StreamNodeId, p: usize) {
         self.nodes[id].parallelism = Some(p);
     }
+    /// Whether attempts of this operator may run concurrently (speculative
+    /// execution); true unless said otherwise.
+    pub fn set_supports_concurrent_attempts(&mut self, id: StreamNodeId, supports: bool) {
+        self.nodes[id].supports_concurrent_attempts = supports;
+    }
+
     pub fn set_max_parallelism(&mut self, id: StreamNodeId, p: usize) {
         self.nodes[id].max_parallelism = Some(p);
     }
@@ -369,6 +382,7 @@ impl StreamGraphBuilder {
                 chaining_strategy: spec.chaining_strategy,
                 is_source: spec.is_source,
                 bounded: spec.bounded,
+                supports_concurrent_attempts: spec.supports_concurrent_attempts,
                 num_inputs: spec.num_inputs,
                 in_edges: in_edges[id].clone(),
                 out_edges: out_edges[id].clone(),

@@ -17,6 +17,7 @@ pub mod execution_graph;
 pub mod scheduler;
 pub mod shuffle;
 pub mod skew;
+pub mod speculative;
 pub mod validate;
 
 pub use adaptive::{

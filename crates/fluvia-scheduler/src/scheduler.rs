@@ -52,6 +52,7 @@ use crate::execution_graph::{
 };
 use crate::shuffle::{PartitionLocation, ShuffleMaster, ShuffleServiceSpec, ShuffleServiceType};
 use crate::skew::{self, SkewConfig, SkewSplit};
+use crate::speculative::{self, SpeculativeConfig};
 use crate::validate::validate_job_graph;
 use fluvia_core::config::options;
 use fluvia_core::{
@@ -325,6 +326,15 @@ pub struct Job {
     /// Join vertices turned into broadcast joins at runtime: (vertex, input
     /// read whole by every subtask).
     pub adaptive_broadcasts: Vec<(usize, usize)>,
+    /// Speculative execution's settings (`None`: off).
+    pub speculative: Option<SpeculativeConfig>,
+    next_slow_check: Duration,
+    /// Attempts started because their subtask was slow.
+    pub speculative_attempts: BTreeSet<(usize, usize, u32)>,
+    /// Flink's `numSlowExecutionVertices` (at the last check) and
+    /// `numEffectiveSpeculativeExecutions` (speculative attempts that won).
+    pub num_slow_execution_vertices: usize,
+    pub num_effective_speculative_executions: usize,
 }
 
 /// A batch job whose undecided vertices get their parallelism from the data.
@@ -382,6 +392,35 @@ impl Job {
     fn vertex_finished(&self, v: usize) -> bool {
         let ejv = &self.eg.vertices[v];
         ejv.initialized && ejv.subtasks.iter().all(|s| s.finished_attempt.is_some())
+    }
+
+    /// Bytes subtask `i` of vertex `v` reads: the subpartitions it consumes
+    /// as their producers reported them (`None` for a source).
+    fn input_bytes(&self, v: usize, i: usize) -> Option<u64> {
+        let sub = self.eg.vertices.get(v)?.subtasks.get(i)?;
+        if sub.consumed.is_empty() {
+            return None;
+        }
+        let mut total = 0u64;
+        for cp in &sub.consumed {
+            let res = &self.eg.results[cp.result];
+            let index = self.graph.vertices[res.producer]
+                .produced_data_sets
+                .iter()
+                .position(|d| d.id == res.data_set)?;
+            let bytes = self.eg.vertices[res.producer]
+                .subtasks
+                .get(cp.producer_subtask)
+                .and_then(|s| s.winner())
+                .and_then(|w| w.metrics.as_ref())
+                .and_then(|m| m.subpartition_bytes.get(index));
+            if let Some(b) = bytes {
+                for s in cp.subpartitions.iter() {
+                    total = total.saturating_add(b.get(s).copied().unwrap_or(0));
+                }
+            }
+        }
+        Some(total)
     }
 
     /// Result `r` as the decider sees it: per producer subtask, the bytes
@@ -629,6 +668,9 @@ pub struct Scheduler {
     tms: BTreeMap<String, Tm>,
     tm_order: Vec<String>,
     jobs: BTreeMap<JobId, Job>,
+    /// TaskManagers that get no new attempts until the given time (the
+    /// soft blocklist of speculative execution).
+    blocked: BTreeMap<String, Duration>,
     job_order: Vec<JobId>,
     actions: VecDeque<Action>,
     now: Duration,
@@ -705,6 +747,7 @@ impl Scheduler {
             now: Duration::ZERO,
             shuffle: ShuffleMaster::default(),
             service_heartbeats: BTreeMap::new(),
+            blocked: BTreeMap::new(),
         }
     }
 
@@ -780,7 +823,92 @@ impl Scheduler {
         for &last in self.service_heartbeats.values() {
             at(last + self.config.heartbeat_timeout);
         }
+        for j in self.jobs.values().filter(|j| !j.state.is_terminal()) {
+            if j.speculative.is_some() && j.has_live_attempts() {
+                at(j.next_slow_check);
+            }
+        }
+        for &until in self.blocked.values() {
+            at(until);
+        }
         t
+    }
+
+    /// TaskManagers blocked by speculative execution, with the time their
+    /// block ends (scheduler clock).
+    pub fn blocked_task_managers(&self) -> impl Iterator<Item = (&str, Duration)> {
+        self.blocked.iter().map(|(tm, &until)| (tm.as_str(), until))
+    }
+
+    /// Whether the TaskManager is blocked for new attempts right now.
+    pub fn is_task_manager_blocked(&self, tm: &str) -> bool {
+        self.is_blocked(tm)
+    }
+
+    fn is_blocked(&self, tm: &str) -> bool {
+        self.blocked.get(tm).is_some_and(|&until| until > self.now)
+    }
+
+    /// Every `slow-task-detector.check-interval` of a speculative job: block
+    /// the TaskManagers of slow attempts and give each slow subtask another
+    /// attempt elsewhere (Flink's `SpeculativeScheduler`).
+    fn detect_slow_tasks(&mut self) {
+        let now = self.now;
+        self.blocked.retain(|_, until| *until > now);
+        let ids: Vec<JobId> = self.job_order.clone();
+        for id in ids {
+            let Some(job) = self.jobs.get(&id) else {
+                continue;
+            };
+            let Some(config) = job.speculative else {
+                continue;
+            };
+            if job.state != JobState::Running || now < job.next_slow_check {
+                continue;
+            }
+            let slow =
+                speculative::slow_subtasks(&job.eg, |v, i| job.input_bytes(v, i), ms(now), &config);
+            let vertices: BTreeSet<usize> = slow.iter().map(|s| s.vertex).collect();
+            let mut slow_tms = BTreeSet::new();
+            let mut add = Vec::new();
+            for s in &slow {
+                let sub = &job.eg.vertices[s.vertex].subtasks[s.subtask];
+                for &n in &s.attempts {
+                    if let Some(tm) = sub.attempt(n).and_then(|e| e.task_manager.clone()) {
+                        slow_tms.insert(tm);
+                    }
+                }
+                let live = sub
+                    .attempts
+                    .iter()
+                    .filter(|e| !e.state.is_terminal())
+                    .count();
+                if live < config.max_concurrent_executions
+                    && job.graph.vertices[s.vertex].supports_concurrent_attempts
+                {
+                    add.push((s.vertex, s.subtask, sub.attempts.len() as u32));
+                }
+            }
+            if !config.block_slow_node_duration.is_zero() {
+                for tm in slow_tms {
+                    let until = now + config.block_slow_node_duration;
+                    let e = self.blocked.entry(tm).or_insert(until);
+                    *e = (*e).max(until);
+                }
+            }
+            for (v, i, n) in add {
+                if self.add_attempt(id, v, i).is_ok()
+                    && let Some(job) = self.jobs.get_mut(&id)
+                    && job.eg.vertices[v].subtasks[i].attempts.len() as u32 > n
+                {
+                    job.speculative_attempts.insert((v, i, n));
+                }
+            }
+            if let Some(job) = self.jobs.get_mut(&id) {
+                job.num_slow_execution_vertices = vertices.len();
+                job.next_slow_check = now + config.check_interval;
+            }
+        }
     }
 
     /// Feeds one event at time `now` (monotonic, from the caller's clock).
@@ -874,6 +1002,7 @@ impl Scheduler {
             Event::Tick => Ok(()),
         };
         self.check_timeouts();
+        self.detect_slow_tasks();
         self.schedule_all();
         outcome
     }
@@ -896,6 +1025,10 @@ impl Scheduler {
             None => self.config.shuffle_service_type,
         };
         let adaptive = adaptive_plan(&graph)?;
+        let speculative = match graph.job_type {
+            JobType::Batch => SpeculativeConfig::from_configuration(&graph.config)?,
+            JobType::Streaming => None,
+        };
         let undecided: Vec<bool> = match &adaptive {
             Some((_, undecided)) => undecided.clone(),
             None => vec![false; graph.vertices.len()],
@@ -960,6 +1093,11 @@ impl Scheduler {
                 adaptive: adaptive.map(|(a, _)| a),
                 skew_splits: Vec::new(),
                 adaptive_broadcasts: Vec::new(),
+                speculative,
+                next_slow_check: self.now,
+                speculative_attempts: BTreeSet::new(),
+                num_slow_execution_vertices: 0,
+                num_effective_speculative_executions: 0,
             },
         );
         if let Err(e) = self.initialize_vertices(id) {
@@ -1309,6 +1447,13 @@ impl Scheduler {
             return;
         }
         sub.finished_attempt = Some(a.attempt);
+        if job
+            .speculative_attempts
+            .contains(&(a.vertex, a.subtask, a.attempt))
+        {
+            job.num_effective_speculative_executions += 1;
+        }
+        let sub = &mut job.eg.vertices[a.vertex].subtasks[a.subtask];
         // Cancel the other attempts: losing is not a failure.
         let mut cancels = Vec::new();
         let mut unslot = Vec::new();
@@ -2034,7 +2179,7 @@ impl Scheduler {
         let mut free: BTreeMap<&str, usize> = self
             .tms
             .values()
-            .filter(|t| t.spec.fingerprint == job.fingerprint)
+            .filter(|t| t.spec.fingerprint == job.fingerprint && !self.is_blocked(&t.spec.id))
             .map(|t| {
                 (
                     t.spec.id.as_str(),
@@ -2056,6 +2201,7 @@ impl Scheduler {
                 s.group == group
                     && s.index == i
                     && !avoided(&s.task_manager)
+                    && !self.is_blocked(&s.task_manager)
                     && self.tms.contains_key(&s.task_manager)
                     && !s.hosted.iter().any(|h| h.0 == v)
                     && !taken.get(k).is_some_and(|t| t.contains(&v))

@@ -6,147 +6,13 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
+use common::{Driver, Op, conf, graph};
+use fluvia_core::PartitionerKind;
 use fluvia_core::config::options;
-use fluvia_core::{Configuration, ExchangeMode, JobId, PartitionerKind};
-use fluvia_graph::{JobGraph, JobGraphGenerator, StreamGraphBuilder};
-use fluvia_scheduler::{
-    Action, AttemptMetrics, Deployment, Event, ExecutionState, Scheduler, SchedulerConfig,
-    SubpartitionRange, TaskManagerSpec,
-};
-use std::sync::Arc;
+use fluvia_scheduler::{Event, SchedulerConfig, SubpartitionRange};
 use std::time::Duration;
-
-/// One operator: name, parallelism (None: left to the scheduler), max
-/// parallelism.
-struct Op(&'static str, Option<usize>, Option<usize>);
-
-/// A batch JobGraph, one vertex per operator (chaining off), vertex 0 the
-/// only source.
-fn graph(ops: &[Op], edges: &[(usize, usize, PartitionerKind)], conf: Configuration) -> JobGraph {
-    let mut b = StreamGraphBuilder::new("adaptive-job");
-    b.chaining_enabled = false;
-    let mut ids = Vec::new();
-    for (k, Op(name, p, max)) in ops.iter().enumerate() {
-        let id = if k == 0 {
-            b.add_source(*name, true)
-        } else {
-            b.add_operator(*name, 1)
-        };
-        if let Some(p) = p {
-            b.set_parallelism(id, *p);
-        }
-        if let Some(m) = max {
-            b.set_max_parallelism(id, *m);
-        }
-        ids.push(id);
-    }
-    for &(from, to, part) in edges {
-        b.add_edge(ids[from], ids[to], Some(part), ExchangeMode::Undefined, 0);
-    }
-    let jg = JobGraphGenerator::new(&b.build().unwrap())
-        .create_job_graph(conf, false)
-        .unwrap();
-    for (k, Op(name, _, _)) in ops.iter().enumerate() {
-        assert_eq!(jg.vertices[k].name, *name);
-    }
-    jg
-}
-
-/// Registers one TaskManager, submits, and plays every deployment through
-/// to FINISHED with the metrics `report` gives it.
-struct Driver {
-    s: Scheduler,
-    job: JobId,
-    now: Duration,
-    deployed: Vec<Deployment>,
-}
-
-impl Driver {
-    fn start(jg: JobGraph, slots: usize) -> Self {
-        Self::start_on(jg, &[slots], SchedulerConfig::default())
-    }
-
-    /// One TaskManager `tm-<k+1>` per entry of `slots`.
-    fn start_on(jg: JobGraph, slots: &[usize], config: SchedulerConfig) -> Self {
-        let mut s = Scheduler::new(config);
-        for (k, &n) in slots.iter().enumerate() {
-            s.handle(
-                Duration::ZERO,
-                Event::RegisterTaskManager(TaskManagerSpec {
-                    id: format!("tm-{}", k + 1),
-                    slots: n,
-                    fingerprint: "fp".into(),
-                    data_address: format!("tm-{}:6121", k + 1),
-                }),
-            )
-            .unwrap();
-        }
-        let job = JobId(7);
-        s.handle(
-            Duration::ZERO,
-            Event::SubmitJob {
-                job,
-                graph: Arc::new(jg),
-                program: "p".into(),
-                fingerprint: "fp".into(),
-            },
-        )
-        .unwrap();
-        let mut d = Driver {
-            s,
-            job,
-            now: Duration::ZERO,
-            deployed: Vec::new(),
-        };
-        d.collect();
-        d
-    }
-
-    fn collect(&mut self) -> Vec<Deployment> {
-        let new: Vec<Deployment> = self
-            .s
-            .drain_actions()
-            .into_iter()
-            .filter_map(|a| match a {
-                Action::Deploy(d) => Some(*d),
-                _ => None,
-            })
-            .collect();
-        self.deployed.extend(new.iter().cloned());
-        new
-    }
-
-    fn event(&mut self, e: Event) {
-        self.now += Duration::from_millis(10);
-        self.s.handle(self.now, e).unwrap();
-    }
-
-    /// Acknowledges and finishes `d` with per-output subpartition bytes.
-    fn finish(&mut self, d: &Deployment, subpartition_bytes: Vec<Vec<u64>>) {
-        self.event(Event::DeployAcknowledged { attempt: d.attempt });
-        self.event(Event::AttemptState {
-            attempt: d.attempt,
-            state: ExecutionState::Finished,
-            failure: None,
-            metrics: Some(AttemptMetrics {
-                subpartition_bytes,
-                ..AttemptMetrics::default()
-            }),
-        });
-    }
-
-    fn vertex(&self, v: usize) -> &fluvia_scheduler::ExecutionJobVertex {
-        &self.s.job(self.job).unwrap().eg.vertices[v]
-    }
-}
-
-fn conf(pairs: &[(&str, &str)]) -> Configuration {
-    let mut c = Configuration::new();
-    for (k, v) in pairs {
-        c.set(*k, *v);
-    }
-    c
-}
 
 /// Flink's `DefaultVertexParallelismAndInputInfosDeciderTest` vector, with
 /// the two inputs written by two producers of one result: aggregated bytes
@@ -383,8 +249,16 @@ fn a_partition_lost_before_its_consumer_is_decided_is_produced_again_first() {
     let mut d = Driver::start_on(jg, &[1, 1], config);
     let sources = d.deployed.clone();
     assert_eq!(sources.len(), 2);
-    let on_first = sources.iter().find(|s| s.task_manager == "tm-1").unwrap().clone();
-    let on_second = sources.iter().find(|s| s.task_manager == "tm-2").unwrap().clone();
+    let on_first = sources
+        .iter()
+        .find(|s| s.task_manager == "tm-1")
+        .unwrap()
+        .clone();
+    let on_second = sources
+        .iter()
+        .find(|s| s.task_manager == "tm-2")
+        .unwrap()
+        .clone();
     d.finish(&on_first, vec![P0.to_vec()]);
     // Its TaskManager (and the partition) goes while the other source runs.
     d.event(Event::TaskManagerLost {

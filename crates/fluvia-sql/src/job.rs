@@ -390,6 +390,8 @@ impl SqlJob {
             nodes.push(id);
         }
         let sink = b.add_operator("Sink: collect", 1);
+        // It writes the one result file: never two attempts.
+        b.set_supports_concurrent_attempts(sink, false);
         b.set_parallelism(sink, 1);
         b.set_max_parallelism(sink, 1);
         for (id, s) in self.stages.iter().enumerate() {

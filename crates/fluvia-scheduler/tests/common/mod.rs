@@ -1,0 +1,170 @@
+//! What the scheduler's integration tests share: small batch JobGraphs and a
+//! driver that plays the JobManager around a [`Scheduler`].
+
+#![allow(dead_code, clippy::unwrap_used)]
+
+use fluvia_core::{Configuration, ExchangeMode, JobId, PartitionerKind};
+use fluvia_graph::{JobGraph, JobGraphGenerator, StreamGraphBuilder};
+use fluvia_scheduler::{
+    Action, AttemptMetrics, Deployment, Event, ExecutionState, Scheduler, SchedulerConfig,
+    TaskManagerSpec,
+};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// One operator: name, parallelism (None: left to the scheduler), max
+/// parallelism.
+pub struct Op(pub &'static str, pub Option<usize>, pub Option<usize>);
+
+/// A batch JobGraph, one vertex per operator (chaining off), vertex 0 the
+/// only source.
+pub fn graph(
+    ops: &[Op],
+    edges: &[(usize, usize, PartitionerKind)],
+    conf: Configuration,
+) -> JobGraph {
+    let mut b = StreamGraphBuilder::new("adaptive-job");
+    b.chaining_enabled = false;
+    let mut ids = Vec::new();
+    for (k, Op(name, p, max)) in ops.iter().enumerate() {
+        let id = if k == 0 {
+            b.add_source(*name, true)
+        } else {
+            b.add_operator(*name, 1)
+        };
+        if let Some(p) = p {
+            b.set_parallelism(id, *p);
+        }
+        if let Some(m) = max {
+            b.set_max_parallelism(id, *m);
+        }
+        ids.push(id);
+    }
+    for &(from, to, part) in edges {
+        b.add_edge(ids[from], ids[to], Some(part), ExchangeMode::Undefined, 0);
+    }
+    let jg = JobGraphGenerator::new(&b.build().unwrap())
+        .create_job_graph(conf, false)
+        .unwrap();
+    for (k, Op(name, _, _)) in ops.iter().enumerate() {
+        assert_eq!(jg.vertices[k].name, *name);
+    }
+    jg
+}
+
+/// Registers one TaskManager, submits, and plays every deployment through
+/// to FINISHED with the metrics `report` gives it.
+pub struct Driver {
+    pub s: Scheduler,
+    pub job: JobId,
+    pub now: Duration,
+    pub deployed: Vec<Deployment>,
+}
+
+impl Driver {
+    pub fn start(jg: JobGraph, slots: usize) -> Self {
+        Self::start_on(jg, &[slots], SchedulerConfig::default())
+    }
+
+    /// One TaskManager `tm-<k+1>` per entry of `slots`.
+    pub fn start_on(jg: JobGraph, slots: &[usize], config: SchedulerConfig) -> Self {
+        let mut s = Scheduler::new(config);
+        for (k, &n) in slots.iter().enumerate() {
+            s.handle(
+                Duration::ZERO,
+                Event::RegisterTaskManager(TaskManagerSpec {
+                    id: format!("tm-{}", k + 1),
+                    slots: n,
+                    fingerprint: "fp".into(),
+                    data_address: format!("tm-{}:6121", k + 1),
+                }),
+            )
+            .unwrap();
+        }
+        let job = JobId(7);
+        s.handle(
+            Duration::ZERO,
+            Event::SubmitJob {
+                job,
+                graph: Arc::new(jg),
+                program: "p".into(),
+                fingerprint: "fp".into(),
+            },
+        )
+        .unwrap();
+        let mut d = Driver {
+            s,
+            job,
+            now: Duration::ZERO,
+            deployed: Vec::new(),
+        };
+        d.collect();
+        d
+    }
+
+    pub fn collect(&mut self) -> Vec<Deployment> {
+        let new: Vec<Deployment> = self
+            .s
+            .drain_actions()
+            .into_iter()
+            .filter_map(|a| match a {
+                Action::Deploy(d) => Some(*d),
+                _ => None,
+            })
+            .collect();
+        self.deployed.extend(new.iter().cloned());
+        new
+    }
+
+    pub fn event(&mut self, e: Event) {
+        self.now += Duration::from_millis(10);
+        self.s.handle(self.now, e).unwrap();
+    }
+
+    /// Moves the clock by `d` and ticks.
+    pub fn advance(&mut self, d: Duration) {
+        self.now += d;
+        self.s.handle(self.now, Event::Tick).unwrap();
+    }
+
+    /// Acknowledges `d` and reports it RUNNING.
+    pub fn run(&mut self, d: &Deployment) {
+        self.event(Event::DeployAcknowledged { attempt: d.attempt });
+        self.report(d, ExecutionState::Running, None);
+    }
+
+    pub fn report(&mut self, d: &Deployment, state: ExecutionState, failure: Option<&str>) {
+        self.event(Event::AttemptState {
+            attempt: d.attempt,
+            state,
+            failure: failure.map(str::to_string),
+            metrics: None,
+        });
+    }
+
+    /// Acknowledges and finishes `d` with per-output subpartition bytes.
+    pub fn finish(&mut self, d: &Deployment, subpartition_bytes: Vec<Vec<u64>>) {
+        self.event(Event::DeployAcknowledged { attempt: d.attempt });
+        self.event(Event::AttemptState {
+            attempt: d.attempt,
+            state: ExecutionState::Finished,
+            failure: None,
+            metrics: Some(AttemptMetrics {
+                subpartition_bytes,
+                ..AttemptMetrics::default()
+            }),
+        });
+    }
+
+    pub fn vertex(&self, v: usize) -> &fluvia_scheduler::ExecutionJobVertex {
+        &self.s.job(self.job).unwrap().eg.vertices[v]
+    }
+}
+
+pub fn conf(pairs: &[(&str, &str)]) -> Configuration {
+    let mut c = Configuration::new();
+    for (k, v) in pairs {
+        c.set(*k, *v);
+    }
+    c
+}
