@@ -1,0 +1,161 @@
+//! Speculative execution through separate processes: four TaskManagers, one
+//! of which the test slows down from outside (a SIGSTOP / SIGCONT duty cycle
+//! on its process) while it runs a tokenizer subtask of a batch word count.
+//! The slow subtask gets a second attempt on another TaskManager, that
+//! attempt wins, the slow TaskManager is blocked, and the output is right.
+
+#![cfg(unix)]
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::{Cluster, get};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// A corpus of `lines` lines over 2000 words; returns the expected counts.
+fn corpus(path: &std::path::Path, lines: usize) -> BTreeMap<String, u64> {
+    let mut state: u64 = 0x1234_5678_9abc_def1;
+    let mut text = String::with_capacity(lines * 60);
+    let mut counts = BTreeMap::new();
+    for _ in 0..lines {
+        for k in 0..8 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let w = format!("w{}", state % 2000);
+            if k > 0 {
+                text.push(' ');
+            }
+            text.push_str(&w);
+            *counts.entry(w).or_insert(0) += 1;
+        }
+        text.push('\n');
+    }
+    std::fs::write(path, text).unwrap();
+    counts
+}
+
+/// Stops and continues `pid` (75 % of the time stopped) until `stop`.
+fn slow_down(pid: u32, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let signal = |s: &str| {
+            let _ = Command::new("kill")
+                .args([s, &pid.to_string()])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        };
+        while !stop.load(Ordering::Relaxed) {
+            signal("-STOP");
+            std::thread::sleep(Duration::from_millis(150));
+            signal("-CONT");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        signal("-CONT");
+    })
+}
+
+#[test]
+fn a_slowed_task_manager_gets_a_twin_of_its_subtask_elsewhere_and_is_blocked() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("corpus.txt");
+    let out = dir.path().join("counts.txt");
+    let expected = corpus(&input, 400_000);
+    let cluster = Cluster::start(&[], 4, &["--slots", "1"]);
+    let mut client = common::fluvia()
+        .args(["run", "--jobmanager", &cluster.rpc, "wordcount", "--input"])
+        .arg(&input)
+        .arg("--output")
+        .arg(&out)
+        .args(["-p", "4"])
+        .args(["-D", "execution.batch.speculative.enabled=true"])
+        .args([
+            "-D",
+            "slow-task-detector.execution-time.baseline-lower-bound=300ms",
+        ])
+        .args(["-D", "slow-task-detector.check-interval=100ms"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The TaskManager running tokenizer subtask 0, once it runs.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (job, victim) = loop {
+        assert!(Instant::now() < deadline, "the job never ran");
+        let jobs = get(&cluster.rest, "/jobs");
+        let found = jobs["jobs"].as_array().unwrap().first().and_then(|j| {
+            let id = j["id"].as_str()?.to_string();
+            let d = get(&cluster.rest, &format!("/jobs/{id}"));
+            let s = &d["vertices"][0]["subtasks"][0];
+            (s["status"] == "RUNNING")
+                .then(|| (id, s["taskmanager-id"].as_str().unwrap_or("").to_string()))
+        });
+        if let Some((id, tm)) = found
+            && !tm.is_empty()
+        {
+            break (id, tm);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let pid: u32 = victim.rsplit('-').next().unwrap().parse().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let slowing = slow_down(pid, Arc::clone(&stop));
+    let status = client.wait().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    slowing.join().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(client.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(status.success(), "{err}");
+    let mut want = String::new();
+    for (w, n) in &expected {
+        writeln!(want, "{w},{n}").unwrap();
+    }
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap(),
+        want,
+        "each word once, right counts"
+    );
+
+    let details = get(&cluster.rest, &format!("/jobs/{job}"));
+    let attempts = details["vertices"][0]["subtasks"][0]["attempts"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let twin: Vec<&Value> = attempts
+        .iter()
+        .filter(|a| a["speculative"] == true)
+        .collect();
+    assert!(!twin.is_empty(), "no speculative attempt: {attempts:?}");
+    assert!(
+        twin.iter().all(|a| a["taskmanager-id"] != victim.as_str()),
+        "{attempts:?}"
+    );
+    assert!(
+        details["numEffectiveSpeculativeExecutions"]
+            .as_u64()
+            .unwrap()
+            >= 1,
+        "the twin should have won: {attempts:?}"
+    );
+    let tms = get(&cluster.rest, "/taskmanagers");
+    let blocked: Vec<&str> = tms["taskmanagers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["blocked"] == true)
+        .map(|t| t["id"].as_str().unwrap())
+        .collect();
+    assert!(blocked.contains(&victim.as_str()), "{blocked:?}");
+    assert!(
+        get(&cluster.rest, "/overview")["taskmanagers-blocked"]
+            .as_u64()
+            .unwrap()
+            >= 1
+    );
+}
