@@ -8,12 +8,14 @@
 //! cargo run --release -p fluvia-bench -- sql --data DIR  # TPC-DS: Fluvia vs DataFusion, multiple-input on/off
 //! cargo run --release -p fluvia-bench -- shuffle      # blocking partitions: sort-merge vs file per subpartition vs a plain file
 //! cargo run --release -p fluvia-bench -- skew         # a skewed join: skew splitting off vs on
+//! cargo run --release -p fluvia-bench -- speculative  # a slowed TaskManager: speculation off vs on
 //! ```
 
 mod datastream;
 mod network;
 mod shuffle;
 mod skew;
+mod speculative;
 mod sql;
 mod startup;
 
@@ -39,6 +41,8 @@ enum Suite {
     Shuffle(shuffle::Args),
     /// A join with one hot key: slowest over median join subtask, skew splitting off vs on.
     Skew(skew::Args),
+    /// Word count on processes, one TaskManager slowed: speculation off vs on (needs target/release/fluvia).
+    Speculative(speculative::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -49,5 +53,6 @@ fn main() -> anyhow::Result<()> {
         Suite::Sql(a) => sql::run_suite(a),
         Suite::Shuffle(a) => shuffle::run(a),
         Suite::Skew(a) => skew::run_bench(a),
+        Suite::Speculative(a) => speculative::run(a),
     }
 }
