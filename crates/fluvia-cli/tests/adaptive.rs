@@ -8,26 +8,16 @@
 
 mod common;
 
-use common::{Cluster, get};
+use common::{Cluster, get, job_id};
 use fluvia_scheduler::adaptive::{self, BlockingResultInfo, DeciderConfig};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
-use std::process::Output;
 
 /// 512 KiB per counting subtask: the 12 MB the tokenizer writes give about
 /// two dozen subtasks.
 const AVG: u64 = 512 * 1024;
-
-fn job_id(o: &Output) -> String {
-    let err = String::from_utf8_lossy(&o.stderr);
-    err.split_whitespace()
-        .skip_while(|w| *w != "Job")
-        .nth(1)
-        .unwrap_or_else(|| panic!("no job id in: {err}"))
-        .to_string()
-}
 
 /// A deterministic corpus: `lines` lines of 8 words; `hot_percent` of the
 /// words are "hot", the others drawn from 3000 distinct words.

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Cluster, fluvia, get, http};
+use common::{Cluster, fluvia, get, http, job_id};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -38,15 +38,6 @@ fn embedded_counts(input: &Path, out: &Path) -> String {
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     std::fs::read_to_string(out).unwrap()
-}
-
-fn job_id(o: &Output) -> String {
-    let err = String::from_utf8_lossy(&o.stderr);
-    err.split_whitespace()
-        .skip_while(|w| *w != "Job")
-        .nth(1)
-        .unwrap_or_else(|| panic!("no job id in: {err}"))
-        .to_string()
 }
 
 #[test]

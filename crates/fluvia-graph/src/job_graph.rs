@@ -115,6 +115,27 @@ fn configured() -> bool {
     true
 }
 
+/// Connected components of `0..n` under `edges` (union-find): the
+/// representative of each element's component.
+pub fn components(n: usize, edges: impl IntoIterator<Item = (usize, usize)>) -> Vec<usize> {
+    fn find(p: &mut [usize], x: usize) -> usize {
+        let mut r = x;
+        while p[r] != r {
+            r = p[r];
+        }
+        p[x] = r;
+        r
+    }
+    let mut parent: Vec<usize> = (0..n).collect();
+    for (a, b) in edges {
+        if a < n && b < n {
+            let (ra, rb) = (find(&mut parent, a), find(&mut parent, b));
+            parent[ra] = rb;
+        }
+    }
+    (0..n).map(|v| find(&mut parent, v)).collect()
+}
+
 impl JobVertex {
     pub fn head(&self) -> &ChainedOperator {
         &self.operators[0]
@@ -179,26 +200,13 @@ impl JobGraph {
             return Ok(None);
         }
         let n = self.vertices.len();
-        let mut parent: Vec<usize> = (0..n).collect();
-        fn find(p: &mut [usize], x: usize) -> usize {
-            let mut r = x;
-            while p[r] != r {
-                r = p[r];
-            }
-            p[x] = r;
-            r
-        }
-        for (c, v) in self.vertices.iter().enumerate() {
-            for e in &v.inputs {
-                if e.partitioner == PartitionerKind::Forward
-                    && let Some(p) = self.vertex_index(e.source_vertex)
-                {
-                    let (a, b) = (find(&mut parent, p), find(&mut parent, c));
-                    parent[a] = b;
-                }
-            }
-        }
-        let groups: Vec<usize> = (0..n).map(|v| find(&mut parent, v)).collect();
+        let forward = self.vertices.iter().enumerate().flat_map(|(c, v)| {
+            v.inputs
+                .iter()
+                .filter(|e| e.partitioner == PartitionerKind::Forward)
+                .filter_map(move |e| Some((self.vertex_index(e.source_vertex)?, c)))
+        });
+        let groups = components(n, forward);
         let undecided = (0..n)
             .map(|v| {
                 !self

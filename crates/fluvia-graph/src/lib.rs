@@ -22,5 +22,6 @@ pub mod stream_graph;
 pub use chaining::JobGraphGenerator;
 pub use job_graph::{
     ChainedOperator, IntermediateDataSet, JobEdge, JobGraph, JobType, JobVertex, NetworkOutput,
+    components,
 };
 pub use stream_graph::{StreamEdge, StreamGraph, StreamGraphBuilder, StreamNode, StreamNodeId};

@@ -1034,27 +1034,20 @@ impl Scheduler {
             None => vec![false; graph.vertices.len()],
         };
         let eg = ExecutionGraph::with_undecided(&graph, &undecided)?;
-        // Pipelined regions: union-find over pipelined edges.
+        // Pipelined regions: vertices joined by pipelined edges.
         let n = graph.vertices.len();
-        let mut parent: Vec<usize> = (0..n).collect();
-        fn find(p: &mut [usize], x: usize) -> usize {
-            let mut r = x;
-            while p[r] != r {
-                r = p[r];
-            }
-            p[x] = r;
-            r
-        }
+        let pipelined_edges: Vec<(usize, usize)> = eg
+            .results
+            .iter()
+            .filter(|r| r.result_partition_type == ResultPartitionType::PipelinedBounded)
+            .map(|r| (r.producer, r.consumer))
+            .collect();
         let mut pipelined = vec![false; n];
-        for r in &eg.results {
-            if r.result_partition_type == ResultPartitionType::PipelinedBounded {
-                let (a, b) = (find(&mut parent, r.producer), find(&mut parent, r.consumer));
-                parent[a] = b;
-                pipelined[r.producer] = true;
-                pipelined[r.consumer] = true;
-            }
+        for &(p, c) in &pipelined_edges {
+            pipelined[p] = true;
+            pipelined[c] = true;
         }
-        let region_of: Vec<usize> = (0..n).map(|v| find(&mut parent, v)).collect();
+        let region_of = fluvia_graph::components(n, pipelined_edges);
         let mut region_pipelined = vec![false; n];
         for v in 0..n {
             if pipelined[v] {

@@ -227,38 +227,9 @@ pub fn decide_skewed(
     let min = config.min_parallelism.min(vertex_max_parallelism);
     let max = config.max_parallelism.min(vertex_max_parallelism);
     let all_bytes = total((0..slices.len()).map(|k| slice_bytes(k, None)));
-    let mut tasks = group(avg);
-    if tasks.len() > max {
-        // The smallest limit that gives at most `max` subtasks.
-        let (mut lo, mut hi) = (avg, all_bytes.max(avg));
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            if group(mid).len() <= max {
-                hi = mid;
-            } else {
-                lo = mid + 1;
-            }
-        }
-        tasks = group(lo);
-        if tasks.len() > max {
-            return Ok(None);
-        }
-    } else if tasks.len() < min {
-        // The largest limit that still gives at least `min` subtasks.
-        let (mut lo, mut hi) = (1u64, avg);
-        if group(lo).len() < min {
-            return Ok(None);
-        }
-        while lo < hi {
-            let mid = lo + (hi - lo).div_ceil(2);
-            if group(mid).len() >= min {
-                lo = mid;
-            } else {
-                hi = mid - 1;
-            }
-        }
-        tasks = group(lo);
-    }
+    let Some(tasks) = fit_bounds(group, avg, all_bytes, min, max) else {
+        return Ok(None);
+    };
     if !(min..=max).contains(&tasks.len()) {
         return Ok(None);
     }
@@ -366,30 +337,9 @@ pub fn decide_broadcast(
     let min = config.min_parallelism.min(vertex_max_parallelism);
     let max = config.max_parallelism.min(vertex_max_parallelism);
     let all_bytes = total(slices.iter().map(|s| s.2));
-    let mut tasks = group(avg);
-    if tasks.len() > max {
-        let (mut lo, mut hi) = (avg, all_bytes.max(avg));
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            if group(mid).len() <= max {
-                hi = mid;
-            } else {
-                lo = mid + 1;
-            }
-        }
-        tasks = group(lo);
-    } else if tasks.len() < min && slices.len() >= min {
-        let (mut lo, mut hi) = (1u64, avg);
-        while lo < hi {
-            let mid = lo + (hi - lo).div_ceil(2);
-            if group(mid).len() >= min {
-                lo = mid;
-            } else {
-                hi = mid - 1;
-            }
-        }
-        tasks = group(lo);
-    }
+    let Some(tasks) = fit_bounds(group, avg, all_bytes, min, max) else {
+        return Ok(None);
+    };
     if !(min..=max).contains(&tasks.len()) {
         return Ok(None);
     }
@@ -498,6 +448,44 @@ fn cut(bytes: &[u64], target: u64) -> Vec<IndexRange> {
         });
     }
     ranges
+}
+
+/// Groups slices with a byte limit of `avg`, moved by bisection when the
+/// count falls outside `[min, max]`: too many, the smallest limit giving at
+/// most `max`; too few, the largest limit still giving at least `min`.
+/// `None` when no limit gives a count within the bounds.
+fn fit_bounds(
+    group: impl Fn(u64) -> Vec<(usize, usize)>,
+    avg: u64,
+    all_bytes: u64,
+    min: usize,
+    max: usize,
+) -> Option<Vec<(usize, usize)>> {
+    let mut tasks = group(avg);
+    if tasks.len() > max {
+        let (mut lo, mut hi) = (avg, all_bytes.max(avg));
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if group(mid).len() <= max {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        tasks = group(lo);
+    } else if tasks.len() < min && group(1).len() >= min {
+        let (mut lo, mut hi) = (1u64, avg);
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if group(mid).len() >= min {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        tasks = group(lo);
+    }
+    (min..=max).contains(&tasks.len()).then_some(tasks)
 }
 
 /// Sums reported byte counts without overflowing on hostile reports.

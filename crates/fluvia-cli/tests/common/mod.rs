@@ -247,6 +247,16 @@ pub fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)]) -> (
     (status, body)
 }
 
+/// The job id `fluvia run` printed ("Job <id> submitted ...").
+pub fn job_id(o: &Output) -> String {
+    let err = String::from_utf8_lossy(&o.stderr);
+    err.split_whitespace()
+        .skip_while(|w| *w != "Job")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no job id in: {err}"))
+        .to_string()
+}
+
 pub fn get(addr: &str, path: &str) -> Value {
     let (status, body) = http(addr, "GET", path, &[]);
     assert_eq!(status, 200, "GET {path}: {body}");
