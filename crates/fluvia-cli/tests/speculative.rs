@@ -158,4 +158,22 @@ fn a_slowed_task_manager_gets_a_twin_of_its_subtask_elsewhere_and_is_blocked() {
             .unwrap()
             >= 1
     );
+    // The same counters in Prometheus form.
+    let (status, metrics) = common::http(&cluster.rest, "GET", "/metrics", &[]);
+    assert_eq!(status, 200);
+    let effective = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("fluvia_job_num_effective_speculative_executions") && l.contains(&job)
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no speculation counter for {job} in:\n{metrics}"));
+    assert!(effective >= 1);
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("fluvia_jobmanager_taskmanagers_blocked ") && !l.ends_with(" 0")),
+        "{metrics}"
+    );
 }

@@ -217,6 +217,34 @@ async fn metrics(State(s): State<Shared>) -> Response {
             state.name()
         );
     }
+    // Speculative execution: Flink's numSlowExecutionVertices and
+    // numEffectiveSpeculativeExecutions per job, and blocked TaskManagers.
+    let blocked = st
+        .scheduler
+        .task_managers()
+        .filter(|(t, _)| st.scheduler.is_task_manager_blocked(&t.id))
+        .count();
+    let _ = writeln!(out, "# TYPE fluvia_jobmanager_taskmanagers_blocked gauge");
+    let _ = writeln!(out, "fluvia_jobmanager_taskmanagers_blocked {blocked}");
+    let _ = writeln!(out, "# TYPE fluvia_job_num_slow_execution_vertices gauge");
+    for j in st.scheduler.jobs().filter(|j| j.speculative.is_some()) {
+        let _ = writeln!(
+            out,
+            "fluvia_job_num_slow_execution_vertices{{job_id=\"{}\"}} {}",
+            j.id, j.num_slow_execution_vertices
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# TYPE fluvia_job_num_effective_speculative_executions counter"
+    );
+    for j in st.scheduler.jobs().filter(|j| j.speculative.is_some()) {
+        let _ = writeln!(
+            out,
+            "fluvia_job_num_effective_speculative_executions{{job_id=\"{}\"}} {}",
+            j.id, j.num_effective_speculative_executions
+        );
+    }
     let fields = [
         ("fluvia_task_records_in_total", "records_in", "counter"),
         ("fluvia_task_records_out_total", "records_out", "counter"),
