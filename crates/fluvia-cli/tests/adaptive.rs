@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{Cluster, get, job_id};
+use common::{Cluster, corpus, get, job_id};
 use fluvia_scheduler::adaptive::{self, BlockingResultInfo, DeciderConfig};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -18,38 +18,6 @@ use std::path::Path;
 /// 512 KiB per counting subtask: the 12 MB the tokenizer writes give about
 /// two dozen subtasks.
 const AVG: u64 = 512 * 1024;
-
-/// A deterministic corpus: `lines` lines of 8 words; `hot_percent` of the
-/// words are "hot", the others drawn from 3000 distinct words.
-fn corpus(path: &Path, lines: usize, hot_percent: u64) -> BTreeMap<String, u64> {
-    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
-    let mut text = String::new();
-    let mut counts = BTreeMap::new();
-    for _ in 0..lines {
-        for k in 0..8 {
-            let r = next();
-            let word = if r % 100 < hot_percent {
-                "hot".to_string()
-            } else {
-                format!("w{}", (r >> 8) % 3000)
-            };
-            if k > 0 {
-                text.push(' ');
-            }
-            text.push_str(&word);
-            *counts.entry(word).or_insert(0) += 1;
-        }
-        text.push('\n');
-    }
-    std::fs::write(path, text).unwrap();
-    counts
-}
 
 /// Runs the word count on the cluster without `-p` and returns the job's
 /// REST details after checking the output against `expected`.
@@ -120,7 +88,7 @@ fn decider() -> DeciderConfig {
 #[test]
 fn a_batch_word_count_without_p_gets_the_parallelism_its_data_volume_gives() {
     let dir = tempfile::tempdir().unwrap();
-    let expected = corpus(&dir.path().join("corpus.txt"), 60_000, 0);
+    let expected = corpus(&dir.path().join("corpus.txt"), 60_000, 3000, 0);
     let cluster = Cluster::start(&[], 2, &["--slots", "4"]);
     cluster.wait_for_task_managers(2);
     let details = run_wordcount(&cluster, dir.path(), &expected);
@@ -153,7 +121,7 @@ fn a_batch_word_count_without_p_gets_the_parallelism_its_data_volume_gives() {
 #[test]
 fn with_one_hot_key_the_counting_subtasks_read_balanced_inputs_except_the_hot_one() {
     let dir = tempfile::tempdir().unwrap();
-    let expected = corpus(&dir.path().join("corpus.txt"), 60_000, 90);
+    let expected = corpus(&dir.path().join("corpus.txt"), 60_000, 3000, 90);
     let cluster = Cluster::start(&[], 2, &["--slots", "4"]);
     cluster.wait_for_task_managers(2);
     let details = run_wordcount(&cluster, dir.path(), &expected);

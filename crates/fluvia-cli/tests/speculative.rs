@@ -9,37 +9,13 @@
 
 mod common;
 
-use common::{Cluster, get};
+use common::{Cluster, corpus, get};
 use serde_json::Value;
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-
-/// A corpus of `lines` lines over 2000 words; returns the expected counts.
-fn corpus(path: &std::path::Path, lines: usize) -> BTreeMap<String, u64> {
-    let mut state: u64 = 0x1234_5678_9abc_def1;
-    let mut text = String::with_capacity(lines * 60);
-    let mut counts = BTreeMap::new();
-    for _ in 0..lines {
-        for k in 0..8 {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            let w = format!("w{}", state % 2000);
-            if k > 0 {
-                text.push(' ');
-            }
-            text.push_str(&w);
-            *counts.entry(w).or_insert(0) += 1;
-        }
-        text.push('\n');
-    }
-    std::fs::write(path, text).unwrap();
-    counts
-}
 
 /// Stops and continues `pid` (75 % of the time stopped) until `stop`.
 fn slow_down(pid: u32, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
@@ -66,7 +42,7 @@ fn a_slowed_task_manager_gets_a_twin_of_its_subtask_elsewhere_and_is_blocked() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("corpus.txt");
     let out = dir.path().join("counts.txt");
-    let expected = corpus(&input, 400_000);
+    let expected = corpus(&input, 400_000, 2000, 0);
     let cluster = Cluster::start(&[], 4, &["--slots", "1"]);
     let mut client = common::fluvia()
         .args(["run", "--jobmanager", &cluster.rpc, "wordcount", "--input"])

@@ -411,7 +411,7 @@ fn balanced_subpartition_ranges(
 /// subpartition, however big. Greedy cutting gives the fewest ranges for a
 /// limit, so the count never grows as the limit grows, which the bisections
 /// rely on.
-fn greedy_ranges(bytes: &[u64], limit: u64, max_range_size: usize) -> Vec<IndexRange> {
+pub(crate) fn greedy_ranges(bytes: &[u64], limit: u64, max_range_size: usize) -> Vec<IndexRange> {
     let mut ranges = Vec::new();
     let mut start = 0;
     let mut sum = 0u64;
@@ -436,7 +436,7 @@ fn greedy_ranges(bytes: &[u64], limit: u64, max_range_size: usize) -> Vec<IndexR
 
 /// The largest value in `[lo, hi]` for which `pred` holds, given it holds at
 /// `lo` and holds on a prefix of the interval.
-fn largest_satisfying(mut lo: u64, mut hi: u64, pred: impl Fn(u64) -> bool) -> u64 {
+pub(crate) fn largest_satisfying(mut lo: u64, mut hi: u64, pred: impl Fn(u64) -> bool) -> u64 {
     while lo < hi {
         let mid = lo + (hi - lo).div_ceil(2);
         if pred(mid) {
@@ -450,7 +450,7 @@ fn largest_satisfying(mut lo: u64, mut hi: u64, pred: impl Fn(u64) -> bool) -> u
 
 /// The smallest value in `[lo, hi]` for which `pred` holds, given it holds at
 /// `hi` and holds on a suffix of the interval.
-fn smallest_satisfying(mut lo: u64, mut hi: u64, pred: impl Fn(u64) -> bool) -> u64 {
+pub(crate) fn smallest_satisfying(mut lo: u64, mut hi: u64, pred: impl Fn(u64) -> bool) -> u64 {
     while lo < hi {
         let mid = lo + (hi - lo) / 2;
         if pred(mid) {

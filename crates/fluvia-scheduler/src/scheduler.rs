@@ -403,18 +403,7 @@ impl Job {
         }
         let mut total = 0u64;
         for cp in &sub.consumed {
-            let res = &self.eg.results[cp.result];
-            let index = self.graph.vertices[res.producer]
-                .produced_data_sets
-                .iter()
-                .position(|d| d.id == res.data_set)?;
-            let bytes = self.eg.vertices[res.producer]
-                .subtasks
-                .get(cp.producer_subtask)
-                .and_then(|s| s.winner())
-                .and_then(|w| w.metrics.as_ref())
-                .and_then(|m| m.subpartition_bytes.get(index));
-            if let Some(b) = bytes {
+            if let Some(b) = self.winner_subpartition_bytes(cp.result, cp.producer_subtask) {
                 for s in cp.subpartitions.iter() {
                     total = total.saturating_add(b.get(s).copied().unwrap_or(0));
                 }
@@ -423,23 +412,34 @@ impl Job {
         Some(total)
     }
 
-    /// Result `r` as the decider sees it: per producer subtask, the bytes
-    /// its winner wrote to each subpartition (zeros when not reported).
-    fn result_info(&self, r: usize) -> BlockingResultInfo {
+    /// What the winner of producer subtask `producer` of result `r` reported
+    /// per subpartition of it, if it did.
+    fn winner_subpartition_bytes(&self, r: usize, producer: usize) -> Option<&Vec<u64>> {
         let res = &self.eg.results[r];
         let index = self.graph.vertices[res.producer]
             .produced_data_sets
             .iter()
-            .position(|d| d.id == res.data_set);
-        let bytes = self.eg.vertices[res.producer]
+            .position(|d| d.id == res.data_set)?;
+        self.eg.vertices[res.producer]
             .subtasks
+            .get(producer)?
+            .winner()?
+            .metrics
+            .as_ref()?
+            .subpartition_bytes
+            .get(index)
+    }
+
+    /// Result `r` as the decider sees it: per producer subtask, the bytes
+    /// its winner wrote to each subpartition (zeros when not reported).
+    fn result_info(&self, r: usize) -> BlockingResultInfo {
+        let res = &self.eg.results[r];
+        let bytes = res
+            .num_subpartitions
             .iter()
-            .zip(&res.num_subpartitions)
-            .map(|(s, &n)| {
-                s.winner()
-                    .and_then(|w| w.metrics.as_ref())
-                    .zip(index)
-                    .and_then(|(m, k)| m.subpartition_bytes.get(k))
+            .enumerate()
+            .map(|(p, &n)| {
+                self.winner_subpartition_bytes(r, p)
                     .filter(|b| b.len() == n)
                     .cloned()
                     .unwrap_or_else(|| vec![0; n])

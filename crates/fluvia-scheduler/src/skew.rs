@@ -16,7 +16,7 @@
 
 use crate::adaptive::{
     BlockingResultInfo, DeciderConfig, ExecutionVertexInputInfo, IndexRange,
-    MAX_NUM_SUBPARTITIONS_PER_TASK_CONSUME,
+    MAX_NUM_SUBPARTITIONS_PER_TASK_CONSUME, greedy_ranges, largest_satisfying, smallest_satisfying,
 };
 use fluvia_core::{FluviaError, Result};
 
@@ -230,23 +230,13 @@ pub fn decide_skewed(
     let Some(tasks) = fit_bounds(group, avg, all_bytes, min, max) else {
         return Ok(None);
     };
-    if !(min..=max).contains(&tasks.len()) {
-        return Ok(None);
-    }
 
     let mut per_input: Vec<Vec<Vec<ExecutionVertexInputInfo>>> =
         vec![Vec::with_capacity(tasks.len()); inputs.len()];
     for &(a, b) in &tasks {
         for (i, input) in inputs.iter().enumerate() {
-            let all = IndexRange {
-                start: 0,
-                end: input.num_partitions() - 1,
-            };
             if input.is_broadcast {
-                per_input[i].push(vec![ExecutionVertexInputInfo {
-                    partition_range: all,
-                    subpartition_range: IndexRange::single(0),
-                }]);
+                per_input[i].push(vec![whole(input, IndexRange::single(0))]);
                 continue;
             }
             let run = slices[a..=b].iter().map(|slice| match *slice {
@@ -340,29 +330,17 @@ pub fn decide_broadcast(
     let Some(tasks) = fit_bounds(group, avg, all_bytes, min, max) else {
         return Ok(None);
     };
-    if !(min..=max).contains(&tasks.len()) {
-        return Ok(None);
-    }
     let mut per_input: Vec<Vec<Vec<ExecutionVertexInputInfo>>> = vec![Vec::new(); inputs.len()];
     for &(first, last) in &tasks {
         for (i, input) in inputs.iter().enumerate() {
-            let all = IndexRange {
-                start: 0,
-                end: input.num_partitions() - 1,
-            };
             if input.is_broadcast {
-                per_input[i].push(vec![ExecutionVertexInputInfo {
-                    partition_range: all,
-                    subpartition_range: IndexRange::single(0),
-                }]);
+                per_input[i].push(vec![whole(input, IndexRange::single(0))]);
             } else if i == small {
-                per_input[i].push(vec![ExecutionVertexInputInfo {
-                    partition_range: all,
-                    subpartition_range: IndexRange {
-                        start: 0,
-                        end: input.num_subpartitions(0) - 1,
-                    },
-                }]);
+                let every = IndexRange {
+                    start: 0,
+                    end: input.num_subpartitions(0) - 1,
+                };
+                per_input[i].push(vec![whole(input, every)]);
             } else {
                 per_input[i].push(ranges_per_partition(
                     input.num_partitions(),
@@ -427,27 +405,10 @@ fn ranges_per_partition(
 }
 
 /// Cuts consecutive partitions into ranges while their bytes stay below
-/// `target` (a range always takes its first partition).
+/// `target` (a range always takes its first partition): the decider's
+/// greedy cut with a limit one byte under the target.
 fn cut(bytes: &[u64], target: u64) -> Vec<IndexRange> {
-    let mut ranges = Vec::new();
-    let mut start = 0;
-    let mut sum = 0u64;
-    for (p, &b) in bytes.iter().enumerate() {
-        if p == start || sum.saturating_add(b) < target {
-            sum = sum.saturating_add(b);
-        } else {
-            ranges.push(IndexRange { start, end: p - 1 });
-            start = p;
-            sum = b;
-        }
-    }
-    if !bytes.is_empty() {
-        ranges.push(IndexRange {
-            start,
-            end: bytes.len() - 1,
-        });
-    }
-    ranges
+    greedy_ranges(bytes, target.saturating_sub(1), usize::MAX)
 }
 
 /// Groups slices with a byte limit of `avg`, moved by bisection when the
@@ -463,29 +424,24 @@ fn fit_bounds(
 ) -> Option<Vec<(usize, usize)>> {
     let mut tasks = group(avg);
     if tasks.len() > max {
-        let (mut lo, mut hi) = (avg, all_bytes.max(avg));
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            if group(mid).len() <= max {
-                hi = mid;
-            } else {
-                lo = mid + 1;
-            }
-        }
-        tasks = group(lo);
+        let limit = smallest_satisfying(avg, all_bytes.max(avg), |l| group(l).len() <= max);
+        tasks = group(limit);
     } else if tasks.len() < min && group(1).len() >= min {
-        let (mut lo, mut hi) = (1u64, avg);
-        while lo < hi {
-            let mid = lo + (hi - lo).div_ceil(2);
-            if group(mid).len() >= min {
-                lo = mid;
-            } else {
-                hi = mid - 1;
-            }
-        }
-        tasks = group(lo);
+        let limit = largest_satisfying(1, avg, |l| group(l).len() >= min);
+        tasks = group(limit);
     }
     (min..=max).contains(&tasks.len()).then_some(tasks)
+}
+
+/// `subpartitions` of every partition of `input`.
+fn whole(input: &BlockingResultInfo, subpartitions: IndexRange) -> ExecutionVertexInputInfo {
+    ExecutionVertexInputInfo {
+        partition_range: IndexRange {
+            start: 0,
+            end: input.num_partitions() - 1,
+        },
+        subpartition_range: subpartitions,
+    }
 }
 
 /// Sums reported byte counts without overflowing on hostile reports.

@@ -247,6 +247,40 @@ pub fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)]) -> (
     (status, body)
 }
 
+/// A deterministic corpus of `lines` lines of 8 words: `hot_percent` of the
+/// words are "hot", the others drawn from `distinct` words. Returns the
+/// count of every word.
+pub fn corpus(
+    path: &Path,
+    lines: usize,
+    distinct: u64,
+    hot_percent: u64,
+) -> std::collections::BTreeMap<String, u64> {
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut text = String::with_capacity(lines * 48);
+    let mut counts = std::collections::BTreeMap::new();
+    for _ in 0..lines {
+        for k in 0..8 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let word = if state % 100 < hot_percent {
+                "hot".to_string()
+            } else {
+                format!("w{}", (state >> 8) % distinct)
+            };
+            if k > 0 {
+                text.push(' ');
+            }
+            text.push_str(&word);
+            *counts.entry(word).or_insert(0) += 1;
+        }
+        text.push('\n');
+    }
+    std::fs::write(path, text).unwrap();
+    counts
+}
+
 /// The job id `fluvia run` printed ("Job <id> submitted ...").
 pub fn job_id(o: &Output) -> String {
     let err = String::from_utf8_lossy(&o.stderr);
