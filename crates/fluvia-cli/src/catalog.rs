@@ -47,6 +47,10 @@ pub enum Example {
         /// Output file (default: standard output).
         #[arg(long)]
         output: Option<PathBuf>,
+        /// Skip the sort: each counting subtask writes its own counts, to
+        /// OUTPUT/part-<subtask> at parallelism > 1 (as Flink's WordCount).
+        #[arg(long)]
+        unsorted: bool,
         #[command(flatten)]
         common: Common,
     },
@@ -98,9 +102,12 @@ impl Example {
             env.set_parallelism(p);
         }
         match self {
-            Example::Wordcount { input, output, .. } => {
-                wordcount::build(&env, input.clone(), output.clone())
-            }
+            Example::Wordcount {
+                input,
+                output,
+                unsorted,
+                ..
+            } => wordcount::build(&env, input.clone(), output.clone(), !*unsorted),
             Example::Pipeline { rows, job, .. } => pipeline::build(&env, *rows, *job),
         }
         Ok(env)

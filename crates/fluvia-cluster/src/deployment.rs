@@ -107,6 +107,14 @@ pub fn metrics_to_proto(m: &AttemptMetrics) -> rpc::TaskMetrics {
                 value: value.clone(),
             })
             .collect(),
+        staged_files: m
+            .staged_files
+            .iter()
+            .map(|f| rpc::StagedFile {
+                pending: f.pending.clone(),
+                target: f.target.clone(),
+            })
+            .collect(),
     }
 }
 
@@ -139,6 +147,14 @@ pub fn metrics_from_proto(m: &rpc::TaskMetrics) -> AttemptMetrics {
             .accumulators
             .iter()
             .map(|a| (a.name.clone(), a.value.clone()))
+            .collect(),
+        staged_files: m
+            .staged_files
+            .iter()
+            .map(|f| fluvia_scheduler::StagedFile {
+                pending: f.pending.clone(),
+                target: f.target.clone(),
+            })
             .collect(),
     }
 }

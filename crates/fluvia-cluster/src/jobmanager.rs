@@ -59,6 +59,7 @@ enum TmCall {
     Cancel(crate::rpc::AttemptRef),
     ReleasePartitions(ReleasePartitionsRequest),
     ReleaseJob(String),
+    CommitFiles(fluvia_core::JobId, crate::rpc::CommitFilesRequest),
     Ping,
 }
 
@@ -134,6 +135,7 @@ impl JmShared {
     /// Hands the scheduler's actions to the TaskManagers' queues.
     fn dispatch(self: &Arc<Self>, st: &mut JmState) {
         let mut undeliverable = Vec::new();
+        let mut commits_failed = Vec::new();
         while let Some(action) = st.scheduler.poll_action() {
             let (tm, call) = match action {
                 Action::Deploy(d) => {
@@ -167,6 +169,21 @@ impl JmShared {
                     (task_manager, TmCall::ReleaseJob(job.to_string()))
                 }
                 Action::Probe { task_manager } => (task_manager, TmCall::Ping),
+                Action::CommitFiles {
+                    task_manager,
+                    job,
+                    attempts,
+                } => {
+                    if !st.tms.contains_key(&task_manager) {
+                        commits_failed.push((job, task_manager));
+                        continue;
+                    }
+                    let req = crate::rpc::CommitFilesRequest {
+                        job_id: job.to_string(),
+                        attempts: attempts.iter().map(attempt_ref).collect(),
+                    };
+                    (task_manager, TmCall::CommitFiles(job, req))
+                }
                 Action::ReleaseShufflePartitions {
                     service,
                     job,
@@ -221,6 +238,17 @@ impl JmShared {
         for attempt in undeliverable {
             let reason = "the JobManager has no connection to that TaskManager".into();
             let _ = self.feed(st, Event::DeployFailed { attempt, reason });
+        }
+        for (job, task_manager) in commits_failed {
+            let failure = Some("the JobManager has no connection to that TaskManager".into());
+            let _ = self.feed(
+                st,
+                Event::FilesCommitted {
+                    job,
+                    task_manager,
+                    failure,
+                },
+            );
         }
     }
 
@@ -314,6 +342,25 @@ impl JmShared {
                         let _ =
                             tokio::time::timeout(Duration::from_secs(5), client.release_job(req))
                                 .await;
+                    }
+                    TmCall::CommitFiles(job, r) => {
+                        let req = security::authorize(r, secret);
+                        let failure = match tokio::time::timeout(
+                            Duration::from_secs(30),
+                            client.commit_files(req),
+                        )
+                        .await
+                        {
+                            Ok(Ok(ack)) if ack.get_ref().ok => None,
+                            Ok(Ok(ack)) => Some(ack.into_inner().message),
+                            Ok(Err(status)) => Some(status.message().to_string()),
+                            Err(_) => Some("no answer in 30 s".to_string()),
+                        };
+                        let _ = shared.feed_now(Event::FilesCommitted {
+                            job,
+                            task_manager: tm.clone(),
+                            failure,
+                        });
                     }
                     TmCall::Ping => {
                         let req = security::authorize(Empty {}, secret);

@@ -18,8 +18,9 @@ use crate::program::ProgramCatalog;
 use crate::rpc::job_manager_client::JobManagerClient;
 use crate::rpc::task_manager_server::{TaskManager, TaskManagerServer};
 use crate::rpc::{
-    Ack, AttemptRef, Empty, JobRequest, RegisterTaskManagerRequest, ReleasePartitionsRequest,
-    TaskDeployment as TaskDeploymentMsg, TaskManagerHeartbeat, TaskStateUpdate,
+    Ack, AttemptRef, CommitFilesRequest, Empty, JobRequest, RegisterTaskManagerRequest,
+    ReleasePartitionsRequest, TaskDeployment as TaskDeploymentMsg, TaskManagerHeartbeat,
+    TaskStateUpdate,
 };
 use crate::security;
 use crate::shuffle::{
@@ -34,7 +35,7 @@ use fluvia_network::metrics::IoCounters;
 use fluvia_network::net::environment::{NetworkConfig, NetworkEnvironment};
 use fluvia_network::net::protocol::ResultPartitionId;
 use fluvia_runtime::metrics::TaskMetricGroup;
-use fluvia_runtime::task::{OutputSpec, TaskDeployment, run_task_attributed};
+use fluvia_runtime::task::{OutputSpec, TaskDeployment, discard_staged_file, run_task_attributed};
 use fluvia_runtime::{MetricRegistry, OperatorRegistry};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -54,6 +55,9 @@ struct TmJob {
     running: HashMap<AttemptKey, CancelToken>,
     partitions: Vec<ResultPartitionId>,
     spill_dir: Option<tempfile_dir::Dir>,
+    /// Files finished attempts staged here, until the JobManager commits
+    /// the winners' (the rest go when the job is released).
+    staged: HashMap<AttemptKey, Vec<fluvia_scheduler::StagedFile>>,
 }
 
 /// A temporary directory removed on drop (blocking partitions spill here).
@@ -125,6 +129,7 @@ impl Shared {
             running: HashMap::new(),
             partitions: Vec::new(),
             spill_dir: None,
+            staged: HashMap::new(),
         });
         Ok((Arc::clone(&job.graph), Arc::clone(&job.registry)))
     }
@@ -268,12 +273,13 @@ impl Shared {
                     });
                 }
                 let mut result = run_task_attributed(&deployment);
-                if result.is_ok() {
+                if let Ok(m) = &result {
                     // FINISHED only once consumers can read every partition
                     // where they will look for it.
                     for (external, p) in &produced {
                         let shuffle = shared.shuffle_for_kind(*external);
                         if let Err(e) = shuffle.partition_finished(&desc.job_id, p) {
+                            m.staged_files.iter().for_each(discard_staged_file);
                             result = Err(e);
                             break;
                         }
@@ -309,6 +315,9 @@ impl Shared {
                         .filter(|(_, ch)| ch.failure().is_some())
                         .map(|(p, _)| crate::deployment::partition_to_proto(p))
                         .collect();
+                }
+                if !metrics.staged_files.is_empty() {
+                    shared.keep_staged(&desc.job_id, key, &metrics.staged_files);
                 }
                 last.state = state.into();
                 last.error = error;
@@ -377,6 +386,44 @@ impl Shared {
         false
     }
 
+    /// A finished attempt's staged files wait here for the JobManager's
+    /// word; a job released meanwhile will not commit them.
+    fn keep_staged(&self, job_id: &str, key: AttemptKey, files: &[fluvia_scheduler::StagedFile]) {
+        match lock(&self.jobs).get_mut(job_id) {
+            Some(job) => {
+                job.staged.insert(key, files.to_vec());
+            }
+            None => files.iter().for_each(discard_staged_file),
+        }
+    }
+
+    /// Renames the staged files of the job's winning attempts run here.
+    fn commit_files(&self, r: &CommitFilesRequest) -> std::result::Result<usize, String> {
+        let files: Vec<fluvia_scheduler::StagedFile> = {
+            let mut jobs = lock(&self.jobs);
+            let job = jobs
+                .get_mut(&r.job_id)
+                .ok_or_else(|| format!("job {} is not known here", r.job_id))?;
+            let mut files = Vec::new();
+            for a in &r.attempts {
+                let key = (a.vertex_index as usize, a.subtask as usize, a.attempt);
+                let staged = job.staged.remove(&key).ok_or_else(|| {
+                    format!(
+                        "attempt {} of subtask {} of vertex {} staged no files here",
+                        a.attempt, a.subtask, a.vertex_index
+                    )
+                })?;
+                files.extend(staged);
+            }
+            files
+        };
+        for f in &files {
+            std::fs::rename(&f.pending, &f.target)
+                .map_err(|e| format!("renaming {} to {}: {e}", f.pending, f.target))?;
+        }
+        Ok(files.len())
+    }
+
     fn cancel_attempt(&self, a: &AttemptRef) {
         let key = (a.vertex_index as usize, a.subtask as usize, a.attempt);
         if let Some(c) = lock(&self.jobs)
@@ -415,6 +462,10 @@ impl Shared {
             }
             for p in &job.partitions {
                 self.env.partitions().release(p);
+            }
+            // Losers' files and those of a job that did not finish.
+            for f in job.staged.values().flatten() {
+                discard_staged_file(f);
             }
             if let Ok(id) = fluvia_core::JobId::try_from(job_id.to_string()) {
                 self.metrics.remove_job(id);
@@ -516,6 +567,28 @@ impl TaskManager for TmService {
         Ok(Response::new(Ack {
             ok: true,
             message: String::new(),
+        }))
+    }
+
+    async fn commit_files(
+        &self,
+        req: Request<CommitFilesRequest>,
+    ) -> std::result::Result<Response<Ack>, Status> {
+        security::check_request(&self.shared.secret, &req, "CommitFiles")?;
+        let r = req.into_inner();
+        let shared = Arc::clone(&self.shared);
+        let outcome = tokio::task::spawn_blocking(move || shared.commit_files(&r))
+            .await
+            .map_err(|e| Status::internal(format!("committing files: {e}")))?;
+        Ok(Response::new(match outcome {
+            Ok(n) => {
+                tracing::info!("committed {n} output files");
+                Ack {
+                    ok: true,
+                    message: String::new(),
+                }
+            }
+            Err(message) => Ack { ok: false, message },
         }))
     }
 

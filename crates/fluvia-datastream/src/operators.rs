@@ -306,7 +306,9 @@ impl<T> CollectHandle<T> {
 }
 
 /// Writes one line per record (`Display`): to `path` itself at parallelism
-/// 1, else to `path/part-<subtask>`.
+/// 1, else to `path/part-<subtask>`. Each attempt writes a file of its own;
+/// the winner's gets the final name when the job finishes, so it supports
+/// concurrent attempts.
 pub struct TextFileSink {
     pub path: PathBuf,
     pub writer: Option<std::io::BufWriter<std::fs::File>>,
@@ -332,8 +334,11 @@ impl<T: std::fmt::Display + 'static> OneInputOperator<T, ()> for TextFileSink {
             std::fs::create_dir_all(parent)
                 .map_err(|e| format!("cannot create directory '{}': {e}", parent.display()))?;
         }
-        let f = std::fs::File::create(&self.file)
-            .map_err(|e| format!("cannot create output file '{}': {e}", self.file.display()))?;
+        // Written under an attempt-private name, renamed when the job
+        // finishes if this attempt won.
+        let pending = ctx.stage_file(&self.file)?;
+        let f = std::fs::File::create(&pending)
+            .map_err(|e| format!("cannot create output file '{}': {e}", pending.display()))?;
         self.writer = Some(std::io::BufWriter::new(f));
         Ok(())
     }

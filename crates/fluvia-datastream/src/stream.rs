@@ -278,14 +278,21 @@ impl<T: Data> DataStream<T> {
         self.clone().with_partitioner(PartitionerKind::Global)
     }
 
-    fn sink(&self, name: &str, factory: Arc<dyn OperatorFactory>) -> DataStreamSink {
+    /// `concurrent`: the sink's effects are attempt-private (Flink's
+    /// `SupportsConcurrentExecutionAttempts`), so speculation may run two
+    /// attempts of it; otherwise never.
+    fn sink(
+        &self,
+        name: &str,
+        factory: Arc<dyn OperatorFactory>,
+        concurrent: bool,
+    ) -> DataStreamSink {
         let stream: DataStream<()> = self.one_input(&format!("Sink: {name}"), factory, None);
-        // A sink's effects are not attempt-private: never two attempts.
         self.env
             .inner
             .borrow_mut()
             .builder
-            .set_supports_concurrent_attempts(stream.inputs[0].node, false);
+            .set_supports_concurrent_attempts(stream.inputs[0].node, concurrent);
         DataStreamSink {
             env: self.env.clone(),
             node: stream.inputs[0].node,
@@ -295,11 +302,13 @@ impl<T: Data> DataStream<T> {
     fn sink_with<Op: OneInputOperator<T, ()>>(
         &self,
         name: &str,
+        concurrent: bool,
         make: impl Fn() -> Op + Send + Sync + 'static,
     ) -> DataStreamSink {
         self.sink(
             name,
             Arc::new(OneInputFactory::<T, ()>::new(move |_| Ok(Box::new(make())))),
+            concurrent,
         )
     }
 
@@ -308,7 +317,8 @@ impl<T: Data> DataStream<T> {
     where
         T: std::fmt::Debug,
     {
-        self.sink_with("Print to Std. Out", || PrintSink {
+        // Printed lines cannot be taken back.
+        self.sink_with("Print to Std. Out", false, || PrintSink {
             prefix: String::new(),
         })
     }
@@ -320,7 +330,8 @@ impl<T: Data> DataStream<T> {
         // Named by position, so every process of the job names it alike.
         let name = self.env.next_collect_name();
         let sink_name = name.clone();
-        let sink = self.sink_with("Collect", move || CollectSink {
+        // Only the winning attempt's records reach the client.
+        let sink = self.sink_with("Collect", true, move || CollectSink {
             name: sink_name.clone(),
             local: Vec::new(),
             accumulators: None,
@@ -349,7 +360,7 @@ impl<T: Data> DataStream<T> {
         T: std::fmt::Display,
     {
         let path = path.into();
-        self.sink_with("Text File", move || TextFileSink {
+        self.sink_with("Text File", true, move || TextFileSink {
             path: path.clone(),
             writer: None,
             file: PathBuf::new(),
@@ -358,7 +369,7 @@ impl<T: Data> DataStream<T> {
 
     /// Drops every record.
     pub fn discard(&self) -> DataStreamSink {
-        self.sink_with("Discard", || DiscardSink)
+        self.sink_with("Discard", true, || DiscardSink)
     }
 
     /// Calls `f` for every record.
@@ -367,7 +378,8 @@ impl<T: Data> DataStream<T> {
         f: impl Fn(T) -> Result<(), UserError> + Send + Sync + 'static,
     ) -> DataStreamSink {
         let f = Arc::new(f);
-        self.sink_with("Unnamed", move || FnSink(Arc::clone(&f)))
+        // What a user function does is not known to be attempt-private.
+        self.sink_with("Unnamed", false, move || FnSink(Arc::clone(&f)))
     }
 }
 
@@ -541,6 +553,22 @@ impl<A: Data, B: Data> ConnectedStreams<A, B> {
 pub struct DataStreamSink {
     env: StreamExecutionEnvironment,
     node: StreamNodeId,
+}
+
+impl DataStreamSink {
+    /// Declares that two attempts of this sink may run at once: what it
+    /// writes is private to its attempt until one wins (Flink's
+    /// `SupportsConcurrentExecutionAttempts`; write files through
+    /// `OperatorContext::stage_file`). Speculative execution never runs a
+    /// sink twice otherwise.
+    pub fn set_supports_concurrent_attempts(self, supports: bool) -> Self {
+        self.env
+            .inner
+            .borrow_mut()
+            .builder
+            .set_supports_concurrent_attempts(self.node, supports);
+        self
+    }
 }
 
 impl OperatorSettings for DataStreamSink {

@@ -513,6 +513,41 @@ fn text_sink_writes_every_record() {
 }
 
 #[test]
+fn a_failed_job_leaves_no_output_file_visible_and_removes_what_it_staged() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let env = StreamExecutionEnvironment::new();
+    env.set_parallelism(2).set_runtime_mode(RuntimeMode::Batch);
+    env.from_sequence(1, 20_000)
+        .try_map(|x: i64| {
+            // The last record, in subtask 2: subtask 1 has written all of
+            // its part by then.
+            if x == 20_000 {
+                std::thread::sleep(std::time::Duration::from_millis(300));
+                return Err("record 20000 is bad".into());
+            }
+            Ok(format!("n={x}"))
+        })
+        .write_as_text(&out);
+    let err = env.execute("fails late").unwrap_err().to_string();
+    assert!(err.contains("record 20000 is bad"), "{err}");
+    // Staged files go when the job is released, just after it ends.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let names = || -> Vec<String> {
+        std::fs::read_dir(&out)
+            .map(|d| {
+                d.map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    while !names().is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(names(), Vec::<String>::new(), "nothing of the failed job");
+}
+
+#[test]
 fn chained_and_unchained_job_graphs_are_named_like_flink() {
     let env = StreamExecutionEnvironment::new();
     env.set_parallelism(2);

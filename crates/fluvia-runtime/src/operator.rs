@@ -54,7 +54,12 @@ pub struct OperatorContext {
     /// Named results of the task, shipped to the client in its final report
     /// (shared by every operator of the chain).
     pub(crate) accumulators: Accumulators,
+    /// Files the chain writes under attempt-private names.
+    pub(crate) staged: StagedFiles,
 }
+
+/// The attempt-private files of a task (see [`OperatorContext::stage_file`]).
+pub type StagedFiles = Rc<RefCell<Vec<fluvia_scheduler::StagedFile>>>;
 
 /// Where a task's operators leave named results for the client (Flink's
 /// accumulators; `collect()` sends its records this way).
@@ -87,7 +92,49 @@ impl OperatorContext {
             key_groups: None,
             records_in: Rc::new(Cell::new(0)),
             accumulators: Rc::new(RefCell::new(Vec::new())),
+            staged: Rc::new(RefCell::new(Vec::new())),
         }
+    }
+
+    /// Where this attempt writes the file `target`: a hidden file beside it
+    /// (`.<name>.attempt-<n>.<unique>.inprogress`) that gets the name
+    /// `target` only if this attempt wins and the job finishes, so two
+    /// attempts of a subtask (speculation, a restart) never both show up in
+    /// the output (Flink's in-progress part files). Removed if the attempt
+    /// fails, is cancelled or loses.
+    pub fn stage_file(&self, target: &std::path::Path) -> Result<std::path::PathBuf> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let name = target.file_name().and_then(|n| n.to_str()).ok_or_else(|| {
+            FluviaError::Config(format!(
+                "output path '{}' has no file name of UTF-8 characters",
+                target.display()
+            ))
+        })?;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let unique = format!(
+            "{:x}{:x}{:x}",
+            std::process::id(),
+            nanos,
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let pending = target.with_file_name(format!(
+            ".{name}.attempt-{}.{unique}.inprogress",
+            self.attempt_number
+        ));
+        let utf8 = |p: &std::path::Path| {
+            p.to_str().map(str::to_string).ok_or_else(|| {
+                FluviaError::Config(format!("output path '{}' is not UTF-8", p.display()))
+            })
+        };
+        self.staged.borrow_mut().push(fluvia_scheduler::StagedFile {
+            pending: utf8(&pending)?,
+            target: utf8(target)?,
+        });
+        Ok(pending)
     }
 
     /// The task's accumulators: what an operator adds there reaches the

@@ -158,7 +158,14 @@ impl ChainBuilder<'_> {
 /// and makes sure every failure names the operator and subtask (the
 /// operator that last ran user code on this thread).
 pub fn run_task_attributed(d: &TaskDeployment) -> Result<AttemptMetrics> {
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_task(d)));
+    let staged = crate::operator::StagedFiles::default();
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_task(d, &staged)));
+    if !matches!(outcome, Ok(Ok(_))) {
+        // What a failed or cancelled attempt wrote is never committed.
+        for f in staged.borrow().iter() {
+            discard_staged_file(f);
+        }
+    }
     let location = || d.location_of(crate::output::current_operator());
     match outcome {
         Ok(Ok(m)) => Ok(m),
@@ -181,8 +188,18 @@ pub fn run_task_attributed(d: &TaskDeployment) -> Result<AttemptMetrics> {
     }
 }
 
-/// Runs one subtask to completion.
-pub fn run_task(d: &TaskDeployment) -> Result<AttemptMetrics> {
+/// Removes an attempt-private file that will not be committed.
+pub fn discard_staged_file(f: &fluvia_scheduler::StagedFile) {
+    match std::fs::remove_file(&f.pending) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => tracing::warn!("removing the uncommitted file {}: {e}", f.pending),
+    }
+}
+
+/// Runs one subtask to completion; the files it stages are listed in
+/// `staged` as they are created.
+fn run_task(d: &TaskDeployment, staged: &crate::operator::StagedFiles) -> Result<AttemptMetrics> {
     let v = d.vertex();
     let task_name = d.task_name();
     let batch = d.job.job_type == fluvia_graph::JobType::Batch;
@@ -207,6 +224,7 @@ pub fn run_task(d: &TaskDeployment) -> Result<AttemptMetrics> {
             // Every operator but the head is fed through a chained edge.
             ctx.copy_input = i > 0 && !d.job.object_reuse;
             ctx.accumulators = std::rc::Rc::clone(&accumulators);
+            ctx.staged = std::rc::Rc::clone(staged);
             ctx
         })
         .collect();
@@ -275,6 +293,7 @@ pub fn run_task(d: &TaskDeployment) -> Result<AttemptMetrics> {
     metrics.operator_records = builder.contexts.iter().map(|c| c.records_in()).collect();
     drop(builder);
     metrics.accumulators = std::mem::take(&mut *accumulators.borrow_mut());
+    metrics.staged_files = staged.borrow().clone();
     Ok(metrics)
 }
 

@@ -173,6 +173,17 @@ pub struct AttemptMetrics {
     pub back_pressured_ms_per_second: f64,
     /// Named results a sink hands back to the client (`collect()`).
     pub accumulators: Vec<(String, Vec<u8>)>,
+    /// Files the attempt wrote under attempt-private names: they get their
+    /// final names only if this attempt wins and the job finishes.
+    pub staged_files: Vec<StagedFile>,
+}
+
+/// A file an attempt wrote to `pending`, to be renamed to `target` when the
+/// job commits its output (Flink's in-progress part files).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StagedFile {
+    pub pending: String,
+    pub target: String,
 }
 
 /// An inclusive range of subpartition indices.

@@ -30,7 +30,8 @@ pub use deployment::{
 };
 pub use execution_graph::{
     AttemptMetrics, ConsumedPartition, Execution, ExecutionGraph, ExecutionJobVertex,
-    ExecutionState, ExecutionVertex, IntermediateResult, SubpartitionRange, SubtaskInput,
+    ExecutionState, ExecutionVertex, IntermediateResult, StagedFile, SubpartitionRange,
+    SubtaskInput,
 };
 pub use scheduler::{
     Action, AdaptiveJob, Event, Job, JobState, Scheduler, SchedulerConfig, SharedSlot,

@@ -203,6 +203,12 @@ pub enum Event {
         vertex: usize,
         subtask: usize,
     },
+    /// A TaskManager's answer to [`Action::CommitFiles`].
+    FilesCommitted {
+        job: JobId,
+        task_manager: String,
+        failure: Option<String>,
+    },
     /// Time passed.
     Tick,
 }
@@ -242,6 +248,14 @@ pub enum Action {
     /// [`Event::ProbeAnswered`]).
     Probe {
         task_manager: String,
+    },
+    /// Every subtask finished: give the files these winning attempts staged
+    /// their final names (feed back [`Event::FilesCommitted`]). Files other
+    /// attempts staged go when the job is released.
+    CommitFiles {
+        task_manager: String,
+        job: JobId,
+        attempts: Vec<ExecutionAttemptId>,
     },
     JobEnded {
         job: JobId,
@@ -335,6 +349,10 @@ pub struct Job {
     /// `numEffectiveSpeculativeExecutions` (speculative attempts that won).
     pub num_slow_execution_vertices: usize,
     pub num_effective_speculative_executions: usize,
+    /// Every subtask finished; these TaskManagers are committing the staged
+    /// files of the winning attempts they ran (the job finishes when all
+    /// answered).
+    pub committing: BTreeSet<String>,
 }
 
 /// A batch job whose undecided vertices get their parallelism from the data.
@@ -999,6 +1017,14 @@ impl Scheduler {
                 vertex,
                 subtask,
             } => self.add_attempt(job, vertex, subtask),
+            Event::FilesCommitted {
+                job,
+                task_manager,
+                failure,
+            } => {
+                self.files_committed(job, &task_manager, failure);
+                Ok(())
+            }
             Event::Tick => Ok(()),
         };
         self.check_timeouts();
@@ -1091,6 +1117,7 @@ impl Scheduler {
                 speculative_attempts: BTreeSet::new(),
                 num_slow_execution_vertices: 0,
                 num_effective_speculative_executions: 0,
+                committing: BTreeSet::new(),
             },
         );
         if let Err(e) = self.initialize_vertices(id) {
@@ -1488,7 +1515,7 @@ impl Scheduler {
         if let Some(job) = self.jobs.get(&a.job)
             && job.all_finished()
         {
-            self.end_job(a.job, JobState::Finished, None);
+            self.commit_job(a.job);
             return;
         }
         // Handed over to a service that was lost meanwhile: its data is
@@ -1646,6 +1673,14 @@ impl Scheduler {
             if job.state.is_terminal() {
                 continue;
             }
+            if job.committing.contains(tm) {
+                // Others may have renamed theirs already: no second round.
+                let cause = format!(
+                    "TaskManager {tm} was lost while committing the output files: {reason}"
+                );
+                self.end_job(id, JobState::Failed, Some(cause));
+                continue;
+            }
             // Its shared slots vanish with it.
             let gone: Vec<u64> = job
                 .slots
@@ -1781,7 +1816,25 @@ impl Scheduler {
             let mut lost = None;
             'search: for (v, ejv) in job.eg.vertices.iter().enumerate() {
                 for (i, s) in ejv.subtasks.iter().enumerate() {
-                    if s.finished_attempt.is_none() || self.results_available(job, v, i) {
+                    if s.finished_attempt.is_none() {
+                        continue;
+                    }
+                    // Output files staged on a TaskManager that is gone are
+                    // written again.
+                    let staged_lost = s.winner().is_some_and(|e| {
+                        e.metrics
+                            .as_ref()
+                            .is_some_and(|m| !m.staged_files.is_empty())
+                            && !e
+                                .task_manager
+                                .as_ref()
+                                .is_some_and(|t| self.tms.contains_key(t))
+                    });
+                    if staged_lost {
+                        lost = Some((v, i));
+                        break 'search;
+                    }
+                    if self.results_available(job, v, i) {
                         continue;
                     }
                     // A consumer not initialized yet needs every partition
@@ -1884,6 +1937,75 @@ impl Scheduler {
         }
     }
 
+    /// Every subtask finished: the job is FINISHED once the TaskManagers of
+    /// the winning attempts renamed what those staged (Flink's
+    /// `finalizeGlobal`), at once if none staged anything.
+    fn commit_job(&mut self, id: JobId) {
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        let mut by_tm: BTreeMap<String, Vec<ExecutionAttemptId>> = BTreeMap::new();
+        let mut lost = None;
+        for (v, ejv) in job.eg.vertices.iter().enumerate() {
+            for (i, sub) in ejv.subtasks.iter().enumerate() {
+                let Some(e) = sub.winner() else { continue };
+                if e.metrics.as_ref().is_none_or(|m| m.staged_files.is_empty()) {
+                    continue;
+                }
+                let attempt = ExecutionAttemptId {
+                    job: id,
+                    vertex: v,
+                    subtask: i,
+                    attempt: e.attempt_number,
+                };
+                match &e.task_manager {
+                    Some(tm) if self.tms.contains_key(tm) => {
+                        by_tm.entry(tm.clone()).or_default().push(attempt)
+                    }
+                    tm => {
+                        lost.get_or_insert(format!(
+                            "TaskManager {} holding the output files of {} subtask {i} was lost \
+                             before they were committed",
+                            tm.as_deref().unwrap_or("?"),
+                            job.graph.vertices[v].name
+                        ));
+                    }
+                }
+            }
+        }
+        if let Some(cause) = lost {
+            self.end_job(id, JobState::Failed, Some(cause));
+            return;
+        }
+        if by_tm.is_empty() {
+            self.end_job(id, JobState::Finished, None);
+            return;
+        }
+        job.committing = by_tm.keys().cloned().collect();
+        for (task_manager, attempts) in by_tm {
+            self.actions.push_back(Action::CommitFiles {
+                task_manager,
+                job: id,
+                attempts,
+            });
+        }
+    }
+
+    fn files_committed(&mut self, id: JobId, tm: &str, failure: Option<String>) {
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        if job.state.is_terminal() || !job.committing.remove(tm) {
+            return;
+        }
+        if let Some(f) = failure {
+            let cause = format!("committing the output files on TaskManager {tm}: {f}");
+            self.end_job(id, JobState::Failed, Some(cause));
+        } else if job.committing.is_empty() {
+            self.end_job(id, JobState::Finished, None);
+        }
+    }
+
     fn end_job(&mut self, id: JobId, state: JobState, cause: Option<String>) {
         let now = self.now;
         let Some(job) = self.jobs.get_mut(&id) else {
@@ -1901,6 +2023,7 @@ impl Scheduler {
         }
         job.pending_restart = None;
         job.waiting_since = None;
+        job.committing.clear();
         job.probes.clear();
         job.missed.clear();
         for ejv in &mut job.eg.vertices {

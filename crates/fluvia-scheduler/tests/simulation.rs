@@ -758,6 +758,17 @@ impl Sim {
                 self.send_reliable(Msg::Probe { tm: task_manager });
             }
             Action::JobEnded { .. } => {}
+            // Simulated attempts stage no files; a commit would succeed.
+            Action::CommitFiles {
+                task_manager, job, ..
+            } => self.send_reliable(Msg::ToScheduler {
+                event: Box::new(Event::FilesCommitted {
+                    job,
+                    task_manager,
+                    failure: None,
+                }),
+                from: None,
+            }),
             // The simulated cluster has no shuffle service (internal shuffle).
             Action::ReleaseShufflePartitions { .. } | Action::ReleaseShuffleJob { .. } => {}
         }

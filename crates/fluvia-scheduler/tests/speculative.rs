@@ -4,7 +4,9 @@
 //! lower bound and the baseline, the first to finish wins and the other is
 //! cancelled, a failed twin does not fail the job, the slow TaskManager is
 //! blocked for new attempts until its block expires, and a vertex that does
-//! not support concurrent attempts (a sink) is never speculated.
+//! not support concurrent attempts (a sink) is never speculated. Files that
+//! attempts stage are committed for the winners only, once every subtask
+//! finished.
 
 #![allow(clippy::unwrap_used)]
 
@@ -13,7 +15,10 @@ mod common;
 use common::{Driver, Op, conf, graph};
 use fluvia_core::config::options;
 use fluvia_core::{Configuration, JobId};
-use fluvia_scheduler::{Action, Deployment, Event, ExecutionState, JobState, SchedulerConfig};
+use fluvia_scheduler::{
+    Action, AttemptMetrics, Deployment, Event, ExecutionState, JobState, SchedulerConfig,
+    StagedFile,
+};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -163,4 +168,144 @@ fn a_vertex_that_does_not_support_concurrent_attempts_is_not_speculated() {
     assert!(twins(&mut d).is_empty());
     // It is still counted slow.
     assert_eq!(d.s.job(d.job).unwrap().num_slow_execution_vertices, 1);
+}
+
+/// Finishes `x` as an attempt that staged one output file.
+fn finish_staged(d: &mut Driver, x: &Deployment) {
+    d.event(Event::DeployAcknowledged { attempt: x.attempt });
+    let i = x.attempt.subtask;
+    d.event(Event::AttemptState {
+        attempt: x.attempt,
+        state: ExecutionState::Finished,
+        failure: None,
+        metrics: Some(AttemptMetrics {
+            staged_files: vec![StagedFile {
+                pending: format!("out/.part-{i}.attempt-{}.inprogress", x.attempt.attempt),
+                target: format!("out/part-{i}"),
+            }],
+            ..AttemptMetrics::default()
+        }),
+    });
+}
+
+fn commits(actions: &[Action]) -> Vec<(String, Vec<(usize, u32)>)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::CommitFiles {
+                task_manager,
+                attempts,
+                ..
+            } => Some((
+                task_manager.clone(),
+                attempts.iter().map(|x| (x.subtask, x.attempt)).collect(),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Four sink subtasks staging files, the fourth slow: its twin on tm-2 wins.
+fn speculated_sink(config: SchedulerConfig) -> (Driver, Deployment, Deployment) {
+    let mut jg = graph(&[Op("Sink", Some(4), None)], &[], speculation("0 s"));
+    jg.vertices[0].supports_concurrent_attempts = true;
+    let mut d = Driver::start_on(jg, &[4, 4], config);
+    let all = d.deployed.clone();
+    for x in &all {
+        d.run(x);
+    }
+    d.advance(secs(2));
+    for x in &all[..3] {
+        finish_staged(&mut d, x);
+    }
+    d.advance(secs(10));
+    let twin = twins(&mut d).pop().expect("a twin");
+    d.run(&twin);
+    (d, all[3].clone(), twin)
+}
+
+#[test]
+fn only_the_winners_staged_files_are_committed_and_the_job_finishes_after_the_commit() {
+    let (mut d, slow, twin) = speculated_sink(SchedulerConfig::default());
+    d.s.drain_actions();
+    finish_staged(&mut d, &twin);
+    // The original ends too before its cancel arrives: it is no winner.
+    finish_staged(&mut d, &slow);
+    let actions = d.s.drain_actions();
+    let mut got = commits(&actions);
+    got.sort();
+    assert_eq!(
+        got,
+        vec![
+            ("tm-1".to_string(), vec![(0, 0), (1, 0), (2, 0)]),
+            ("tm-2".to_string(), vec![(3, 1)]),
+        ],
+        "each subtask's winner, on the TaskManager that holds its files"
+    );
+    assert!(!actions.iter().any(|a| matches!(a, Action::JobEnded { .. })));
+    assert_eq!(d.s.job(d.job).unwrap().state, JobState::Running);
+    for tm in ["tm-2", "tm-1"] {
+        assert_eq!(d.s.job(d.job).unwrap().state, JobState::Running);
+        d.event(Event::FilesCommitted {
+            job: d.job,
+            task_manager: tm.into(),
+            failure: None,
+        });
+    }
+    assert_eq!(d.s.job(d.job).unwrap().state, JobState::Finished);
+}
+
+#[test]
+fn a_failed_commit_fails_the_job_naming_the_task_manager() {
+    let (mut d, _slow, twin) = speculated_sink(SchedulerConfig::default());
+    finish_staged(&mut d, &twin);
+    d.event(Event::FilesCommitted {
+        job: d.job,
+        task_manager: "tm-2".into(),
+        failure: Some("renaming out/.part-3: permission denied".into()),
+    });
+    let job = d.s.job(d.job).unwrap();
+    assert_eq!(job.state, JobState::Failed);
+    let cause = job.failure_cause.clone().unwrap();
+    assert!(
+        cause.contains("tm-2") && cause.contains("permission denied"),
+        "{cause}"
+    );
+}
+
+#[test]
+fn staged_files_on_a_lost_task_manager_are_written_again_before_the_commit() {
+    let (mut d, _slow, twin) = speculated_sink(SchedulerConfig {
+        restart_attempts: 1,
+        ..SchedulerConfig::default()
+    });
+    // tm-1 (three winners' files, and the slow original) is lost.
+    d.event(Event::TaskManagerLost {
+        task_manager: "tm-1".into(),
+        reason: "killed".into(),
+    });
+    d.event(Event::ProbeAnswered {
+        task_manager: "tm-2".into(),
+        alive: true,
+    });
+    // After the restart delay.
+    d.advance(secs(2));
+    let again = d.collect();
+    let mut rerun: Vec<usize> = again.iter().map(|x| x.attempt.subtask).collect();
+    rerun.sort();
+    assert_eq!(
+        rerun,
+        vec![0, 1, 2],
+        "the finished subtasks whose files were on tm-1"
+    );
+    assert!(again.iter().all(|x| x.task_manager == "tm-2"));
+    finish_staged(&mut d, &twin);
+    for x in &again {
+        d.run(x);
+        finish_staged(&mut d, x);
+    }
+    let got = commits(&d.s.drain_actions());
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].0, "tm-2");
+    assert_eq!(got[0].1.len(), 4);
 }

@@ -390,8 +390,9 @@ impl SqlJob {
             nodes.push(id);
         }
         let sink = b.add_operator("Sink: collect", 1);
-        // It writes the one result file: never two attempts.
-        b.set_supports_concurrent_attempts(sink, false);
+        // Each attempt writes its own result file; the winner's is renamed
+        // into place when the job finishes.
+        b.set_supports_concurrent_attempts(sink, true);
         b.set_parallelism(sink, 1);
         b.set_max_parallelism(sink, 1);
         for (id, s) in self.stages.iter().enumerate() {
@@ -634,14 +635,17 @@ struct SinkFactory {
 }
 
 impl OperatorFactory for SinkFactory {
-    fn create(&self, _ctx: &OperatorContext, _output: AnyOutput) -> Result<OperatorInstance> {
-        let file = std::fs::File::create(&self.path)
-            .map_err(|e| FluviaError::io(format!("creating {}", self.path.display()), e))?;
+    fn create(&self, ctx: &OperatorContext, _output: AnyOutput) -> Result<OperatorInstance> {
+        // Attempt-private until the job finishes with this attempt the
+        // winner: the client reads exactly one attempt's rows.
+        let pending = ctx.stage_file(&self.path)?;
+        let file = std::fs::File::create(&pending)
+            .map_err(|e| FluviaError::io(format!("creating {}", pending.display()), e))?;
         let writer = FileWriter::try_new(file, &self.schema)
             .map_err(|e| FluviaError::Internal(format!("result file: {e}")))?;
         let input: Box<dyn Output<SqlBatch>> = Box::new(ResultSink {
             writer: Some(writer),
-            path: self.path.clone(),
+            path: pending,
         });
         Ok(OperatorInstance::OneInput {
             input: Box::new(input),

@@ -42,33 +42,44 @@ impl OneInputOperator<(String, i64), String> for SortedWordCounts {
 }
 
 /// Adds the word count job to `env`: reads `inputs`, writes to `output` (a
-/// file) or, without one, prints to standard output.
-pub fn build(env: &StreamExecutionEnvironment, inputs: Vec<PathBuf>, output: Option<PathBuf>) {
-    let sorted = env
+/// file) or, without one, prints to standard output. Unless `sorted`, the
+/// counting subtasks write their counts themselves, in parallel.
+pub fn build(
+    env: &StreamExecutionEnvironment,
+    inputs: Vec<PathBuf>,
+    output: Option<PathBuf>,
+    sorted: bool,
+) {
+    let counts = env
         .read_text_files(inputs)
         .name("lines")
         .flat_map(|line: String, out| tokenize(&line).for_each(|w| out.collect((w, 1i64))))
         .name("Tokenizer")
         .key_by(|(word, _): &(String, i64)| word.clone())
-        .sum(|(_, n)| n)
-        .global()
-        .transform("Sorted Word Counts", |_| SortedWordCounts {
-            counts: BTreeMap::new(),
-        })
-        .set_parallelism(1);
-    match output {
-        Some(path) => {
-            sorted.write_as_text(path).set_parallelism(1);
-        }
-        None => {
-            sorted
-                .add_sink(|line: String| {
-                    use std::io::Write;
-                    writeln!(std::io::stdout().lock(), "{line}")
-                        .map_err(|e| format!("writing to standard output: {e}").into())
-                })
-                .name("Print to Std. Out")
-                .set_parallelism(1);
-        }
+        .sum(|(_, n)| n);
+    let (lines, parallelism) = if sorted {
+        let lines = counts
+            .global()
+            .transform("Sorted Word Counts", |_| SortedWordCounts {
+                counts: BTreeMap::new(),
+            })
+            .set_parallelism(1);
+        (lines, Some(1))
+    } else {
+        let lines = counts.map(|(word, n): (String, i64)| format!("{word},{n}"));
+        (lines.name("Format"), None)
+    };
+    let sink = match output {
+        Some(path) => lines.write_as_text(path),
+        None => lines
+            .add_sink(|line: String| {
+                use std::io::Write;
+                writeln!(std::io::stdout().lock(), "{line}")
+                    .map_err(|e| format!("writing to standard output: {e}").into())
+            })
+            .name("Print to Std. Out"),
+    };
+    if let Some(p) = parallelism {
+        sink.set_parallelism(p);
     }
 }
