@@ -385,3 +385,72 @@ fn a_left_join_with_a_small_preserved_side_is_not_broadcast_and_counts_once() {
     assert!(plan.contains("HashJoin[Left, Partitioned]"), "{plan}");
     assert!(!plan.contains("BROADCAST"), "{plan}");
 }
+
+/// Every file under `dir`, relative, sorted.
+fn files_under(dir: &std::path::Path) -> Vec<String> {
+    fn walk(base: &std::path::Path, d: &std::path::Path, out: &mut Vec<String>) {
+        for e in std::fs::read_dir(d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(base, &p, out);
+            } else {
+                out.push(p.strip_prefix(base).unwrap().to_string_lossy().to_string());
+            }
+        }
+    }
+    let mut out = Vec::new();
+    if dir.exists() {
+        walk(dir, dir, &mut out);
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn copy_to_writes_through_staged_files_renamed_into_place_when_the_job_finishes() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = tpcds_data().to_string_lossy().to_string();
+    // One file.
+    let one = dir.path().join("years.csv");
+    let q = format!(
+        "COPY (SELECT d_year, count(*) AS n FROM date_dim GROUP BY d_year ORDER BY d_year) \
+         TO '{}' STORED AS CSV",
+        one.display()
+    );
+    let o = sql(&["--tables", &data, "-p", "2", "-e", &q]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let select = sql(&[
+        "--tables",
+        &data,
+        "-e",
+        "SELECT d_year, count(*) AS n FROM date_dim GROUP BY d_year ORDER BY d_year",
+    ]);
+    assert_eq!(
+        std::fs::read_to_string(&one).unwrap(),
+        String::from_utf8_lossy(&select.stdout),
+        "the file holds the query's rows"
+    );
+    assert_eq!(
+        files_under(dir.path()),
+        vec!["years.csv"],
+        "no staged leftovers"
+    );
+
+    // A directory, partitioned: every file committed, none hidden.
+    let parts = dir.path().join("by_year");
+    let q = format!(
+        "COPY (SELECT d_date_sk, d_year FROM date_dim WHERE d_year BETWEEN 1990 AND 1999) \
+         TO '{}/' STORED AS PARQUET PARTITIONED BY (d_year)",
+        parts.display()
+    );
+    let o = sql(&["--tables", &data, "-p", "2", "-e", &q]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let files = files_under(&parts);
+    assert_eq!(files.len(), 10, "{files:?}");
+    assert!(
+        files
+            .iter()
+            .all(|f| f.starts_with("d_year=199") && !f.contains("/.")),
+        "{files:?}"
+    );
+}

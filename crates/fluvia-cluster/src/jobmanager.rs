@@ -54,6 +54,9 @@ pub const MAX_MESSAGE_SIZE: usize = 512 * 1024 * 1024;
 const PING_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// An RPC to one TaskManager.
+/// How long a TaskManager may take to rename a job's output files.
+const COMMIT_TIMEOUT: Duration = Duration::from_secs(120);
+
 enum TmCall {
     Deploy(ExecutionAttemptId, Box<TaskDeploymentDescriptor>),
     Cancel(crate::rpc::AttemptRef),
@@ -344,22 +347,29 @@ impl JmShared {
                                 .await;
                     }
                     TmCall::CommitFiles(job, r) => {
+                        // Renames may take a while on a slow disk: the
+                        // other calls of this queue do not wait for them.
                         let req = security::authorize(r, secret);
-                        let failure = match tokio::time::timeout(
-                            Duration::from_secs(30),
-                            client.commit_files(req),
-                        )
-                        .await
-                        {
-                            Ok(Ok(ack)) if ack.get_ref().ok => None,
-                            Ok(Ok(ack)) => Some(ack.into_inner().message),
-                            Ok(Err(status)) => Some(status.message().to_string()),
-                            Err(_) => Some("no answer in 30 s".to_string()),
-                        };
-                        let _ = shared.feed_now(Event::FilesCommitted {
-                            job,
-                            task_manager: tm.clone(),
-                            failure,
+                        let (shared, tm) = (Arc::clone(&shared), tm.clone());
+                        tokio::spawn(async move {
+                            let failure = match tokio::time::timeout(
+                                COMMIT_TIMEOUT,
+                                client.commit_files(req),
+                            )
+                            .await
+                            {
+                                Ok(Ok(ack)) if ack.get_ref().ok => None,
+                                Ok(Ok(ack)) => Some(ack.into_inner().message),
+                                Ok(Err(status)) => Some(status.message().to_string()),
+                                Err(_) => {
+                                    Some(format!("no answer in {} s", COMMIT_TIMEOUT.as_secs()))
+                                }
+                            };
+                            let _ = shared.feed_now(Event::FilesCommitted {
+                                job,
+                                task_manager: tm,
+                                failure,
+                            });
                         });
                     }
                     TmCall::Ping => {

@@ -397,29 +397,45 @@ impl Shared {
         }
     }
 
-    /// Renames the staged files of the job's winning attempts run here.
+    /// Renames the staged files of the job's winning attempts run here. A
+    /// job released meanwhile (cancelled, failed) renames nothing more; on
+    /// an error the files not renamed are removed.
     fn commit_files(&self, r: &CommitFilesRequest) -> std::result::Result<usize, String> {
         let files: Vec<fluvia_scheduler::StagedFile> = {
             let mut jobs = lock(&self.jobs);
             let job = jobs
                 .get_mut(&r.job_id)
                 .ok_or_else(|| format!("job {} is not known here", r.job_id))?;
-            let mut files = Vec::new();
-            for a in &r.attempts {
-                let key = (a.vertex_index as usize, a.subtask as usize, a.attempt);
-                let staged = job.staged.remove(&key).ok_or_else(|| {
-                    format!(
-                        "attempt {} of subtask {} of vertex {} staged no files here",
-                        a.attempt, a.subtask, a.vertex_index
-                    )
-                })?;
-                files.extend(staged);
+            let keys: Vec<AttemptKey> = r
+                .attempts
+                .iter()
+                .map(|a| (a.vertex_index as usize, a.subtask as usize, a.attempt))
+                .collect();
+            // All or nothing: a missing attempt leaves the others staged
+            // (removed at release).
+            if let Some(k) = keys.iter().find(|k| !job.staged.contains_key(k)) {
+                return Err(format!(
+                    "attempt {} of subtask {} of vertex {} staged no files here",
+                    k.2, k.1, k.0
+                ));
             }
-            files
+            keys.iter()
+                .filter_map(|k| job.staged.remove(k))
+                .flatten()
+                .collect()
         };
-        for f in &files {
-            std::fs::rename(&f.pending, &f.target)
-                .map_err(|e| format!("renaming {} to {}: {e}", f.pending, f.target))?;
+        for (n, f) in files.iter().enumerate() {
+            let failure = if lock(&self.released).contains(&r.job_id) {
+                Some(format!("job {} was released during the commit", r.job_id))
+            } else {
+                std::fs::rename(&f.pending, &f.target)
+                    .err()
+                    .map(|e| format!("renaming {} to {}: {e}", f.pending, f.target))
+            };
+            if let Some(failure) = failure {
+                files[n..].iter().for_each(discard_staged_file);
+                return Err(failure);
+            }
         }
         Ok(files.len())
     }

@@ -306,9 +306,9 @@ impl<T> CollectHandle<T> {
 }
 
 /// Writes one line per record (`Display`): to `path` itself at parallelism
-/// 1, else to `path/part-<subtask>`. Each attempt writes a file of its own;
-/// the winner's gets the final name when the job finishes, so it supports
-/// concurrent attempts.
+/// 1, else to `path/part-<subtask>`. In batch, each attempt writes a file of
+/// its own and the winner's gets the final name when the job finishes, so it
+/// supports concurrent attempts.
 pub struct TextFileSink {
     pub path: PathBuf,
     pub writer: Option<std::io::BufWriter<std::fs::File>>,
@@ -334,9 +334,15 @@ impl<T: std::fmt::Display + 'static> OneInputOperator<T, ()> for TextFileSink {
             std::fs::create_dir_all(parent)
                 .map_err(|e| format!("cannot create directory '{}': {e}", parent.display()))?;
         }
-        // Written under an attempt-private name, renamed when the job
-        // finishes if this attempt won.
-        let pending = ctx.stage_file(&self.file)?;
+        // In batch, written under an attempt-private name and renamed when
+        // the job finishes if this attempt won. A streaming job may never
+        // finish (and has no checkpoints to commit on): it writes in place,
+        // as Flink's `writeAsText`.
+        let pending = if ctx.batch {
+            ctx.stage_file(&self.file)?
+        } else {
+            self.file.clone()
+        };
         let f = std::fs::File::create(&pending)
             .map_err(|e| format!("cannot create output file '{}': {e}", pending.display()))?;
         self.writer = Some(std::io::BufWriter::new(f));

@@ -516,23 +516,23 @@ fn text_sink_writes_every_record() {
 fn a_failed_job_leaves_no_output_file_visible_and_removes_what_it_staged() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let env = StreamExecutionEnvironment::new();
-    env.set_parallelism(2).set_runtime_mode(RuntimeMode::Batch);
-    env.from_sequence(1, 20_000)
-        .try_map(|x: i64| {
-            // The last record, in subtask 2: subtask 1 has written all of
-            // its part by then.
-            if x == 20_000 {
-                std::thread::sleep(std::time::Duration::from_millis(300));
-                return Err("record 20000 is bad".into());
-            }
-            Ok(format!("n={x}"))
-        })
-        .write_as_text(&out);
-    let err = env.execute("fails late").unwrap_err().to_string();
-    assert!(err.contains("record 20000 is bad"), "{err}");
-    // Staged files go when the job is released, just after it ends.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let target = out.clone();
+    let job = std::thread::spawn(move || {
+        let env = StreamExecutionEnvironment::new();
+        env.set_parallelism(2).set_runtime_mode(RuntimeMode::Batch);
+        env.from_sequence(1, 20_000)
+            .try_map(|x: i64| {
+                // The last record, in subtask 2: subtask 1 has written all
+                // of its part by then.
+                if x == 20_000 {
+                    std::thread::sleep(std::time::Duration::from_millis(500));
+                    return Err("record 20000 is bad".into());
+                }
+                Ok(format!("n={x}"))
+            })
+            .write_as_text(&target);
+        env.execute("fails late").unwrap_err().to_string()
+    });
     let names = || -> Vec<String> {
         std::fs::read_dir(&out)
             .map(|d| {
@@ -541,6 +541,24 @@ fn a_failed_job_leaves_no_output_file_visible_and_removes_what_it_staged() {
             })
             .unwrap_or_default()
     };
+    // While the job runs, subtask 1's part exists under its staged name.
+    let mut staged_seen = false;
+    while !job.is_finished() {
+        let now = names();
+        assert!(!now.iter().any(|n| n.starts_with("part-")), "{now:?}");
+        staged_seen |= now
+            .iter()
+            .any(|n| n.starts_with(".part-0.attempt-0.") && n.ends_with(".inprogress"));
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let err = job.join().unwrap();
+    assert!(err.contains("record 20000 is bad"), "{err}");
+    assert!(
+        staged_seen,
+        "the finished subtask's staged file was never seen"
+    );
+    // Staged files go when the job is released, just after it ends.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while !names().is_empty() && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }

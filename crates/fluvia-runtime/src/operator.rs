@@ -58,8 +58,28 @@ pub struct OperatorContext {
     pub(crate) staged: StagedFiles,
 }
 
+pub use fluvia_scheduler::StagedFile;
+
 /// The attempt-private files of a task (see [`OperatorContext::stage_file`]).
-pub type StagedFiles = Rc<RefCell<Vec<fluvia_scheduler::StagedFile>>>;
+pub type StagedFiles = Arc<std::sync::Mutex<Vec<fluvia_scheduler::StagedFile>>>;
+
+/// The hidden name attempt `attempt` writes a file named `name` under,
+/// beside it: `.<name>.attempt-<n>.<unique>.inprogress` (unique across
+/// processes and jobs writing the same path).
+pub fn staged_name(name: &str, attempt: u32) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!(
+        ".{name}.attempt-{attempt}.{:x}{:x}{:x}.inprogress",
+        std::process::id(),
+        nanos,
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
 
 /// Where a task's operators leave named results for the client (Flink's
 /// accumulators; `collect()` sends its records this way).
@@ -92,49 +112,45 @@ impl OperatorContext {
             key_groups: None,
             records_in: Rc::new(Cell::new(0)),
             accumulators: Rc::new(RefCell::new(Vec::new())),
-            staged: Rc::new(RefCell::new(Vec::new())),
+            staged: StagedFiles::default(),
         }
     }
 
     /// Where this attempt writes the file `target`: a hidden file beside it
-    /// (`.<name>.attempt-<n>.<unique>.inprogress`) that gets the name
-    /// `target` only if this attempt wins and the job finishes, so two
-    /// attempts of a subtask (speculation, a restart) never both show up in
-    /// the output (Flink's in-progress part files). Removed if the attempt
-    /// fails, is cancelled or loses.
+    /// ([`staged_name`]) that gets the name `target` only if this attempt
+    /// wins and the job finishes, so two attempts of a subtask
+    /// (speculation, a restart) never both show up in the output (Flink's
+    /// in-progress part files). Removed if the attempt fails, is cancelled
+    /// or loses.
     pub fn stage_file(&self, target: &std::path::Path) -> Result<std::path::PathBuf> {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static NEXT: AtomicU64 = AtomicU64::new(0);
         let name = target.file_name().and_then(|n| n.to_str()).ok_or_else(|| {
             FluviaError::Config(format!(
                 "output path '{}' has no file name of UTF-8 characters",
                 target.display()
             ))
         })?;
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        let unique = format!(
-            "{:x}{:x}{:x}",
-            std::process::id(),
-            nanos,
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        );
-        let pending = target.with_file_name(format!(
-            ".{name}.attempt-{}.{unique}.inprogress",
-            self.attempt_number
-        ));
+        let pending = target.with_file_name(staged_name(name, self.attempt_number));
         let utf8 = |p: &std::path::Path| {
             p.to_str().map(str::to_string).ok_or_else(|| {
                 FluviaError::Config(format!("output path '{}' is not UTF-8", p.display()))
             })
         };
-        self.staged.borrow_mut().push(fluvia_scheduler::StagedFile {
+        let file = fluvia_scheduler::StagedFile {
             pending: utf8(&pending)?,
             target: utf8(target)?,
-        });
+        };
+        self.staged
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(file);
         Ok(pending)
+    }
+
+    /// The task's list of staged files, for writers that name their files
+    /// themselves on other threads (SQL's `COPY ... TO`): what they add is
+    /// committed or removed like [`stage_file`](Self::stage_file)'s.
+    pub fn staged_files(&self) -> StagedFiles {
+        Arc::clone(&self.staged)
     }
 
     /// The task's accumulators: what an operator adds there reaches the

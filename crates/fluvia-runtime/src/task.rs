@@ -154,7 +154,7 @@ impl ChainBuilder<'_> {
     }
 }
 
-/// Runs one subtask like [`run_task`], catching a panicking user function,
+/// Runs one subtask, catching a panicking user function,
 /// and makes sure every failure names the operator and subtask (the
 /// operator that last ran user code on this thread).
 pub fn run_task_attributed(d: &TaskDeployment) -> Result<AttemptMetrics> {
@@ -162,9 +162,8 @@ pub fn run_task_attributed(d: &TaskDeployment) -> Result<AttemptMetrics> {
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_task(d, &staged)));
     if !matches!(outcome, Ok(Ok(_))) {
         // What a failed or cancelled attempt wrote is never committed.
-        for f in staged.borrow().iter() {
-            discard_staged_file(f);
-        }
+        let files = std::mem::take(&mut *staged.lock().unwrap_or_else(|e| e.into_inner()));
+        files.iter().for_each(discard_staged_file);
     }
     let location = || d.location_of(crate::output::current_operator());
     match outcome {
@@ -224,7 +223,7 @@ fn run_task(d: &TaskDeployment, staged: &crate::operator::StagedFiles) -> Result
             // Every operator but the head is fed through a chained edge.
             ctx.copy_input = i > 0 && !d.job.object_reuse;
             ctx.accumulators = std::rc::Rc::clone(&accumulators);
-            ctx.staged = std::rc::Rc::clone(staged);
+            ctx.staged = Arc::clone(staged);
             ctx
         })
         .collect();
@@ -293,7 +292,7 @@ fn run_task(d: &TaskDeployment, staged: &crate::operator::StagedFiles) -> Result
     metrics.operator_records = builder.contexts.iter().map(|c| c.records_in()).collect();
     drop(builder);
     metrics.accumulators = std::mem::take(&mut *accumulators.borrow_mut());
-    metrics.staged_files = staged.borrow().clone();
+    metrics.staged_files = staged.lock().unwrap_or_else(|e| e.into_inner()).clone();
     Ok(metrics)
 }
 

@@ -353,6 +353,11 @@ pub struct Job {
     /// files of the winning attempts they ran (the job finishes when all
     /// answered).
     pub committing: BTreeSet<String>,
+    /// The commit began: every subtask finished for good, nothing runs again.
+    pub commit_started: bool,
+    /// Winners whose staged files their TaskManager dropped (it
+    /// re-registered): they run again before the commit.
+    lost_staged: BTreeSet<(usize, usize, u32)>,
 }
 
 /// A batch job whose undecided vertices get their parallelism from the data.
@@ -1118,6 +1123,8 @@ impl Scheduler {
                 num_slow_execution_vertices: 0,
                 num_effective_speculative_executions: 0,
                 committing: BTreeSet::new(),
+                commit_started: false,
+                lost_staged: BTreeSet::new(),
             },
         );
         if let Err(e) = self.initialize_vertices(id) {
@@ -1167,6 +1174,7 @@ impl Scheduler {
             // slot accounting.
             t.spec = spec;
             t.last_heartbeat = self.now;
+            self.staged_files_dropped(&id);
             return;
         }
         self.tms.insert(
@@ -1179,6 +1187,38 @@ impl Scheduler {
         );
         if !self.tm_order.contains(&id) {
             self.tm_order.push(id);
+        }
+    }
+
+    /// A TaskManager registers again only after dropping its jobs: the
+    /// files winners staged there are gone and their subtasks run again.
+    fn staged_files_dropped(&mut self, tm: &str) {
+        let ids: Vec<JobId> = self.job_order.clone();
+        for id in ids {
+            let Some(job) = self.jobs.get_mut(&id) else {
+                continue;
+            };
+            if job.state.is_terminal() || job.commit_started {
+                continue;
+            }
+            let mut dropped = Vec::new();
+            for (v, ejv) in job.eg.vertices.iter().enumerate() {
+                for (i, sub) in ejv.subtasks.iter().enumerate() {
+                    if let Some(e) = sub.winner()
+                        && e.task_manager.as_deref() == Some(tm)
+                        && e.metrics
+                            .as_ref()
+                            .is_some_and(|m| !m.staged_files.is_empty())
+                    {
+                        dropped.push((v, i, e.attempt_number));
+                    }
+                }
+            }
+            if dropped.is_empty() {
+                continue;
+            }
+            job.lost_staged.extend(dropped);
+            self.invalidate_lost_results(id, &format!("TaskManager {tm} dropped its jobs"));
         }
     }
 
@@ -1673,12 +1713,16 @@ impl Scheduler {
             if job.state.is_terminal() {
                 continue;
             }
-            if job.committing.contains(tm) {
-                // Others may have renamed theirs already: no second round.
-                let cause = format!(
-                    "TaskManager {tm} was lost while committing the output files: {reason}"
-                );
-                self.end_job(id, JobState::Failed, Some(cause));
+            if job.commit_started {
+                // Every subtask finished and others may have renamed their
+                // files already: nothing runs again. Only files it has not
+                // committed yet are lost.
+                if job.committing.contains(tm) {
+                    let cause = format!(
+                        "TaskManager {tm} was lost while committing the output files: {reason}"
+                    );
+                    self.end_job(id, JobState::Failed, Some(cause));
+                }
                 continue;
             }
             // Its shared slots vanish with it.
@@ -1825,10 +1869,11 @@ impl Scheduler {
                         e.metrics
                             .as_ref()
                             .is_some_and(|m| !m.staged_files.is_empty())
-                            && !e
-                                .task_manager
-                                .as_ref()
-                                .is_some_and(|t| self.tms.contains_key(t))
+                            && (job.lost_staged.contains(&(v, i, e.attempt_number))
+                                || !e
+                                    .task_manager
+                                    .as_ref()
+                                    .is_some_and(|t| self.tms.contains_key(t)))
                     });
                     if staged_lost {
                         lost = Some((v, i));
@@ -1854,13 +1899,16 @@ impl Scheduler {
                 }
             }
             let Some((v, i)) = lost else { return };
+            let mut members = vec![(v, i)];
             if let Some(job) = self.jobs.get_mut(&id) {
                 job.eg.vertices[v].subtasks[i].finished_attempt = None;
+                // Pipelined inputs are gone: the whole region runs again.
+                members = job.region_members(v, i);
             }
             let name = self.jobs[&id].graph.vertices[v].name.clone();
             self.restart(
                 id,
-                vec![(v, i)],
+                members,
                 format!("the results of {name} ({}) were lost: {cause}", i + 1),
             );
         }
@@ -1982,6 +2030,7 @@ impl Scheduler {
             return;
         }
         job.committing = by_tm.keys().cloned().collect();
+        job.commit_started = true;
         for (task_manager, attempts) in by_tm {
             self.actions.push_back(Action::CommitFiles {
                 task_manager,

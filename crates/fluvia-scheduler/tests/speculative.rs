@@ -17,7 +17,7 @@ use fluvia_core::config::options;
 use fluvia_core::{Configuration, JobId};
 use fluvia_scheduler::{
     Action, AttemptMetrics, Deployment, Event, ExecutionState, JobState, SchedulerConfig,
-    StagedFile,
+    StagedFile, TaskManagerSpec,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -308,4 +308,54 @@ fn staged_files_on_a_lost_task_manager_are_written_again_before_the_commit() {
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].0, "tm-2");
     assert_eq!(got[0].1.len(), 4);
+}
+
+#[test]
+fn a_task_manager_lost_after_its_commit_changes_nothing() {
+    let (mut d, slow, twin) = speculated_sink(SchedulerConfig::default());
+    finish_staged(&mut d, &twin);
+    finish_staged(&mut d, &slow);
+    assert_eq!(commits(&d.s.drain_actions()).len(), 2);
+    d.event(Event::FilesCommitted {
+        job: d.job,
+        task_manager: "tm-1".into(),
+        failure: None,
+    });
+    d.event(Event::TaskManagerLost {
+        task_manager: "tm-1".into(),
+        reason: "killed".into(),
+    });
+    assert!(d.collect().is_empty(), "nothing runs again");
+    assert_eq!(d.s.job(d.job).unwrap().state, JobState::Running);
+    d.event(Event::FilesCommitted {
+        job: d.job,
+        task_manager: "tm-2".into(),
+        failure: None,
+    });
+    assert_eq!(d.s.job(d.job).unwrap().state, JobState::Finished);
+}
+
+#[test]
+fn a_task_manager_that_registers_again_has_dropped_its_staged_files() {
+    let (mut d, _slow, _twin) = speculated_sink(SchedulerConfig {
+        restart_attempts: 1,
+        ..SchedulerConfig::default()
+    });
+    // tm-1 dropped its jobs and registers again (same id).
+    d.event(Event::RegisterTaskManager(TaskManagerSpec {
+        id: "tm-1".into(),
+        slots: 4,
+        fingerprint: "fp".into(),
+        data_address: "tm-1:6121".into(),
+    }));
+    for tm in ["tm-1", "tm-2"] {
+        d.event(Event::ProbeAnswered {
+            task_manager: tm.into(),
+            alive: true,
+        });
+    }
+    d.advance(secs(2));
+    let mut rerun: Vec<usize> = d.collect().iter().map(|x| x.attempt.subtask).collect();
+    rerun.sort();
+    assert_eq!(rerun, vec![0, 1, 2], "the winners whose files tm-1 dropped");
 }

@@ -489,6 +489,8 @@ impl OperatorFactory for StageFactory {
             job: Arc::clone(&self.job),
             stage: self.stage,
             subtask: ctx.subtask_index,
+            attempt: ctx.attempt_number,
+            staged: ctx.staged_files(),
             out: downcast_output::<SqlBatch>(output)?,
         })))
     }
@@ -506,6 +508,9 @@ struct StageDriver {
     job: Arc<SqlJob>,
     stage: usize,
     subtask: usize,
+    attempt: u32,
+    /// Where files the fragment writes (`COPY ... TO`) are staged.
+    staged: fluvia_runtime::operator::StagedFiles,
     out: Box<dyn Output<SqlBatch>>,
 }
 
@@ -557,6 +562,26 @@ impl TaskDriver for StageDriver {
             &DeduplicatingProtoConverter {},
         )
         .map_err(df_err)?;
+        // Files it writes are private to this attempt until the job commits.
+        let task_ctx = if crate::staging::writes_files(&plan) {
+            let mut env = (*task_ctx.runtime_env()).clone();
+            env.object_store_registry = Arc::new(crate::staging::StagingRegistry::new(
+                Arc::clone(&env.object_store_registry),
+                crate::staging::StagingStore::new(self.attempt, Arc::clone(&self.staged)),
+            ));
+            Arc::new(TaskContext::new(
+                None,
+                self.state.session_id().to_string(),
+                task_ctx.session_config().clone(),
+                self.state.scalar_functions().clone(),
+                self.state.higher_order_functions().clone(),
+                self.state.aggregate_functions().clone(),
+                self.state.window_functions().clone(),
+                Arc::new(env),
+            ))
+        } else {
+            task_ctx
+        };
         let (plan, mut partitioner, offset) = match spec.exchange {
             Exchange::Hash { partitions, offset } => {
                 // An adaptive consumer reads ranges of key groups.

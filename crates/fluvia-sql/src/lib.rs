@@ -17,6 +17,7 @@ pub mod job;
 pub mod output;
 pub mod session;
 pub mod split;
+pub mod staging;
 pub mod tpcds;
 
 /// The DataFusion this crate plans with (and its Arrow), for callers that
