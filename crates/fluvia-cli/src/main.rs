@@ -28,6 +28,18 @@ macro_rules! note {
     }};
 }
 
+/// CSV tables without a declared schema are read with a guessed one: say so.
+fn note_inferred_schemas(settings: &SqlSettings) {
+    let guessed = fluvia_sql::session::undeclared_tables(&settings.tables, settings.format);
+    if !guessed.is_empty() {
+        note!(
+            "note: no {} for table(s) {}: column types are inferred from the data",
+            fluvia_sql::session::SCHEMA_FILE,
+            guessed.join(", ")
+        );
+    }
+}
+
 #[derive(Parser)]
 #[command(
     name = "fluvia",
@@ -423,6 +435,7 @@ const QUERY_ERROR: u8 = 2;
 fn sql_command(a: SqlArgs) -> Result<ExitCode> {
     let config = a.conf.load()?;
     let settings = SqlSettings::new(a.tables, a.format, a.parallelism, config)?;
+    note_inferred_schemas(&settings);
     let text = match (&a.file, &a.execute) {
         (Some(f), _) => {
             std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?
@@ -547,6 +560,7 @@ fn tpcds_command(command: TpcdsCommand) -> Result<ExitCode> {
             conf,
         } => {
             let settings = SqlSettings::new(data, format, parallelism, conf.load()?)?;
+            note_inferred_schemas(&settings);
             let target = match (engine.as_str(), jobmanager) {
                 ("fluvia", Some(jm)) => Target::Cluster(jm),
                 ("fluvia", None) => Target::Embedded,

@@ -41,6 +41,33 @@ fn all_99_tpcds_queries_match_with_the_parallelism_left_to_the_adaptive_batch_sc
 }
 
 #[test]
+fn all_99_tpcds_queries_match_on_csv_tables_with_their_declared_schemas() {
+    let data = common::tpcds_csv_data().to_string_lossy().to_string();
+    let o = fluvia()
+        .args([
+            "tpcds",
+            "run",
+            "--format",
+            "csv",
+            "--data",
+            &data,
+            "--queries",
+        ])
+        .arg(shared().join("queries"))
+        .arg("--check")
+        .arg(shared().join("answers/sf0.1"))
+        .args(["-p", "2"])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    println!("{out}");
+    eprintln!("{err}");
+    assert!(!err.contains("inferred"), "every table is declared: {err}");
+    assert_all_103_statements_pass(o.status.success(), &out);
+}
+
+#[test]
 fn all_99_tpcds_queries_match_on_a_cluster_with_an_external_shuffle_service() {
     let dir = tempfile::tempdir().unwrap();
     tpcds_data();
@@ -452,5 +479,65 @@ fn copy_to_writes_through_staged_files_renamed_into_place_when_the_job_finishes(
             .iter()
             .all(|f| f.starts_with("d_year=199") && !f.contains("/.")),
         "{files:?}"
+    );
+}
+
+#[test]
+fn a_declared_csv_schema_is_used_and_a_row_that_does_not_fit_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().join("zips");
+    std::fs::create_dir(&t).unwrap();
+    // Inferred, "00501" would be the integer 501.
+    std::fs::write(
+        t.join("_schema.json"),
+        r#"{"fields": [{"name": "zip", "type": "Utf8"}, {"name": "n", "type": "Int64"}]}"#,
+    )
+    .unwrap();
+    std::fs::write(t.join("a.csv"), "zip,n\n00501,1\n10001,2\n").unwrap();
+    let d = dir.path().to_string_lossy().to_string();
+    let o = sql(&[
+        "--tables",
+        &d,
+        "--format",
+        "csv",
+        "-e",
+        "select substr(zip, 1, 3) p, sum(n) s from zips group by p order by p",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(!err.contains("inferred"), "{err}");
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "p,s\n005,1\n100,2\n");
+
+    // A table without a schema file is inferred, and the client says so.
+    let u = dir.path().join("guessed");
+    std::fs::create_dir(&u).unwrap();
+    std::fs::write(u.join("a.csv"), "k\n1\n").unwrap();
+    let o = sql(&[
+        "--tables",
+        &d,
+        "--format",
+        "csv",
+        "-e",
+        "select count(*) from guessed",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("guessed") && err.contains("inferred"), "{err}");
+
+    // A value that does not fit its declared type: file, line and column.
+    std::fs::write(t.join("b.csv"), "zip,n\n20001,3\n20002,three\n").unwrap();
+    let o = sql(&[
+        "--tables",
+        &d,
+        "--format",
+        "csv",
+        "-e",
+        "select sum(n) from zips",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        err.contains("b.csv") && err.contains("line 3") && err.contains("'n'"),
+        "{err}"
     );
 }

@@ -472,11 +472,13 @@ impl Output<SqlBatch> for IpcOutput {
         } else {
             Target::One(record.target.unwrap_or(0))
         };
-        let bytes = self
-            .encoder
-            .encode(&record.batch)
-            .map_err(|e| FluviaError::Serialization(format!("encoding an exchange batch: {e}")))?;
-        self.writer.borrow_mut().emit(target, bytes)
+        for piece in ipc::exchange_pieces(&record.batch) {
+            let bytes = self.encoder.encode(&piece).map_err(|e| {
+                FluviaError::Serialization(format!("encoding an exchange batch: {e}"))
+            })?;
+            self.writer.borrow_mut().emit(target, bytes)?;
+        }
+        Ok(())
     }
 
     fn close(&mut self) -> Result<()> {

@@ -49,6 +49,42 @@ impl IpcEncoder {
     }
 }
 
+/// The most bytes (estimated, as encoded) one exchange record carries.
+/// Bigger batches cross as row slices: no record nears the network's record
+/// limit, and no receiver is handed a string column whose offsets would
+/// pass 32 bits.
+pub const MAX_EXCHANGE_BATCH_BYTES: usize = 64 << 20;
+
+/// Bytes `a` adds to an encoded batch: its values only (a slice counts its
+/// part of shared buffers; a view array what its views point at).
+fn encoded_bytes(a: &dyn Array) -> usize {
+    if let Some(v) = a.as_any().downcast_ref::<StringViewArray>() {
+        return v.total_bytes_len() + 16 * v.len();
+    }
+    if let Some(v) = a.as_any().downcast_ref::<BinaryViewArray>() {
+        return v.total_bytes_len() + 16 * v.len();
+    }
+    a.to_data()
+        .get_slice_memory_size()
+        .unwrap_or_else(|_| a.get_array_memory_size())
+}
+
+/// `batch` cut into row slices of at most [`MAX_EXCHANGE_BATCH_BYTES`]
+/// (estimated; one row bigger than that goes alone). Slices share buffers.
+pub fn exchange_pieces(batch: &RecordBatch) -> Vec<RecordBatch> {
+    let bytes: usize = batch.columns().iter().map(|c| encoded_bytes(c)).sum();
+    let rows = batch.num_rows();
+    if bytes <= MAX_EXCHANGE_BATCH_BYTES || rows <= 1 {
+        return vec![batch.clone()];
+    }
+    let pieces = bytes.div_ceil(MAX_EXCHANGE_BATCH_BYTES).min(rows);
+    let per_piece = rows.div_ceil(pieces);
+    (0..rows)
+        .step_by(per_piece)
+        .map(|start| batch.slice(start, per_piece.min(rows - start)))
+        .collect()
+}
+
 /// View arrays may point into large shared buffers; shipping them would
 /// ship the whole buffers.
 fn compact_views(batch: &RecordBatch) -> Result<RecordBatch, ArrowError> {
@@ -140,6 +176,66 @@ mod tests {
             let back = decode(&bytes, &schema).unwrap();
             assert_eq!(back, b);
         }
+    }
+
+    /// 2.25 GiB of strings in one batch, generated from one shared 1 MiB
+    /// block (views), crosses as records below the limit and arrives whole.
+    #[test]
+    fn a_batch_past_2_gib_of_strings_crosses_in_pieces() {
+        use datafusion::arrow::array::StringViewBuilder;
+        const MIB: usize = 1 << 20;
+        let rows = 2304; // × 1 MiB
+        let mut b = StringViewBuilder::new();
+        let block = b.append_block(Buffer::from(vec![b'x'; MIB]));
+        for i in 0..rows {
+            // Values of different lengths, all views into the block.
+            b.try_append_view(block, 0, (MIB - i) as u32).unwrap();
+        }
+        let strings = b.finish();
+        let logical: usize = strings.total_bytes_len();
+        assert!(logical > (2 << 30) + (200 << 20), "{logical}");
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("i", DataType::Int64, false),
+            Field::new("s", DataType::Utf8View, false),
+        ]));
+        let batch = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![
+                Arc::new(Int64Array::from_iter_values(0..rows as i64)),
+                Arc::new(strings),
+            ],
+        )
+        .unwrap();
+        let mut enc = IpcEncoder::default();
+        let (mut rows_back, mut bytes_back, mut records) = (0, 0, 0);
+        for piece in exchange_pieces(&batch) {
+            let bytes = enc.encode(&piece).unwrap();
+            assert!(
+                bytes.len() <= MAX_EXCHANGE_BATCH_BYTES + MIB,
+                "{}",
+                bytes.len()
+            );
+            let back = decode(bytes, &schema).unwrap();
+            let s = back
+                .column(1)
+                .as_any()
+                .downcast_ref::<StringViewArray>()
+                .unwrap();
+            let first = back
+                .column(0)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap()
+                .value(0);
+            assert_eq!(first as usize, rows_back, "pieces in order");
+            assert_eq!(s.value(0).len(), MIB - rows_back);
+            rows_back += back.num_rows();
+            bytes_back += s.total_bytes_len();
+            records += 1;
+        }
+        assert_eq!(rows_back, rows);
+        assert_eq!(bytes_back, logical, "every byte arrived");
+        assert!(records >= 36, "{records} records");
     }
 
     #[test]

@@ -622,7 +622,14 @@ impl TaskDriver for StageDriver {
         let plan = split::task_view(&plan, view).map_err(df_err)?;
         let mut stream = plan.execute(0, Arc::clone(&task_ctx)).map_err(df_err)?;
         while let Some(next) = rt.block_on(stream.next()) {
-            let batch = next.map_err(df_err)?;
+            let batch = next.map_err(|e| {
+                let message = e.to_string();
+                // A CSV row that does not fit the table's schema: name it.
+                match crate::csv_errors::locate(&plan, &message) {
+                    Some(located) => FluviaError::Execution(located),
+                    None => df_err(e),
+                }
+            })?;
             if cancel.is_cancelled() {
                 return Err(FluviaError::Cancelled);
             }

@@ -11,6 +11,7 @@
 //! a [`fluvia_runtime::TaskDriver`] and bytes.
 
 pub mod codec;
+pub mod csv_errors;
 pub mod exchange;
 pub mod ipc;
 pub mod job;

@@ -10,11 +10,14 @@
 //! same options are shipped with the job so every process decodes fragments
 //! with the planner's settings.
 
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::execution::context::{SessionConfig, SessionContext};
 use datafusion::prelude::{CsvReadOptions, ParquetReadOptions};
 use fluvia_core::config::{Configuration, options};
 use fluvia_core::{FluviaError, Result};
 use std::path::Path;
+use std::str::FromStr;
+use std::sync::Arc;
 
 /// Table file formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -78,13 +81,17 @@ pub fn datafusion_options(
             "datafusion.optimizer.enable_physical_uncorrelated_scalar_subquery",
             "false".into(),
         ),
+        // Strings as views (DataFusion's default): an operator that gathers
+        // many batches (a hash join's build side) never overflows 32-bit
+        // offsets past 2 GiB of strings. Exchanges compact views before
+        // shipping them (`ipc`).
         (
             "datafusion.execution.parquet.schema_force_view_types",
-            "false".into(),
+            "true".into(),
         ),
         (
             "datafusion.sql_parser.map_string_types_to_utf8view",
-            "false".into(),
+            "true".into(),
         ),
         (
             "datafusion.optimizer.hash_join_single_partition_threshold",
@@ -111,6 +118,13 @@ pub fn datafusion_options(
             "false".into(),
         ));
     }
+    // DataFusion's own keys given in the configuration (`-D`) win.
+    for (k, v) in config.iter() {
+        if k.starts_with("datafusion.") {
+            opts.retain(|(key, _)| key != k);
+            opts.push((k.to_string(), v.to_string()));
+        }
+    }
     Ok(opts)
 }
 
@@ -126,16 +140,143 @@ pub fn session_config(options: &[(String, String)]) -> Result<SessionConfig> {
     Ok(config)
 }
 
+/// The file beside a table's data that declares its columns:
+/// `{"fields": [{"name": "c", "type": "Int32", "nullable": true}, ...]}`,
+/// types as Arrow writes them (`Utf8`, `Date32`, `Decimal128(7, 2)`).
+pub const SCHEMA_FILE: &str = "_schema.json";
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct SchemaFile {
+    fields: Vec<SchemaField>,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct SchemaField {
+    name: String,
+    #[serde(rename = "type")]
+    data_type: String,
+    #[serde(default = "yes")]
+    nullable: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `schema` as a [`SCHEMA_FILE`].
+pub fn schema_file_json(schema: &Schema) -> String {
+    let file = SchemaFile {
+        fields: schema
+            .fields()
+            .iter()
+            .map(|f| SchemaField {
+                name: f.name().clone(),
+                data_type: f.data_type().to_string(),
+                nullable: f.is_nullable(),
+            })
+            .collect(),
+    };
+    serde_json::to_string_pretty(&file).unwrap_or_default()
+}
+
+/// Reads a [`SCHEMA_FILE`]; errors name the file and the field.
+pub fn read_schema_file(path: &Path) -> Result<SchemaRef> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| FluviaError::io(format!("reading {}", path.display()), e))?;
+    let file: SchemaFile = serde_json::from_str(&text)
+        .map_err(|e| FluviaError::Config(format!("{}: {e}", path.display())))?;
+    let fields = file
+        .fields
+        .iter()
+        .map(|f| {
+            let t = DataType::from_str(&f.data_type).map_err(|e| {
+                FluviaError::Config(format!(
+                    "{}: column '{}' has type '{}', which is not an Arrow type: {e}",
+                    path.display(),
+                    f.name,
+                    f.data_type
+                ))
+            })?;
+            Ok(Field::new(&f.name, t, f.nullable))
+        })
+        .collect::<Result<Vec<Field>>>()?;
+    Ok(Arc::new(Schema::new(fields)))
+}
+
+/// `schema` with its strings as views when the session reads Parquet
+/// strings as views, so CSV and Parquet tables plan alike.
+fn with_views(schema: &SchemaRef, ctx: &SessionContext) -> SchemaRef {
+    if !ctx
+        .copied_config()
+        .options()
+        .execution
+        .parquet
+        .schema_force_view_types
+    {
+        return Arc::clone(schema);
+    }
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| match f.data_type() {
+            DataType::Utf8 | DataType::LargeUtf8 => {
+                f.as_ref().clone().with_data_type(DataType::Utf8View)
+            }
+            DataType::Binary | DataType::LargeBinary => {
+                f.as_ref().clone().with_data_type(DataType::BinaryView)
+            }
+            _ => f.as_ref().clone(),
+        })
+        .collect();
+    Arc::new(Schema::new(fields))
+}
+
+/// The tables [`register_tables`] registered, and those whose schema was
+/// inferred from their data (no [`SCHEMA_FILE`]; CSV only).
+#[derive(Debug, Default)]
+pub struct Registered {
+    pub tables: Vec<String>,
+    pub inferred: Vec<String>,
+}
+
+/// The tables of `dir` whose schema will be inferred (CSV without a
+/// [`SCHEMA_FILE`]), for the client to say so.
+pub fn undeclared_tables(dir: &Path, format: TableFormat) -> Vec<String> {
+    if format != TableFormat::Csv {
+        return Vec::new();
+    }
+    let mut out: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.path())
+                .filter_map(|p| {
+                    let name = p.file_name()?.to_str()?.to_string();
+                    if p.is_dir() {
+                        (!p.join(SCHEMA_FILE).exists()).then_some(name)
+                    } else {
+                        name.strip_suffix(format.extension()).map(str::to_string)
+                    }
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
+}
+
 /// Registers every sub-folder (or file) of `dir` as a table named after it.
+/// A CSV table with a [`SCHEMA_FILE`] in its folder is read with that
+/// schema; otherwise the schema is inferred (and the table listed as such).
 pub async fn register_tables(
     ctx: &SessionContext,
     dir: &Path,
     format: TableFormat,
-) -> Result<Vec<String>> {
+) -> Result<Registered> {
     let entries = std::fs::read_dir(dir).map_err(|e| {
         FluviaError::io(format!("reading the table directory {}", dir.display()), e)
     })?;
     let mut tables = Vec::new();
+    let mut inferred = Vec::new();
     let mut paths: Vec<_> = entries.filter_map(|e| e.ok()).map(|e| e.path()).collect();
     paths.sort();
     for path in paths {
@@ -156,8 +297,19 @@ pub async fn register_tables(
                     .await
             }
             TableFormat::Csv => {
-                ctx.register_csv(&name, &location, CsvReadOptions::new().has_header(true))
-                    .await
+                let declared = path.join(SCHEMA_FILE);
+                let schema = if path.is_dir() && declared.exists() {
+                    Some(read_schema_file(&declared)?)
+                } else {
+                    inferred.push(name.clone());
+                    None
+                };
+                let schema = schema.map(|s| with_views(&s, ctx));
+                let mut options = CsvReadOptions::new().has_header(true);
+                if let Some(schema) = &schema {
+                    options = options.schema(schema);
+                }
+                ctx.register_csv(&name, &location, options).await
             }
         };
         registered.map_err(|e| FluviaError::Plan(format!("table '{name}' ({location}): {e}")))?;
@@ -170,5 +322,5 @@ pub async fn register_tables(
             format.extension()
         )));
     }
-    Ok(tables)
+    Ok(Registered { tables, inferred })
 }

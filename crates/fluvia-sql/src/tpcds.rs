@@ -156,6 +156,10 @@ fn generate_table(table: &str, session: Session, out: &Path, csv: bool) -> Resul
         .map_err(|e| FluviaError::io(format!("creating {}", path.display()), e))?;
     let fail = |e: String| FluviaError::Internal(format!("writing {}: {e}", path.display()));
     if csv {
+        // Declared, so readers need not guess (zip codes are strings).
+        let declared = dir.join(crate::session::SCHEMA_FILE);
+        std::fs::write(&declared, crate::session::schema_file_json(&schema))
+            .map_err(|e| FluviaError::io(format!("writing {}", declared.display()), e))?;
         let mut w = datafusion::arrow::csv::WriterBuilder::new()
             .with_header(true)
             .build(file);

@@ -41,6 +41,26 @@ pub fn tpcds_data() -> &'static Path {
     })
 }
 
+/// The same SF 0.1 tables as CSV (with their declared schemas; the
+/// answers check them, `--check` reads Parquet only).
+pub fn tpcds_csv_data() -> &'static Path {
+    static DATA: OnceLock<PathBuf> = OnceLock::new();
+    DATA.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("tpcds-sf0.1-csv");
+        let done = dir.join(".complete");
+        if !done.exists() {
+            let o = fluvia()
+                .args(["tpcds", "gen", "--scale", "0.1", "--format", "csv", "--out"])
+                .arg(&dir)
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            std::fs::write(&done, "").unwrap();
+        }
+        dir
+    })
+}
+
 pub fn tpcds_run(extra: &[&str]) -> (bool, String) {
     let o = fluvia()
         .args(["tpcds", "run", "--data"])

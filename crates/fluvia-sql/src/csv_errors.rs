@@ -1,0 +1,110 @@
+//! Naming the row of a CSV file that does not fit its declared schema.
+//!
+//! A scan that fails to parse a value reports the column by position and
+//! the line relative to the byte range it read, without the file. On that
+//! error path only, the task reads the CSV files of its scans again, from
+//! their start and with the same options, to name the file, the line (1 is
+//! the first line of the file, the header included) and the column.
+
+use datafusion::arrow::csv::ReaderBuilder;
+use datafusion::datasource::physical_plan::{CsvSource, FileScanConfig};
+use datafusion::datasource::source::DataSourceExec;
+use datafusion::physical_plan::ExecutionPlan;
+use std::sync::Arc;
+
+/// For a CSV parse error raised while running `plan`, where it is:
+/// `file: line L, column 'c' (type): message`; `None` if no file of the
+/// plan's CSV scans fails to parse.
+pub fn locate(plan: &Arc<dyn ExecutionPlan>, error: &str) -> Option<String> {
+    if !error.contains("Error while parsing value") && !error.contains("Csv error") {
+        return None;
+    }
+    let mut scans = Vec::new();
+    csv_scans(plan, &mut scans);
+    for (config, csv) in scans {
+        let schema = Arc::clone(config.file_schema());
+        for file in config.file_groups.iter().flat_map(|g| g.iter()) {
+            let path = format!("/{}", file.object_meta.location);
+            let Ok(f) = std::fs::File::open(&path) else {
+                continue;
+            };
+            let mut builder = ReaderBuilder::new(Arc::clone(&schema))
+                .with_header(csv.has_header())
+                .with_delimiter(csv.delimiter())
+                .with_quote(csv.quote());
+            if let Some(e) = csv.escape() {
+                builder = builder.with_escape(e);
+            }
+            if let Some(t) = csv.terminator() {
+                builder = builder.with_terminator(t);
+            }
+            let Ok(reader) = builder.build(f) else {
+                continue;
+            };
+            for batch in reader {
+                if let Err(e) = batch {
+                    return Some(describe(&path, &schema, &e.to_string()));
+                }
+            }
+        }
+    }
+    None
+}
+
+fn csv_scans<'a>(
+    plan: &'a Arc<dyn ExecutionPlan>,
+    out: &mut Vec<(&'a FileScanConfig, &'a CsvSource)>,
+) {
+    if let Some(ds) = plan.downcast_ref::<DataSourceExec>()
+        && let Some(config) = ds.data_source().downcast_ref::<FileScanConfig>()
+        && let Some(csv) = config.file_source.downcast_ref::<CsvSource>()
+    {
+        out.push((config, csv));
+    }
+    for child in plan.children() {
+        csv_scans(child, out);
+    }
+}
+
+/// `path: line L, column 'name' (type): message` from arrow's "... for
+/// column N at line L ..." (its lines count from 0, the header included).
+fn describe(path: &str, schema: &datafusion::arrow::datatypes::Schema, message: &str) -> String {
+    let number_after = |key: &str| -> Option<usize> {
+        let rest = &message[message.find(key)? + key.len()..];
+        let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+        digits.parse().ok()
+    };
+    let line = number_after("at line ").or_else(|| number_after("for line "));
+    let column = number_after("for column ").and_then(|i| schema.fields().get(i));
+    let mut s = path.to_string();
+    if let Some(l) = line {
+        s.push_str(&format!(": line {}", l + 1));
+    }
+    if let Some(c) = column {
+        s.push_str(&format!(", column '{}' ({})", c.name(), c.data_type()));
+    }
+    format!("{s}: {message}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+
+    #[test]
+    fn names_line_and_column() {
+        let schema = Schema::new(vec![
+            Field::new("zip", DataType::Utf8, true),
+            Field::new("n", DataType::Int64, true),
+        ]);
+        let s = describe(
+            "/d/t/b.csv",
+            &schema,
+            "Parser error: Error while parsing value 'x' as type 'Int64' for column 1 at line 2.",
+        );
+        assert!(
+            s.starts_with("/d/t/b.csv: line 3, column 'n' (Int64): Parser error"),
+            "{s}"
+        );
+    }
+}
