@@ -37,6 +37,16 @@ pub async fn run_job(
         }
     }
     c.set_option(&cfg::SLOTS, slots);
+    // One embedded TaskManager holds what a cluster spreads over several:
+    // its network budget grows with its slots (a budget, not an
+    // allocation: buffers are taken as tasks need them).
+    if config.get_raw(options::NETWORK_MEMORY.key).is_none()
+        && config.get_raw("taskmanager.memory.network.max").is_none()
+    {
+        let per_slot = 32 * 1024 * 1024u64;
+        let size = options::NETWORK_MEMORY.default.max(per_slot * slots as u64);
+        c.set(options::NETWORK_MEMORY.key, size.to_string());
+    }
     // The embedded TaskManagers spill under a directory this call owns and
     // removes when it returns.
     let base = config.get(&options::TMP_DIRS)?;

@@ -12,6 +12,7 @@
 
 pub mod codec;
 pub mod csv_errors;
+pub mod csv_stats;
 pub mod exchange;
 pub mod ipc;
 pub mod job;

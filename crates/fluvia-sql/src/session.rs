@@ -11,6 +11,7 @@
 //! with the planner's settings.
 
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::datasource::file_format::options::ReadOptions;
 use datafusion::execution::context::{SessionConfig, SessionContext};
 use datafusion::prelude::{CsvReadOptions, ParquetReadOptions};
 use fluvia_core::config::{Configuration, options};
@@ -309,7 +310,14 @@ pub async fn register_tables(
                 if let Some(schema) = &schema {
                     options = options.schema(schema);
                 }
-                ctx.register_csv(&name, &location, options).await
+                let mut listing =
+                    options.to_listing_options(&ctx.copied_config(), ctx.copied_table_options());
+                listing.format = Arc::new(crate::csv_stats::EstimatingCsvFormat::new(
+                    Arc::clone(&listing.format),
+                    true,
+                ));
+                ctx.register_listing_table(&name, &location, listing, schema, None)
+                    .await
             }
         };
         registered.map_err(|e| FluviaError::Plan(format!("table '{name}' ({location}): {e}")))?;
