@@ -377,7 +377,7 @@ fn a_skewed_join_subpartition_is_split_across_subtasks_with_the_same_answer() {
     );
 }
 
-/// The planner cannot size CSV tables, so it hash-partitions both sides;
+/// With no broadcast on estimates the planner hash-partitions both sides;
 /// once they finished, the build side's real bytes are under
 /// `table.optimizer.join.broadcast-threshold`: every join subtask reads it
 /// whole and the probe side is cut by bytes alone (FLIP-470 at runtime).
@@ -391,7 +391,11 @@ fn a_join_side_found_small_at_runtime_is_broadcast() {
     let none = run_join(
         &cluster,
         &tables,
-        &[avg, "table.optimizer.adaptive-broadcast-join.strategy=NONE"],
+        &[
+            avg,
+            "table.optimizer.adaptive-broadcast-join.strategy=NONE",
+            "table.optimizer.join.broadcast-threshold=0",
+        ],
     );
     assert_eq!(none, want);
     assert_eq!(

@@ -8,11 +8,12 @@
 //! for Parquet files of the same data. Only planning sees this type: the
 //! scans it plans are DataFusion's own CSV scans.
 
+use crate::session::DeclaredColumnStats;
 use async_trait::async_trait;
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::datatypes::{Field, SchemaRef};
 use datafusion::catalog::Session;
 use datafusion::common::stats::Precision;
-use datafusion::common::{Result, Statistics};
+use datafusion::common::{ColumnStatistics, Result, ScalarValue, Statistics};
 use datafusion::datasource::file_format::FileFormat;
 use datafusion::datasource::file_format::file_compression_type::FileCompressionType;
 use datafusion::datasource::physical_plan::{FileScanConfig, FileSinkConfig, FileSource};
@@ -25,17 +26,45 @@ use std::sync::Arc;
 /// Bytes read from the start of a file to estimate its line length.
 const SAMPLE_BYTES: u64 = 256 << 10;
 
-/// A CSV format whose files report estimated row counts and sizes.
+/// A CSV format whose files report estimated row counts and sizes, and the
+/// column statistics the table declares (min, max, nulls per column).
 #[derive(Debug)]
 pub struct EstimatingCsvFormat {
     inner: Arc<dyn FileFormat>,
     has_header: bool,
+    declared: Vec<DeclaredColumnStats>,
 }
 
 impl EstimatingCsvFormat {
-    pub fn new(inner: Arc<dyn FileFormat>, has_header: bool) -> Self {
-        EstimatingCsvFormat { inner, has_header }
+    pub fn new(
+        inner: Arc<dyn FileFormat>,
+        has_header: bool,
+        declared: Vec<DeclaredColumnStats>,
+    ) -> Self {
+        EstimatingCsvFormat {
+            inner,
+            has_header,
+            declared,
+        }
     }
+}
+
+/// Declared bounds as DataFusion column statistics (inexact: they hold for
+/// the table, so for every file of it); text that does not parse as the
+/// column's type is ignored.
+fn column_stats(declared: &DeclaredColumnStats, field: &Field) -> ColumnStatistics {
+    let parse = |v: &Option<String>| {
+        v.as_ref()
+            .and_then(|t| ScalarValue::try_from_string(t.clone(), field.data_type()).ok())
+            .map_or(Precision::Absent, Precision::Inexact)
+    };
+    let mut c = ColumnStatistics::new_unknown();
+    c.min_value = parse(&declared.min);
+    c.max_value = parse(&declared.max);
+    c.null_count = declared
+        .nulls
+        .map_or(Precision::Absent, |n| Precision::Inexact(n as usize));
+    c
 }
 
 /// Rows in a file of `size` bytes whose first `sample.len()` bytes hold
@@ -103,6 +132,14 @@ impl FileFormat for EstimatingCsvFormat {
         let sample: &[u8] = sample.as_ref();
         stats.num_rows = Precision::Inexact(estimate_rows(object.size, sample, self.has_header));
         stats.total_byte_size = Precision::Inexact(object.size as usize);
+        if self.declared.len() == table_schema.fields().len() {
+            stats.column_statistics = self
+                .declared
+                .iter()
+                .zip(table_schema.fields())
+                .map(|(d, f)| column_stats(d, f))
+                .collect();
+        }
         Ok(stats)
     }
 
@@ -145,5 +182,33 @@ mod tests {
         // A sample of 4 lines of 4 bytes from a 1600-byte file: 400 lines.
         assert_eq!(estimate_rows(1600, b"1,2\n3,4\n5,6\n7,8\n", true), 399);
         assert_eq!(estimate_rows(0, b"", true), 0);
+    }
+
+    #[test]
+    fn declared_bounds_become_column_statistics() {
+        use datafusion::arrow::datatypes::DataType;
+        let d = DeclaredColumnStats {
+            min: Some("1998-01-02".into()),
+            max: Some("2003-12-31".into()),
+            nulls: Some(7),
+        };
+        let c = column_stats(&d, &Field::new("d", DataType::Date32, true));
+        assert_eq!(
+            c.min_value,
+            Precision::Inexact(ScalarValue::Date32(Some(10228)))
+        );
+        assert_eq!(c.null_count, Precision::Inexact(7));
+        let m = DeclaredColumnStats {
+            min: Some("-1.50".into()),
+            max: Some("not a number".into()),
+            nulls: None,
+        };
+        let c = column_stats(&m, &Field::new("m", DataType::Decimal128(7, 2), true));
+        assert_eq!(
+            c.min_value,
+            Precision::Inexact(ScalarValue::Decimal128(Some(-150), 7, 2))
+        );
+        assert_eq!(c.max_value, Precision::Absent, "unparsable text is ignored");
+        assert_eq!(c.null_count, Precision::Absent);
     }
 }

@@ -98,6 +98,13 @@ pub fn datafusion_options(
             "datafusion.optimizer.hash_join_single_partition_threshold",
             threshold.to_string(),
         ),
+        // DataFusion also broadcasts a side estimated below this many rows
+        // when its bytes are unknown; a threshold of 0 means no broadcast
+        // on estimates at all.
+        (
+            "datafusion.optimizer.hash_join_single_partition_threshold_rows",
+            if threshold == 0 { "0" } else { "131072" }.to_string(),
+        ),
         ("datafusion.optimizer.repartition_joins", "true".into()),
         // Flink's non-strict rule: data hash-partitioned on a subset of the
         // required keys is already distributed correctly; no new shuffle.
@@ -158,26 +165,67 @@ struct SchemaField {
     data_type: String,
     #[serde(default = "yes")]
     nullable: bool,
+    /// Column statistics, optional (Flink's catalog column statistics):
+    /// smallest and largest value as text, and nulls over the table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    min: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    nulls: Option<u64>,
+}
+
+/// Declared statistics of one column, as text (see [`SCHEMA_FILE`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeclaredColumnStats {
+    pub min: Option<String>,
+    pub max: Option<String>,
+    pub nulls: Option<u64>,
 }
 
 fn yes() -> bool {
     true
 }
 
-/// `schema` as a [`SCHEMA_FILE`].
-pub fn schema_file_json(schema: &Schema) -> String {
+/// `schema` as a [`SCHEMA_FILE`], with the column statistics given (one
+/// per field, or none).
+pub fn schema_file_json(schema: &Schema, stats: &[DeclaredColumnStats]) -> String {
     let file = SchemaFile {
         fields: schema
             .fields()
             .iter()
-            .map(|f| SchemaField {
-                name: f.name().clone(),
-                data_type: f.data_type().to_string(),
-                nullable: f.is_nullable(),
+            .enumerate()
+            .map(|(i, f)| {
+                let st = stats.get(i).cloned().unwrap_or_default();
+                SchemaField {
+                    name: f.name().clone(),
+                    data_type: f.data_type().to_string(),
+                    nullable: f.is_nullable(),
+                    min: st.min,
+                    max: st.max,
+                    nulls: st.nulls,
+                }
             })
             .collect(),
     };
     serde_json::to_string_pretty(&file).unwrap_or_default()
+}
+
+/// The column statistics a [`SCHEMA_FILE`] declares, one per field.
+pub fn read_declared_stats(path: &Path) -> Result<Vec<DeclaredColumnStats>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| FluviaError::io(format!("reading {}", path.display()), e))?;
+    let file: SchemaFile = serde_json::from_str(&text)
+        .map_err(|e| FluviaError::Config(format!("{}: {e}", path.display())))?;
+    Ok(file
+        .fields
+        .into_iter()
+        .map(|f| DeclaredColumnStats {
+            min: f.min,
+            max: f.max,
+            nulls: f.nulls,
+        })
+        .collect())
 }
 
 /// Reads a [`SCHEMA_FILE`]; errors name the file and the field.
@@ -299,11 +347,14 @@ pub async fn register_tables(
             }
             TableFormat::Csv => {
                 let declared = path.join(SCHEMA_FILE);
-                let schema = if path.is_dir() && declared.exists() {
-                    Some(read_schema_file(&declared)?)
+                let (schema, stats) = if path.is_dir() && declared.exists() {
+                    (
+                        Some(read_schema_file(&declared)?),
+                        read_declared_stats(&declared)?,
+                    )
                 } else {
                     inferred.push(name.clone());
-                    None
+                    (None, Vec::new())
                 };
                 let schema = schema.map(|s| with_views(&s, ctx));
                 let mut options = CsvReadOptions::new().has_header(true);
@@ -315,6 +366,7 @@ pub async fn register_tables(
                 listing.format = Arc::new(crate::csv_stats::EstimatingCsvFormat::new(
                     Arc::clone(&listing.format),
                     true,
+                    stats,
                 ));
                 ctx.register_listing_table(&name, &location, listing, schema, None)
                     .await

@@ -638,9 +638,13 @@ impl PhysicalOptimizerRule for BroadcastSafety {
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
         use datafusion::common::tree_node::{Transformed, TreeNode};
         let parallelism = config.execution.target_partitions;
+        // A broadcast threshold of 0 (or RUNTIME_ONLY): nothing is broadcast
+        // on estimates, by size or by cost.
+        let on_estimates = config.optimizer.hash_join_single_partition_threshold > 0;
         plan.transform_up(|node| {
             if let Some(hj) = node.downcast_ref::<HashJoinExec>() {
                 if *hj.partition_mode() == PartitionMode::Partitioned
+                    && on_estimates
                     && broadcast_safe(hj.join_type())
                     && broadcast_is_cheaper(hj, parallelism)
                 {

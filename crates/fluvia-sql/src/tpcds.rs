@@ -156,18 +156,22 @@ fn generate_table(table: &str, session: Session, out: &Path, csv: bool) -> Resul
         .map_err(|e| FluviaError::io(format!("creating {}", path.display()), e))?;
     let fail = |e: String| FluviaError::Internal(format!("writing {}: {e}", path.display()));
     if csv {
-        // Declared, so readers need not guess (zip codes are strings).
-        let declared = dir.join(crate::session::SCHEMA_FILE);
-        std::fs::write(&declared, crate::session::schema_file_json(&schema))
-            .map_err(|e| FluviaError::io(format!("writing {}", declared.display()), e))?;
         let mut w = datafusion::arrow::csv::WriterBuilder::new()
             .with_header(true)
             .build(file);
+        let mut stats = ColumnBounds::new(schema.fields().len());
         for b in batches {
             let b = plain_batch(&b.map_err(|e| fail(e.to_string()))?, &schema)
                 .map_err(|e| fail(e.to_string()))?;
+            stats.add(&b);
             w.write(&b).map_err(|e| fail(e.to_string()))?;
         }
+        // Declared, so readers need not guess (zip codes are strings), with
+        // the column statistics a planner orders joins by.
+        let declared = dir.join(crate::session::SCHEMA_FILE);
+        let json = crate::session::schema_file_json(&schema, &stats.declared(&schema));
+        std::fs::write(&declared, json)
+            .map_err(|e| FluviaError::io(format!("writing {}", declared.display()), e))?;
     } else {
         let props = WriterProperties::builder()
             .set_compression(Compression::SNAPPY)
@@ -182,6 +186,80 @@ fn generate_table(table: &str, session: Session, out: &Path, csv: bool) -> Resul
         w.close().map_err(|e| fail(e.to_string()))?;
     }
     Ok(())
+}
+
+/// Smallest and largest value of each integer, date and decimal column,
+/// and nulls of every column, over the batches added.
+struct ColumnBounds {
+    bounds: Vec<Option<(i128, i128)>>,
+    nulls: Vec<u64>,
+}
+
+impl ColumnBounds {
+    fn new(columns: usize) -> Self {
+        ColumnBounds {
+            bounds: vec![None; columns],
+            nulls: vec![0; columns],
+        }
+    }
+
+    fn add(&mut self, batch: &RecordBatch) {
+        use datafusion::arrow::compute::{max, min};
+        use datafusion::arrow::datatypes::Decimal128Type;
+        for (i, c) in batch.columns().iter().enumerate() {
+            self.nulls[i] += c.null_count() as u64;
+            let range: Option<(i128, i128)> = match c.data_type() {
+                DataType::Int32 => {
+                    let a = c.as_primitive::<Int32Type>();
+                    min(a).zip(max(a)).map(|(l, h)| (l as i128, h as i128))
+                }
+                DataType::Int64 => {
+                    let a = c.as_primitive::<Int64Type>();
+                    min(a).zip(max(a)).map(|(l, h)| (l as i128, h as i128))
+                }
+                DataType::Date32 => {
+                    let a = c.as_primitive::<Date32Type>();
+                    min(a).zip(max(a)).map(|(l, h)| (l as i128, h as i128))
+                }
+                DataType::Decimal128(_, _) => {
+                    let a = c.as_primitive::<Decimal128Type>();
+                    min(a).zip(max(a))
+                }
+                _ => None,
+            };
+            if let Some((lo, hi)) = range {
+                let b = self.bounds[i].get_or_insert((lo, hi));
+                b.0 = b.0.min(lo);
+                b.1 = b.1.max(hi);
+            }
+        }
+    }
+
+    fn declared(&self, schema: &Schema) -> Vec<crate::session::DeclaredColumnStats> {
+        use datafusion::common::ScalarValue;
+        schema
+            .fields()
+            .iter()
+            .zip(self.bounds.iter().zip(&self.nulls))
+            .map(|(f, (b, &nulls))| {
+                let text = |v: i128| -> Option<String> {
+                    let s = match f.data_type() {
+                        DataType::Int32 => ScalarValue::Int32(Some(v as i32)),
+                        DataType::Int64 => ScalarValue::Int64(Some(v as i64)),
+                        DataType::Date32 => ScalarValue::Date32(Some(v as i32)),
+                        DataType::Decimal128(p, s) => ScalarValue::Decimal128(Some(v), *p, *s),
+                        _ => return None,
+                    };
+                    Some(s.to_string())
+                };
+                crate::session::DeclaredColumnStats {
+                    min: b.and_then(|(lo, _)| text(lo)),
+                    max: b.and_then(|(_, hi)| text(hi)),
+                    nulls: Some(nulls),
+                }
+            })
+            .collect()
+    }
 }
 
 /// A table's checksum line, as in `tables.csv`.
