@@ -580,7 +580,20 @@ fn sql_on_a_cluster_matches_the_embedded_run_and_spans_task_managers() {
         .iter()
         .map(|s| s.to_string())
         .collect();
-        v.extend(["-p", "3", "-e", query].iter().map(|s| s.to_string()));
+        // Both sides hash-partitioned (the small one is not broadcast), so
+        // data crosses between TaskManagers.
+        v.extend(
+            [
+                "-p",
+                "3",
+                "-D",
+                "table.optimizer.join.broadcast-threshold=0",
+                "-e",
+                query,
+            ]
+            .iter()
+            .map(|s| s.to_string()),
+        );
         v.extend(extra.iter().map(|s| s.to_string()));
         v
     };
