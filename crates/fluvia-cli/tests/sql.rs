@@ -482,6 +482,11 @@ fn copy_to_writes_through_staged_files_renamed_into_place_when_the_job_finishes(
     );
 }
 
+/// `fluvia sql` over the CSV tables of `dir`.
+fn csv_sql(dir: &str, query: &str) -> Output {
+    sql(&["--tables", dir, "--format", "csv", "-e", query])
+}
+
 #[test]
 fn a_declared_csv_schema_is_used_and_a_row_that_does_not_fit_is_named() {
     let dir = tempfile::tempdir().unwrap();
@@ -495,14 +500,10 @@ fn a_declared_csv_schema_is_used_and_a_row_that_does_not_fit_is_named() {
     .unwrap();
     std::fs::write(t.join("a.csv"), "zip,n\n00501,1\n10001,2\n").unwrap();
     let d = dir.path().to_string_lossy().to_string();
-    let o = sql(&[
-        "--tables",
+    let o = csv_sql(
         &d,
-        "--format",
-        "csv",
-        "-e",
         "select substr(zip, 1, 3) p, sum(n) s from zips group by p order by p",
-    ]);
+    );
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
     assert!(!err.contains("inferred"), "{err}");
@@ -512,28 +513,14 @@ fn a_declared_csv_schema_is_used_and_a_row_that_does_not_fit_is_named() {
     let u = dir.path().join("guessed");
     std::fs::create_dir(&u).unwrap();
     std::fs::write(u.join("a.csv"), "k\n1\n").unwrap();
-    let o = sql(&[
-        "--tables",
-        &d,
-        "--format",
-        "csv",
-        "-e",
-        "select count(*) from guessed",
-    ]);
+    let o = csv_sql(&d, "select count(*) from guessed");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
     assert!(err.contains("guessed") && err.contains("inferred"), "{err}");
 
     // A value that does not fit its declared type: file, line and column.
     std::fs::write(t.join("b.csv"), "zip,n\n20001,3\n20002,three\n").unwrap();
-    let o = sql(&[
-        "--tables",
-        &d,
-        "--format",
-        "csv",
-        "-e",
-        "select sum(n) from zips",
-    ]);
+    let o = csv_sql(&d, "select sum(n) from zips");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success());
     assert!(
