@@ -211,45 +211,32 @@ pub fn schema_file_json(schema: &Schema, stats: &[DeclaredColumnStats]) -> Strin
     serde_json::to_string_pretty(&file).unwrap_or_default()
 }
 
-/// The column statistics a [`SCHEMA_FILE`] declares, one per field.
-pub fn read_declared_stats(path: &Path) -> Result<Vec<DeclaredColumnStats>> {
+/// Reads a [`SCHEMA_FILE`]: the schema and the column statistics it
+/// declares (one per field); errors name the file and the field.
+pub fn read_schema_file(path: &Path) -> Result<(SchemaRef, Vec<DeclaredColumnStats>)> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| FluviaError::io(format!("reading {}", path.display()), e))?;
     let file: SchemaFile = serde_json::from_str(&text)
         .map_err(|e| FluviaError::Config(format!("{}: {e}", path.display())))?;
-    Ok(file
-        .fields
-        .into_iter()
-        .map(|f| DeclaredColumnStats {
+    let mut fields = Vec::with_capacity(file.fields.len());
+    let mut stats = Vec::with_capacity(file.fields.len());
+    for f in file.fields {
+        let t = DataType::from_str(&f.data_type).map_err(|e| {
+            FluviaError::Config(format!(
+                "{}: column '{}' has type '{}', which is not an Arrow type: {e}",
+                path.display(),
+                f.name,
+                f.data_type
+            ))
+        })?;
+        fields.push(Field::new(&f.name, t, f.nullable));
+        stats.push(DeclaredColumnStats {
             min: f.min,
             max: f.max,
             nulls: f.nulls,
-        })
-        .collect())
-}
-
-/// Reads a [`SCHEMA_FILE`]; errors name the file and the field.
-pub fn read_schema_file(path: &Path) -> Result<SchemaRef> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| FluviaError::io(format!("reading {}", path.display()), e))?;
-    let file: SchemaFile = serde_json::from_str(&text)
-        .map_err(|e| FluviaError::Config(format!("{}: {e}", path.display())))?;
-    let fields = file
-        .fields
-        .iter()
-        .map(|f| {
-            let t = DataType::from_str(&f.data_type).map_err(|e| {
-                FluviaError::Config(format!(
-                    "{}: column '{}' has type '{}', which is not an Arrow type: {e}",
-                    path.display(),
-                    f.name,
-                    f.data_type
-                ))
-            })?;
-            Ok(Field::new(&f.name, t, f.nullable))
-        })
-        .collect::<Result<Vec<Field>>>()?;
-    Ok(Arc::new(Schema::new(fields)))
+        });
+    }
+    Ok((Arc::new(Schema::new(fields)), stats))
 }
 
 /// `schema` with its strings as views when the session reads Parquet
@@ -280,14 +267,6 @@ fn with_views(schema: &SchemaRef, ctx: &SessionContext) -> SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
-/// The tables [`register_tables`] registered, and those whose schema was
-/// inferred from their data (no [`SCHEMA_FILE`]; CSV only).
-#[derive(Debug, Default)]
-pub struct Registered {
-    pub tables: Vec<String>,
-    pub inferred: Vec<String>,
-}
-
 /// The tables of `dir` whose schema will be inferred (CSV without a
 /// [`SCHEMA_FILE`]), for the client to say so.
 pub fn undeclared_tables(dir: &Path, format: TableFormat) -> Vec<String> {
@@ -315,17 +294,17 @@ pub fn undeclared_tables(dir: &Path, format: TableFormat) -> Vec<String> {
 
 /// Registers every sub-folder (or file) of `dir` as a table named after it.
 /// A CSV table with a [`SCHEMA_FILE`] in its folder is read with that
-/// schema; otherwise the schema is inferred (and the table listed as such).
+/// schema; otherwise the schema is inferred ([`undeclared_tables`] names
+/// those tables).
 pub async fn register_tables(
     ctx: &SessionContext,
     dir: &Path,
     format: TableFormat,
-) -> Result<Registered> {
+) -> Result<Vec<String>> {
     let entries = std::fs::read_dir(dir).map_err(|e| {
         FluviaError::io(format!("reading the table directory {}", dir.display()), e)
     })?;
     let mut tables = Vec::new();
-    let mut inferred = Vec::new();
     let mut paths: Vec<_> = entries.filter_map(|e| e.ok()).map(|e| e.path()).collect();
     paths.sort();
     for path in paths {
@@ -348,12 +327,9 @@ pub async fn register_tables(
             TableFormat::Csv => {
                 let declared = path.join(SCHEMA_FILE);
                 let (schema, stats) = if path.is_dir() && declared.exists() {
-                    (
-                        Some(read_schema_file(&declared)?),
-                        read_declared_stats(&declared)?,
-                    )
+                    let (schema, stats) = read_schema_file(&declared)?;
+                    (Some(schema), stats)
                 } else {
-                    inferred.push(name.clone());
                     (None, Vec::new())
                 };
                 let schema = schema.map(|s| with_views(&s, ctx));
@@ -382,5 +358,5 @@ pub async fn register_tables(
             format.extension()
         )));
     }
-    Ok(Registered { tables, inferred })
+    Ok(tables)
 }

@@ -19,25 +19,30 @@ pub fn shared() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tpcds")
 }
 
-/// SF 0.1 tables, generated once per build directory and checked against
-/// the reference checksums.
+/// SF 0.1 tables in `CARGO_TARGET_TMPDIR/<name>`, generated once per build
+/// directory by `tpcds gen` with `args`.
+fn generated_tables(name: &str, args: &[&std::ffi::OsStr]) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let done = dir.join(".complete");
+    if !done.exists() {
+        let o = fluvia()
+            .args(["tpcds", "gen", "--scale", "0.1", "--out"])
+            .arg(&dir)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        std::fs::write(&done, "").unwrap();
+    }
+    dir
+}
+
+/// SF 0.1 Parquet tables, checked against the reference checksums.
 pub fn tpcds_data() -> &'static Path {
     static DATA: OnceLock<PathBuf> = OnceLock::new();
     DATA.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("tpcds-sf0.1");
-        let done = dir.join(".complete");
-        if !done.exists() {
-            let o = fluvia()
-                .args(["tpcds", "gen", "--scale", "0.1", "--out"])
-                .arg(&dir)
-                .arg("--check")
-                .arg(shared().join("answers/sf0.1/tables.csv"))
-                .output()
-                .unwrap();
-            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-            std::fs::write(&done, "").unwrap();
-        }
-        dir
+        let check = shared().join("answers/sf0.1/tables.csv");
+        generated_tables("tpcds-sf0.1", &["--check".as_ref(), check.as_os_str()])
     })
 }
 
@@ -45,20 +50,7 @@ pub fn tpcds_data() -> &'static Path {
 /// answers check them, `--check` reads Parquet only).
 pub fn tpcds_csv_data() -> &'static Path {
     static DATA: OnceLock<PathBuf> = OnceLock::new();
-    DATA.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("tpcds-sf0.1-csv");
-        let done = dir.join(".complete");
-        if !done.exists() {
-            let o = fluvia()
-                .args(["tpcds", "gen", "--scale", "0.1", "--format", "csv", "--out"])
-                .arg(&dir)
-                .output()
-                .unwrap();
-            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-            std::fs::write(&done, "").unwrap();
-        }
-        dir
-    })
+    DATA.get_or_init(|| generated_tables("tpcds-sf0.1-csv", &["--format".as_ref(), "csv".as_ref()]))
 }
 
 pub fn tpcds_run(extra: &[&str]) -> (bool, String) {
