@@ -8,6 +8,8 @@
 
 pub mod catalog;
 pub mod examples;
+pub mod interactive;
+pub mod session;
 pub mod sql;
 
 /// Runs `future` on a fresh async runtime (see [`fluvia_cluster::block_on`]).

@@ -6,6 +6,7 @@
 use anyhow::{Context, Result, anyhow, bail};
 use clap::{Args, Parser, Subcommand};
 use fluvia_cli::catalog::{Example, ExampleCatalog};
+use fluvia_cli::session::{Outcome, SqlSession};
 use fluvia_cli::sql::{SqlError, SqlSettings, Target};
 use fluvia_cli::{block_on, examples};
 use fluvia_cluster::client::ClusterClient;
@@ -13,8 +14,10 @@ use fluvia_cluster::config as cluster_config;
 use fluvia_cluster::program::{ProgramCatalog, ProgramSpec};
 use fluvia_core::config::options;
 use fluvia_graph::plan;
+use fluvia_sql::catalog::Catalog;
 use fluvia_sql::session::TableFormat;
 use fluvia_sql::tpcds;
+use std::io::IsTerminal as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -29,8 +32,8 @@ macro_rules! note {
 }
 
 /// CSV tables without a declared schema are read with a guessed one: say so.
-fn note_inferred_schemas(settings: &SqlSettings) {
-    let guessed = fluvia_sql::session::undeclared_tables(&settings.tables, settings.format);
+fn note_inferred_schemas(dir: &std::path::Path, format: TableFormat) {
+    let guessed = fluvia_sql::session::undeclared_tables(dir, format);
     if !guessed.is_empty() {
         note!(
             "note: no {} for table(s) {}: column types are inferred from the data",
@@ -128,20 +131,17 @@ enum Command {
 
 #[derive(Args)]
 struct SqlArgs {
-    /// Directory with one sub-folder (or file) per table, named after the table.
+    /// Directory with one sub-folder (or file) per table, named after the
+    /// table (a shortcut for one CREATE TABLE each).
     #[arg(long, value_name = "DIR")]
-    tables: PathBuf,
+    tables: Option<PathBuf>,
     /// Format of the table files.
     #[arg(long, default_value = "parquet", value_parser = parse_format)]
     format: TableFormat,
-    /// File with the statement(s) to run, separated by `;`.
-    #[arg(
-        long,
-        short = 'f',
-        value_name = "FILE",
-        conflicts_with = "execute",
-        required_unless_present = "execute"
-    )]
+    /// File with the statement(s) to run, separated by `;`. Without -f or
+    /// -e, statements are read from standard input, or typed at a prompt
+    /// when it is a terminal (the interactive client).
+    #[arg(long, short = 'f', value_name = "FILE", conflicts_with = "execute")]
     file: Option<PathBuf>,
     /// The statement(s) to run.
     #[arg(short = 'e', long = "execute", value_name = "SQL")]
@@ -434,66 +434,87 @@ const QUERY_ERROR: u8 = 2;
 
 fn sql_command(a: SqlArgs) -> Result<ExitCode> {
     let config = a.conf.load()?;
-    let settings = SqlSettings::new(a.tables, a.format, a.parallelism, config)?;
-    note_inferred_schemas(&settings);
+    let catalog = match &a.tables {
+        Some(dir) => {
+            note_inferred_schemas(dir, a.format);
+            Catalog::with_dir(dir, a.format)?
+        }
+        None => Catalog::new(),
+    };
+    let target = match a.jobmanager {
+        Some(jm) => Target::Cluster(jm),
+        None => Target::Embedded,
+    };
+    let mut session = match SqlSession::new(catalog, a.parallelism, config, target) {
+        Ok(s) => s,
+        Err(SqlError::Query(msg)) => {
+            note!("error: {msg}");
+            return Ok(ExitCode::from(QUERY_ERROR));
+        }
+        Err(SqlError::Other(e)) => return Err(e),
+    };
     let text = match (&a.file, &a.execute) {
         (Some(f), _) => {
             std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?
         }
         (None, Some(e)) => e.clone(),
-        (None, None) => bail!("give --file or -e"),
+        (None, None) if std::io::stdin().is_terminal() => {
+            return fluvia_cli::interactive::run(&mut session);
+        }
+        (None, None) => {
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+                .context("reading statements from standard input")?;
+            text
+        }
     };
-    let statements = tpcds::statements(&text);
+    let statements = fluvia_sql::statement::split_statements(&text);
     if statements.is_empty() {
         bail!("no SQL statement given");
     }
-    let target = match a.jobmanager {
-        Some(jm) => Target::Cluster(jm),
-        None => Target::Embedded,
-    };
     let mut stdout = std::io::stdout().lock();
-    for (i, sql) in statements.iter().enumerate() {
-        let name = format!("sql statement {}", i + 1);
-        if a.explain {
-            let work = tempfile::tempdir()?;
-            let planned = match fluvia_cli::sql::plan(&settings, sql, &name, work.path()) {
-                Ok(p) => p,
-                Err(SqlError::Query(msg)) => {
-                    note!("error: {msg}");
-                    return Ok(ExitCode::from(QUERY_ERROR));
-                }
-                Err(SqlError::Other(e)) => return Err(e),
-            };
-            let (graph, _) = Arc::new(planned.job).build()?;
-            print!("{}", plan::text_plan(&graph));
-            continue;
-        }
-        let run = match fluvia_cli::sql::run(&settings, sql, &name, &target) {
-            Ok(r) => r,
+    let mut printed = false;
+    let cancel = fluvia_cli::sql::Cancel::default();
+    for sql in &statements {
+        let outcome = if a.explain {
+            session.explain_or_execute(sql, &cancel)
+        } else {
+            session.execute(sql, &cancel)
+        };
+        let outcome = match outcome {
+            Ok(o) => o,
             Err(SqlError::Query(msg)) => {
                 note!("error: {msg}");
                 return Ok(ExitCode::from(QUERY_ERROR));
             }
             Err(SqlError::Other(e)) => return Err(e),
         };
-        if i > 0 {
-            use std::io::Write as _;
-            writeln!(stdout).context("writing to standard output")?;
-        }
-        fluvia_sql::output::write_csv(&mut stdout, &run.batches, &run.schema)?;
-        let rows: usize = run.batches.iter().map(|b| b.num_rows()).sum();
-        let shuffled: u64 = match (&run.graph, &run.status) {
-            (Some(g), Some(st)) => fluvia_cli::sql::edge_stats(g, st).iter().map(|e| e.3).sum(),
-            _ => 0,
-        };
-        note!(
-            "{rows} rows in {:.3} s; {shuffled} bytes exchanged between tasks",
-            run.elapsed.as_secs_f64()
-        );
-        if a.stats
-            && let (Some(g), Some(st)) = (&run.graph, &run.status)
-        {
-            print_stats(g, st);
+        match outcome {
+            Outcome::Message(m) => note!("{m}"),
+            Outcome::Plan(p) => {
+                use std::io::Write as _;
+                write!(stdout, "{p}").context("writing to standard output")?;
+            }
+            Outcome::Rows(run) => {
+                if printed {
+                    use std::io::Write as _;
+                    writeln!(stdout).context("writing to standard output")?;
+                }
+                printed = true;
+                fluvia_sql::output::write_csv(&mut stdout, &run.batches, &run.schema)?;
+                let rows: usize = run.batches.iter().map(|b| b.num_rows()).sum();
+                if let (Some(g), Some(st)) = (&run.graph, &run.status) {
+                    let shuffled: u64 =
+                        fluvia_cli::sql::edge_stats(g, st).iter().map(|e| e.3).sum();
+                    note!(
+                        "{rows} rows in {:.3} s; {shuffled} bytes exchanged between tasks",
+                        run.elapsed.as_secs_f64()
+                    );
+                    if a.stats {
+                        print_stats(g, st);
+                    }
+                }
+            }
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -559,8 +580,8 @@ fn tpcds_command(command: TpcdsCommand) -> Result<ExitCode> {
             jobmanager,
             conf,
         } => {
+            note_inferred_schemas(&data, format);
             let settings = SqlSettings::new(data, format, parallelism, conf.load()?)?;
-            note_inferred_schemas(&settings);
             let target = match (engine.as_str(), jobmanager) {
                 ("fluvia", Some(jm)) => Target::Cluster(jm),
                 ("fluvia", None) => Target::Embedded,

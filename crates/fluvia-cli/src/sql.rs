@@ -9,8 +9,9 @@ use fluvia_cluster::program::{ProgramCatalog, ProgramSpec};
 use fluvia_cluster::rpc::JobStatus;
 use fluvia_core::Configuration;
 use fluvia_graph::JobGraph;
+use fluvia_sql::catalog::Catalog;
 use fluvia_sql::datafusion::arrow::record_batch::RecordBatch;
-use fluvia_sql::job::{PROGRAM, PlanError, PlanRequest, PlannedQuery, SqlJob};
+use fluvia_sql::job::{InsertTarget, PROGRAM, PlanError, PlanRequest, PlannedQuery, SqlJob};
 use fluvia_sql::session::TableFormat;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -54,8 +55,8 @@ impl From<fluvia_core::FluviaError> for SqlError {
 /// Settings shared by the SQL commands.
 #[derive(Debug, Clone)]
 pub struct SqlSettings {
-    pub tables: PathBuf,
-    pub format: TableFormat,
+    /// The tables and views statements see.
+    pub catalog: Catalog,
     pub parallelism: usize,
     /// No `-p` given: stages past the scans get their parallelism from the
     /// data at runtime (the adaptive batch scheduler); `parallelism` is then
@@ -65,11 +66,20 @@ pub struct SqlSettings {
 }
 
 impl SqlSettings {
-    /// Settings for `-p` (kept as given) or, without it, adaptive ones whose
-    /// scans are planned at [`default_scan_parallelism`].
+    /// Settings over the tables of `tables` (one sub-folder or file each).
     pub fn new(
         tables: PathBuf,
         format: TableFormat,
+        parallelism: Option<usize>,
+        config: Configuration,
+    ) -> fluvia_core::Result<Self> {
+        SqlSettings::with_catalog(Catalog::with_dir(&tables, format)?, parallelism, config)
+    }
+
+    /// Settings for `-p` (kept as given) or, without it, adaptive ones whose
+    /// scans are planned at [`default_scan_parallelism`].
+    pub fn with_catalog(
+        catalog: Catalog,
         parallelism: Option<usize>,
         config: Configuration,
     ) -> fluvia_core::Result<Self> {
@@ -78,8 +88,7 @@ impl SqlSettings {
             None => (default_scan_parallelism(&config)?, true),
         };
         Ok(SqlSettings {
-            tables,
-            format,
+            catalog,
             parallelism,
             adaptive,
             config,
@@ -106,10 +115,21 @@ pub fn default_scan_parallelism(config: &Configuration) -> fluvia_core::Result<u
 
 /// Plans one statement; the result file goes to `work`.
 pub fn plan(s: &SqlSettings, sql: &str, name: &str, work: &Path) -> Result<PlannedQuery, SqlError> {
+    plan_insert(s, sql, None, name, work)
+}
+
+/// Plans a query, or with `insert` the `INSERT INTO` of its rows.
+pub fn plan_insert(
+    s: &SqlSettings,
+    sql: &str,
+    insert: Option<InsertTarget>,
+    name: &str,
+    work: &Path,
+) -> Result<PlannedQuery, SqlError> {
     let req = PlanRequest {
         sql: sql.to_string(),
-        tables: s.tables.clone(),
-        format: s.format,
+        catalog: s.catalog.clone(),
+        insert,
         parallelism: s.parallelism,
         adaptive: s.adaptive,
         config: s.config.clone(),
@@ -128,8 +148,36 @@ fn sanitize(name: &str) -> String {
         .collect()
 }
 
-/// Runs one statement on `target`.
+/// Runs one query on `target`.
 pub fn run(s: &SqlSettings, sql: &str, name: &str, target: &Target) -> Result<QueryRun, SqlError> {
+    run_with(s, sql, None, name, target, &Cancel::default())
+}
+
+/// A way to cancel a running statement from another thread (Ctrl-C in
+/// the interactive client).
+#[derive(Debug, Clone, Default)]
+pub struct Cancel(Arc<tokio::sync::Notify>);
+
+impl Cancel {
+    pub fn cancel(&self) {
+        self.0.notify_one();
+    }
+
+    pub async fn cancelled(&self) {
+        self.0.notified().await
+    }
+}
+
+/// Runs a query (or with `insert`, writes its rows into a table) on
+/// `target`; `cancel` cancels the job.
+pub fn run_with(
+    s: &SqlSettings,
+    sql: &str,
+    insert: Option<InsertTarget>,
+    name: &str,
+    target: &Target,
+    cancel: &Cancel,
+) -> Result<QueryRun, SqlError> {
     let work = tempfile::Builder::new()
         .prefix("fluvia-sql-")
         .tempdir()
@@ -137,11 +185,12 @@ pub fn run(s: &SqlSettings, sql: &str, name: &str, target: &Target) -> Result<Qu
     if let Target::DataFusion = target {
         let started = Instant::now();
         let (schema, batches) =
-            fluvia_sql::job::run_in_datafusion(sql, &s.tables, s.format, s.parallelism, &s.config)
-                .map_err(|e| match e {
+            fluvia_sql::job::run_in_datafusion(sql, &s.catalog, s.parallelism, &s.config).map_err(
+                |e| match e {
                     PlanError::Query(q) => SqlError::Query(q.to_string()),
                     PlanError::Fluvia(f) => SqlError::Other(f.into()),
-                })?;
+                },
+            )?;
         return Ok(QueryRun {
             batches,
             schema,
@@ -151,7 +200,7 @@ pub fn run(s: &SqlSettings, sql: &str, name: &str, target: &Target) -> Result<Qu
         });
     }
     let started = Instant::now();
-    let planned = plan(s, sql, name, work.path())?;
+    let planned = plan_insert(s, sql, insert, name, work.path())?;
     let job = Arc::new(planned.job);
     let spec = ProgramSpec {
         name: PROGRAM.to_string(),
@@ -160,11 +209,12 @@ pub fn run(s: &SqlSettings, sql: &str, name: &str, target: &Target) -> Result<Qu
     let (graph, registry) = job.build()?;
     fluvia_runtime::validate_job(&graph, &registry)?;
     let status = match target {
-        Target::Embedded => block_on(fluvia_cluster::minicluster::run_job(
+        Target::Embedded => block_on(fluvia_cluster::minicluster::run_job_until(
             &graph.config,
             Arc::new(crate::catalog::ExampleCatalog),
             &spec,
             &graph,
+            cancel.cancelled(),
         ))??,
         Target::Cluster(jm) => {
             let secret = cluster_config::cluster_secret(&graph.config)?;
@@ -173,7 +223,7 @@ pub fn run(s: &SqlSettings, sql: &str, name: &str, target: &Target) -> Result<Qu
                 let id = client
                     .submit(&spec, &graph, &crate::catalog::ExampleCatalog.fingerprint())
                     .await?;
-                client.wait(&id).await
+                client.wait_until(&id, cancel.cancelled()).await
             })??
         }
         Target::DataFusion => unreachable!("handled above"),
@@ -185,6 +235,15 @@ pub fn run(s: &SqlSettings, sql: &str, name: &str, target: &Target) -> Result<Qu
             status.state,
             status.error
         )));
+    }
+    if job.files.is_some() {
+        return Ok(QueryRun {
+            batches: Vec::new(),
+            schema: planned.physical.schema(),
+            elapsed: started.elapsed(),
+            graph: Some(graph),
+            status: Some(status),
+        });
     }
     let batches = fluvia_sql::job::read_result(Path::new(&job.result_path))?;
     let schema = planned.physical.schema();
@@ -203,6 +262,19 @@ pub fn build_program(
 ) -> fluvia_core::Result<(JobGraph, fluvia_runtime::OperatorRegistry)> {
     let job = Arc::new(SqlJob::from_args(&spec.args)?);
     job.build()
+}
+
+/// Rows an `INSERT INTO` job wrote, from its sinks' reports.
+pub fn rows_written(status: &JobStatus) -> u64 {
+    status
+        .results
+        .iter()
+        .filter_map(|r| r.metrics.as_ref())
+        .flat_map(|m| &m.accumulators)
+        .filter(|a| a.name == fluvia_sql::file_sink::ROWS_WRITTEN)
+        .filter_map(|a| <[u8; 8]>::try_from(a.value.as_slice()).ok())
+        .map(u64::from_le_bytes)
+        .sum()
 }
 
 /// Bytes and batches sent over each network edge, from a finished job's

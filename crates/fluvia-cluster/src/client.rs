@@ -100,6 +100,28 @@ impl ClusterClient {
         }
     }
 
+    /// [`wait`](Self::wait), cancelling the job if `cancel` completes
+    /// first and then waiting for it to end.
+    pub async fn wait_until(
+        &mut self,
+        job_id: &str,
+        cancel: impl std::future::Future<Output = ()>,
+    ) -> Result<JobStatus> {
+        let cancelled = {
+            let wait = self.wait(job_id);
+            tokio::pin!(wait);
+            tokio::pin!(cancel);
+            tokio::select! {
+                s = &mut wait => return s,
+                () = &mut cancel => true,
+            }
+        };
+        if cancelled {
+            self.cancel(job_id).await?;
+        }
+        self.wait(job_id).await
+    }
+
     pub async fn list(&mut self) -> Result<Vec<JobStatus>> {
         Ok(self
             .client

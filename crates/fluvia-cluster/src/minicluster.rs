@@ -21,6 +21,18 @@ pub async fn run_job(
     program: &ProgramSpec,
     graph: &JobGraph,
 ) -> Result<JobStatus> {
+    run_job_until(config, catalog, program, graph, std::future::pending()).await
+}
+
+/// [`run_job`], cancelling the job when `cancel` completes first (the job
+/// then ends CANCELED).
+pub async fn run_job_until(
+    config: &Configuration,
+    catalog: Arc<dyn ProgramCatalog>,
+    program: &ProgramSpec,
+    graph: &JobGraph,
+    cancel: impl std::future::Future<Output = ()>,
+) -> Result<JobStatus> {
     let task_managers = config.get(&options::LOCAL_TASK_MANAGERS)?.max(1);
     let slots = graph.required_slots().max(1).div_ceil(task_managers);
     let mut c = config.clone();
@@ -84,7 +96,7 @@ pub async fn run_job(
                 let id = client
                     .submit(program, graph, &catalog.fingerprint())
                     .await?;
-                client.wait(&id).await
+                client.wait_until(&id, cancel).await
             }
             .await
         }

@@ -7,6 +7,7 @@
 //! the first line of the file, the header included) and the column.
 
 use datafusion::arrow::csv::ReaderBuilder;
+use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::datasource::physical_plan::{CsvSource, FileScanConfig};
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::physical_plan::ExecutionPlan;
@@ -16,7 +17,10 @@ use std::sync::Arc;
 /// `file: line L, column 'c' (type): message`; `None` if no file of the
 /// plan's CSV scans fails to parse.
 pub fn locate(plan: &Arc<dyn ExecutionPlan>, error: &str) -> Option<String> {
-    if !error.contains("Error while parsing value") && !error.contains("Csv error") {
+    if !error.contains("Error while parsing value")
+        && !error.contains("Csv error")
+        && !error.contains("Parser error")
+    {
         return None;
     }
     let mut scans = Vec::new();
@@ -25,28 +29,82 @@ pub fn locate(plan: &Arc<dyn ExecutionPlan>, error: &str) -> Option<String> {
         let schema = Arc::clone(config.file_schema());
         for file in config.file_groups.iter().flat_map(|g| g.iter()) {
             let path = format!("/{}", file.object_meta.location);
-            let Ok(f) = std::fs::File::open(&path) else {
-                continue;
-            };
-            let mut builder = ReaderBuilder::new(Arc::clone(&schema))
-                .with_header(csv.has_header())
-                .with_delimiter(csv.delimiter())
-                .with_quote(csv.quote());
-            if let Some(e) = csv.escape() {
-                builder = builder.with_escape(e);
-            }
-            if let Some(t) = csv.terminator() {
-                builder = builder.with_terminator(t);
-            }
-            let Ok(reader) = builder.build(f) else {
+            let Some(reader) = open(&path, &schema, csv) else {
                 continue;
             };
             for batch in reader {
                 if let Err(e) = batch {
-                    return Some(describe(&path, &schema, &e.to_string()));
+                    let message = e.to_string();
+                    // Some parsers (decimals) say neither line nor column:
+                    // find both by casting the row's text.
+                    if !message.contains(" line ")
+                        && let Some(found) = find_by_cast(&path, &schema, csv, &message)
+                    {
+                        return Some(found);
+                    }
+                    return Some(describe(&path, &schema, &message));
                 }
             }
         }
+    }
+    None
+}
+
+fn open(
+    path: &str,
+    schema: &SchemaRef,
+    csv: &CsvSource,
+) -> Option<datafusion::arrow::csv::Reader<std::fs::File>> {
+    let f = std::fs::File::open(path).ok()?;
+    let mut builder = ReaderBuilder::new(Arc::clone(schema))
+        .with_header(csv.has_header())
+        .with_delimiter(csv.delimiter())
+        .with_quote(csv.quote());
+    if let Some(e) = csv.escape() {
+        builder = builder.with_escape(e);
+    }
+    if let Some(t) = csv.terminator() {
+        builder = builder.with_terminator(t);
+    }
+    builder.build(f).ok()
+}
+
+/// Reads `path` as text and casts each column to its type: the first value
+/// that does not cast names the line and column.
+fn find_by_cast(path: &str, schema: &SchemaRef, csv: &CsvSource, message: &str) -> Option<String> {
+    use datafusion::arrow::compute::{CastOptions, cast_with_options};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    let text = Arc::new(Schema::new(
+        schema
+            .fields()
+            .iter()
+            .map(|f| Field::new(f.name(), DataType::Utf8, true))
+            .collect::<Vec<_>>(),
+    ));
+    let strict = CastOptions {
+        safe: false,
+        ..CastOptions::default()
+    };
+    let mut row = 0usize;
+    for batch in open(path, &text, csv)? {
+        let batch = batch.ok()?;
+        for (i, field) in schema.fields().iter().enumerate() {
+            let column = batch.column(i);
+            if cast_with_options(column, field.data_type(), &strict).is_ok() {
+                continue;
+            }
+            for r in 0..batch.num_rows() {
+                if cast_with_options(&column.slice(r, 1), field.data_type(), &strict).is_err() {
+                    let line = row + r + 1 + usize::from(csv.has_header());
+                    return Some(format!(
+                        "{path}: line {line}, column '{}' ({}): {message}",
+                        field.name(),
+                        field.data_type()
+                    ));
+                }
+            }
+        }
+        row += batch.num_rows();
     }
     None
 }

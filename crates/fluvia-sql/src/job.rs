@@ -7,9 +7,11 @@
 //! construction and no process needs the SQL, the tables' catalog or the
 //! planner.
 
+use crate::catalog::Catalog;
 use crate::codec::FluviaCodec;
 use crate::exchange::{SqlBatch, SqlBatchType, TaskInputs};
-use crate::session::{TableFormat, datafusion_options, register_tables, session_config};
+use crate::file_sink::{FileSinkFactory, FileSinkSpec};
+use crate::session::{datafusion_options, session_config};
 use crate::split::{self, CutPolicy, Exchange, StageInput, StagePlan};
 use base64::Engine;
 use datafusion::arrow::datatypes::{Schema, SchemaRef};
@@ -83,14 +85,19 @@ pub struct SqlJob {
     /// be split across the stage's subtasks (a join side; FLIP-475).
     #[serde(default)]
     pub splittable: Vec<Vec<bool>>,
+    /// `INSERT INTO`: part files in a table's folder instead of the
+    /// result file.
+    #[serde(default)]
+    pub files: Option<FileSinkSpec>,
 }
 
 /// How to plan a query.
 #[derive(Debug, Clone)]
 pub struct PlanRequest {
     pub sql: String,
-    pub tables: PathBuf,
-    pub format: TableFormat,
+    pub catalog: Catalog,
+    /// `Some`: the query's rows go into a table's files (`INSERT INTO`).
+    pub insert: Option<InsertTarget>,
     pub parallelism: usize,
     /// No parallelism was given (`-p`): stages that only read exchanges
     /// get theirs at runtime from the data, when the configuration allows.
@@ -98,6 +105,20 @@ pub struct PlanRequest {
     pub config: Configuration,
     pub result_path: PathBuf,
     pub name: String,
+}
+
+/// The table an `INSERT INTO` writes.
+#[derive(Debug, Clone)]
+pub struct InsertTarget {
+    pub table: String,
+    pub dir: PathBuf,
+    pub format: crate::catalog::FileFormat,
+    pub csv: crate::catalog::CsvLayout,
+    /// The table's columns.
+    pub schema: SchemaRef,
+    /// The columns the query fills, in its order (empty: all, in the
+    /// table's order); the others are NULL.
+    pub columns: Vec<String>,
 }
 
 /// A planned query and what `--explain` shows of it.
@@ -169,16 +190,27 @@ pub fn plan(req: &PlanRequest) -> std::result::Result<PlannedQuery, PlanError> {
     let rt = current_thread_runtime()?;
     let options = datafusion_options(req.parallelism, &req.config)?;
     let ctx = planning_context(&options)?;
-    rt.block_on(register_tables(&ctx, &req.tables, req.format))?;
+    rt.block_on(req.catalog.register(&ctx))?;
     let physical = rt
         .block_on(async {
             let df = ctx.sql(&req.sql).await?;
+            let df = match &req.insert {
+                Some(target) => insert_projection(df, target)?,
+                None => df,
+            };
             df.create_physical_plan().await
         })
         .map_err(|e| PlanError::Query(QueryError(e.to_string())))?;
     let policy = cut_policy(&req.config)?;
-    let stage_plan = split::split(Arc::clone(&physical), policy)
+    let mut stage_plan = split::split(Arc::clone(&physical), policy)
         .map_err(|e| PlanError::Query(QueryError(e.to_string())))?;
+    if req.insert.is_some() {
+        // Every subtask of the last fragment writes its own part file:
+        // the sink runs beside it, chained.
+        if let Some(root) = stage_plan.stages.last_mut() {
+            root.exchange = Exchange::Forward { offset: 0 };
+        }
+    }
     let mut stages = Vec::with_capacity(stage_plan.stages.len());
     for (id, s) in stage_plan.stages.iter().enumerate() {
         let shipped: Arc<dyn ExecutionPlan> = match s.exchange {
@@ -244,10 +276,112 @@ pub fn plan(req: &PlanRequest) -> std::result::Result<PlannedQuery, PlanError> {
                 .collect(),
             adaptive,
             key_groups: req.config.get(&options::AUTO_PARALLELISM_MAX)?,
+            files: match &req.insert {
+                None => None,
+                Some(t) => Some(FileSinkSpec {
+                    table: t.table.clone(),
+                    dir: t.dir.to_string_lossy().to_string(),
+                    format: t.format,
+                    csv: t.csv.clone(),
+                    prefix: uuid::Uuid::new_v4().to_string(),
+                    schema: {
+                        let schema: protobuf::Schema =
+                            t.schema.as_ref().try_into().map_err(|e| {
+                                FluviaError::Serialization(format!("table schema: {e}"))
+                            })?;
+                        schema.encode_to_vec()
+                    },
+                }),
+            },
         },
         stage_plan,
         physical,
     })
+}
+
+/// The query's rows as the columns of the INSERT's table: by position (or
+/// into the named columns, the others NULL), cast to the table's types.
+fn insert_projection(
+    df: datafusion::dataframe::DataFrame,
+    target: &InsertTarget,
+) -> datafusion::error::Result<datafusion::dataframe::DataFrame> {
+    use datafusion::logical_expr::{Expr, ExprSchemable, cast, lit};
+    use datafusion::scalar::ScalarValue;
+    let given = df.schema().fields().len();
+    let table = &target.table;
+    let expected = if target.columns.is_empty() {
+        target.schema.fields().len()
+    } else {
+        target.columns.len()
+    };
+    if given != expected {
+        return Err(DataFusionError::Plan(format!(
+            "INSERT INTO {table}: the query gives {given} column(s), the table takes {expected}"
+        )));
+    }
+    for c in &target.columns {
+        if target.schema.field_with_name(c).is_err() {
+            return Err(DataFusionError::Plan(format!(
+                "INSERT INTO {table}: the table has no column '{c}'"
+            )));
+        }
+    }
+    let source: Vec<Expr> = df
+        .schema()
+        .columns()
+        .into_iter()
+        .map(Expr::Column)
+        .collect();
+    let mut exprs = Vec::with_capacity(target.schema.fields().len());
+    for (i, f) in target.schema.fields().iter().enumerate() {
+        let from = if target.columns.is_empty() {
+            Some(source[i].clone())
+        } else {
+            target
+                .columns
+                .iter()
+                .position(|c| c == f.name())
+                .map(|p| source[p].clone())
+        };
+        let want = f.data_type().clone();
+        let e = match from {
+            Some(e) => {
+                let have = e.get_type(df.schema())?;
+                if have == want { e } else { cast(e, want) }
+            }
+            None => {
+                if !f.is_nullable() {
+                    return Err(DataFusionError::Plan(format!(
+                        "INSERT INTO {table}: column '{}' is NOT NULL and not given",
+                        f.name()
+                    )));
+                }
+                cast(lit(ScalarValue::Null), want)
+            }
+        };
+        exprs.push(e.alias(f.name()));
+    }
+    df.select(exprs)
+}
+
+/// Plans `sql` logically against `catalog` (nothing runs): the schema of
+/// its result. Checks a view's query or a DDL statement before the session
+/// keeps it, and gives `DESCRIBE` its columns.
+pub fn check_statement(
+    catalog: &Catalog,
+    parallelism: usize,
+    config: &Configuration,
+    sql: &str,
+) -> std::result::Result<SchemaRef, PlanError> {
+    let rt = current_thread_runtime()?;
+    let options = datafusion_options(parallelism, config)?;
+    let ctx = planning_context(&options)?;
+    rt.block_on(catalog.register(&ctx))?;
+    rt.block_on(async {
+        let df = ctx.sql(sql).await?;
+        Ok::<_, DataFusionError>(Arc::new(df.schema().as_arrow().clone()))
+    })
+    .map_err(|e| PlanError::Query(QueryError(e.to_string())))
 }
 
 /// Why planning failed.
@@ -332,12 +466,7 @@ impl SqlJob {
     }
 
     fn stage_schema(&self, id: usize) -> Result<SchemaRef> {
-        let proto = protobuf::Schema::decode(self.stages[id].schema.as_slice())
-            .map_err(|e| FluviaError::Serialization(format!("stage {id} schema: {e}")))?;
-        let schema: Schema = (&proto)
-            .try_into()
-            .map_err(|e| FluviaError::Serialization(format!("stage {id} schema: {e}")))?;
-        Ok(Arc::new(schema))
+        decode_schema(&self.stages[id].schema, &format!("stage {id}"))
     }
 
     /// Whether the scheduler decides the parallelism of stage `id`.
@@ -345,10 +474,21 @@ impl SqlJob {
         self.adaptive.get(id).copied().unwrap_or(false) && self.key_groups > 0
     }
 
+    /// How many subtasks the sink runs: one collects the result; an
+    /// INSERT's part files are written by as many as the last fragment has.
+    fn sink_parallelism(&self) -> usize {
+        match (&self.files, self.stages.last()) {
+            (Some(_), Some(root)) => root.parallelism.max(1),
+            _ => 1,
+        }
+    }
+
     /// Whether stage `id` feeds its consumer one-to-one.
     fn is_pointwise(&self, id: usize) -> bool {
         let s = &self.stages[id];
-        let consumer_parallelism = s.consumer.map_or(1, |c| self.stages[c].parallelism);
+        let consumer_parallelism = s
+            .consumer
+            .map_or(self.sink_parallelism(), |c| self.stages[c].parallelism);
         s.exchange == (Exchange::Forward { offset: 0 }) && s.parallelism == consumer_parallelism
     }
 
@@ -389,12 +529,23 @@ impl SqlJob {
             }
             nodes.push(id);
         }
-        let sink = b.add_operator("Sink: collect", 1);
-        // Each attempt writes its own result file; the winner's is renamed
-        // into place when the job finishes.
+        let sink_name = match &self.files {
+            Some(f) => format!("Sink: {} ({} files)", f.table, f.format.name()),
+            None => "Sink: collect".to_string(),
+        };
+        let sink = b.add_operator(sink_name, 1);
+        // Each attempt writes its own files; the winner's are renamed into
+        // place when the job finishes.
         b.set_supports_concurrent_attempts(sink, true);
-        b.set_parallelism(sink, 1);
-        b.set_max_parallelism(sink, 1);
+        let root = self.stages.len() - 1;
+        if self.files.is_some() && self.is_adaptive(root) {
+            // Chained to the last fragment: its parallelism, whatever the
+            // scheduler decides.
+            b.set_max_parallelism(sink, self.key_groups.max(self.stages[root].parallelism));
+        } else {
+            b.set_parallelism(sink, self.sink_parallelism());
+            b.set_max_parallelism(sink, self.sink_parallelism());
+        }
         for (id, s) in self.stages.iter().enumerate() {
             let (target, type_number) = match s.consumer {
                 Some(c) => {
@@ -450,15 +601,34 @@ impl SqlJob {
             );
         }
         let root = self.stages.len() - 1;
-        registry.register(
-            self.stages.len(),
-            Arc::new(SinkFactory {
-                path: PathBuf::from(&self.result_path),
-                schema: self.stage_schema(root)?,
-            }),
-        );
+        match &self.files {
+            None => registry.register(
+                self.stages.len(),
+                Arc::new(SinkFactory {
+                    path: PathBuf::from(&self.result_path),
+                    schema: self.stage_schema(root)?,
+                }),
+            ),
+            Some(spec) => registry.register(
+                self.stages.len(),
+                Arc::new(FileSinkFactory {
+                    spec: spec.clone(),
+                    input: self.stage_schema(root)?,
+                    file_schema: decode_schema(&spec.schema, "table")?,
+                }),
+            ),
+        }
         Ok((job, registry))
     }
+}
+
+fn decode_schema(bytes: &[u8], what: &str) -> Result<SchemaRef> {
+    let proto = protobuf::Schema::decode(bytes)
+        .map_err(|e| FluviaError::Serialization(format!("{what} schema: {e}")))?;
+    let schema: Schema = (&proto)
+        .try_into()
+        .map_err(|e| FluviaError::Serialization(format!("{what} schema: {e}")))?;
+    Ok(Arc::new(schema))
 }
 
 // ---------------------------------------------------------------- operators
@@ -735,8 +905,7 @@ pub fn read_result(path: &Path) -> Result<Vec<datafusion::arrow::record_batch::R
 /// and `parallelism` target partitions: the single-process baseline.
 pub fn run_in_datafusion(
     sql: &str,
-    tables: &Path,
-    format: TableFormat,
+    catalog: &Catalog,
     parallelism: usize,
     config: &Configuration,
 ) -> std::result::Result<(SchemaRef, Vec<datafusion::arrow::record_batch::RecordBatch>), PlanError>
@@ -756,7 +925,7 @@ pub fn run_in_datafusion(
             || k.contains("utf8view")
     });
     let ctx = SessionContext::new_with_config(session_config(&options)?);
-    rt.block_on(register_tables(&ctx, tables, format))?;
+    rt.block_on(catalog.register(&ctx))?;
     rt.block_on(async {
         let df = ctx.sql(sql).await?;
         let schema = Arc::new(df.schema().as_arrow().clone());

@@ -10,16 +10,19 @@
 //! This is the only crate that knows DataFusion and Arrow; the runtime sees
 //! a [`fluvia_runtime::TaskDriver`] and bytes.
 
+pub mod catalog;
 pub mod codec;
 pub mod csv_errors;
 pub mod csv_stats;
 pub mod exchange;
+pub mod file_sink;
 pub mod ipc;
 pub mod job;
 pub mod output;
 pub mod session;
 pub mod split;
 pub mod staging;
+pub mod statement;
 pub mod tpcds;
 
 /// The DataFusion this crate plans with (and its Arrow), for callers that

@@ -241,7 +241,7 @@ pub fn read_schema_file(path: &Path) -> Result<(SchemaRef, Vec<DeclaredColumnSta
 
 /// `schema` with its strings as views when the session reads Parquet
 /// strings as views, so CSV and Parquet tables plan alike.
-fn with_views(schema: &SchemaRef, ctx: &SessionContext) -> SchemaRef {
+pub(crate) fn with_views(schema: &SchemaRef, ctx: &SessionContext) -> SchemaRef {
     if !ctx
         .copied_config()
         .options()
@@ -292,21 +292,14 @@ pub fn undeclared_tables(dir: &Path, format: TableFormat) -> Vec<String> {
     out
 }
 
-/// Registers every sub-folder (or file) of `dir` as a table named after it.
-/// A CSV table with a [`SCHEMA_FILE`] in its folder is read with that
-/// schema; otherwise the schema is inferred ([`undeclared_tables`] names
-/// those tables).
-pub async fn register_tables(
-    ctx: &SessionContext,
-    dir: &Path,
-    format: TableFormat,
-) -> Result<Vec<String>> {
+/// The tables of `dir`: every sub-folder, or file of the format, by name.
+pub fn table_entries(dir: &Path, format: TableFormat) -> Result<Vec<(String, std::path::PathBuf)>> {
     let entries = std::fs::read_dir(dir).map_err(|e| {
         FluviaError::io(format!("reading the table directory {}", dir.display()), e)
     })?;
-    let mut tables = Vec::new();
     let mut paths: Vec<_> = entries.filter_map(|e| e.ok()).map(|e| e.path()).collect();
     paths.sort();
+    let mut out = Vec::new();
     for path in paths {
         let Some(file_name) = path.file_name().and_then(|n| n.to_str()) else {
             continue;
@@ -318,6 +311,29 @@ pub async fn register_tables(
         } else {
             continue;
         };
+        out.push((name, path));
+    }
+    if out.is_empty() {
+        return Err(FluviaError::Config(format!(
+            "no tables in {}: expected one sub-folder or {} file per table",
+            dir.display(),
+            format.extension()
+        )));
+    }
+    Ok(out)
+}
+
+/// Registers every sub-folder (or file) of `dir` as a table named after it.
+/// A CSV table with a [`SCHEMA_FILE`] in its folder is read with that
+/// schema; otherwise the schema is inferred ([`undeclared_tables`] names
+/// those tables).
+pub async fn register_tables(
+    ctx: &SessionContext,
+    dir: &Path,
+    format: TableFormat,
+) -> Result<Vec<String>> {
+    let mut tables = Vec::new();
+    for (name, path) in table_entries(dir, format)? {
         let location = path.to_string_lossy().to_string();
         let registered = match format {
             TableFormat::Parquet => {
@@ -350,13 +366,6 @@ pub async fn register_tables(
         };
         registered.map_err(|e| FluviaError::Plan(format!("table '{name}' ({location}): {e}")))?;
         tables.push(name);
-    }
-    if tables.is_empty() {
-        return Err(FluviaError::Config(format!(
-            "no tables in {}: expected one sub-folder or {} file per table",
-            dir.display(),
-            format.extension()
-        )));
     }
     Ok(tables)
 }
