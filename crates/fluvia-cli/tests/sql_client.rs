@@ -1,0 +1,453 @@
+//! `fluvia sql` as a SQL client: sessions with DDL, INSERT INTO, SET and
+//! RESET, EXPLAIN, and the interactive prompt driven through a
+//! pseudo-terminal.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::fluvia;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+fn sql(args: &[&str]) -> Output {
+    fluvia().arg("sql").args(args).output().unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).to_string()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).to_string()
+}
+
+/// `n` header-less CSV files of `rows` lines each: `id,zip,qty` with zip
+/// codes that keep their leading zeros only as strings.
+fn orders(dir: &Path, files: usize, rows: usize) -> PathBuf {
+    let d = dir.join("orders");
+    std::fs::create_dir_all(&d).unwrap();
+    for f in 0..files {
+        let mut text = String::new();
+        for r in 0..rows {
+            let id = f * rows + r;
+            text.push_str(&format!("{id},{:05},{}\n", id % 97, id % 7));
+        }
+        std::fs::write(d.join(format!("orders-{f}.csv")), text).unwrap();
+    }
+    d
+}
+
+fn create_orders(path: &Path) -> String {
+    format!(
+        "CREATE TABLE orders (id BIGINT NOT NULL, zip STRING, qty INT) WITH (\
+         'connector' = 'filesystem', 'path' = '{}', 'format' = 'csv')",
+        path.display()
+    )
+}
+
+/// Every visible and hidden entry of a folder, sorted.
+fn entries(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+fn sorted_lines(text: &str) -> Vec<String> {
+    let mut v: Vec<String> = text.lines().map(str::to_string).collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn ddl_declares_tables_and_views_that_the_statements_after_it_see() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = orders(dir.path(), 2, 50);
+    let script = format!(
+        "{};
+         SHOW TABLES;
+         DESCRIBE orders;
+         SELECT zip, count(*) AS n FROM orders WHERE zip = '00003' GROUP BY zip;
+         CREATE TEMPORARY VIEW busy AS SELECT qty, count(*) AS n FROM orders GROUP BY qty;
+         SELECT n FROM busy WHERE qty = 0;
+         SHOW VIEWS;
+         DROP VIEW busy;
+         SHOW TABLES",
+        create_orders(&path)
+    );
+    let o = sql(&["-e", &script]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // zip stays a string: '00003' keeps its zeros (inference would make it 3).
+    // qty = 0 for ids 0, 7, ..., 98: 15 of 100.
+    assert_eq!(
+        stdout(&o),
+        "table name\norders\n\n\
+         name,type,null\nid,BIGINT,false\nzip,STRING,true\nqty,INT,true\n\n\
+         zip,n\n00003,1\n\n\
+         n\n15\n\n\
+         view name\nbusy\n\n\
+         table name\norders\n"
+    );
+    let err = stderr(&o);
+    assert!(err.contains("table 'orders' created"), "{err}");
+    assert!(err.contains("view 'busy' created"), "{err}");
+    assert!(err.contains("view 'busy' dropped"), "{err}");
+
+    // A dropped view is gone for the statements after the DROP.
+    let o = sql(&[
+        "-e",
+        &format!(
+            "{}; CREATE VIEW v AS SELECT 1 AS x; DROP VIEW v; SELECT * FROM v",
+            create_orders(&path)
+        ),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("public.v' not found"), "{}", stderr(&o));
+}
+
+#[test]
+fn ddl_errors_name_the_option_the_type_the_path_or_the_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = orders(dir.path(), 1, 5);
+    let p = path.display().to_string();
+    let cases = [
+        (
+            format!("CREATE TABLE t (a INT) WITH ('connector' = 'filesystem', 'path' = '{p}', 'format' = 'csv', 'csv.delimiter' = ';')"),
+            "unknown option 'csv.delimiter'",
+        ),
+        (
+            "CREATE TABLE t (a INT) WITH ('connector' = 'filesystem', 'format' = 'csv')".to_string(),
+            "missing option 'path'",
+        ),
+        (
+            format!("CREATE TABLE t (a INT, b MONEY) WITH ('connector' = 'filesystem', 'path' = '{p}', 'format' = 'csv')"),
+            "column 'b' has type MONEY",
+        ),
+        (
+            format!("CREATE TABLE t (a INT) WITH ('connector' = 'filesystem', 'path' = '{p}', 'format' = 'avro')"),
+            "format 'avro' is not supported",
+        ),
+        (
+            "CREATE TABLE t (a INT) WITH ('connector' = 'filesystem', 'path' = '/no/such/folder', 'format' = 'csv'); SELECT * FROM t".to_string(),
+            "path '/no/such/folder' does not exist",
+        ),
+    ];
+    for (statement, expected) in cases {
+        let o = sql(&["-e", &statement]);
+        assert_eq!(o.status.code(), Some(2), "{statement}: {}", stderr(&o));
+        assert!(stderr(&o).contains(expected), "{statement}: {}", stderr(&o));
+    }
+
+    // A row that does not fit the declared schema: file, line and column.
+    let bad = dir.path().join("bad");
+    std::fs::create_dir_all(&bad).unwrap();
+    std::fs::write(bad.join("b.csv"), "1,a,2.50\n2,b,2.75\n3,c,lots\n").unwrap();
+    let create = |extra: &str| {
+        format!(
+            "CREATE TABLE prices (id INT, name STRING, price DECIMAL(5, 2)) WITH (\
+             'connector' = 'filesystem', 'path' = '{}', 'format' = 'csv'{extra})",
+            bad.display()
+        )
+    };
+    let o = sql(&["-e", &format!("{}; SELECT * FROM prices", create(""))]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(
+        err.contains("b.csv: line 3, column 'price' (Decimal128(5, 2))"),
+        "{err}"
+    );
+    // ... or NULL with csv.ignore-parse-errors, as Flink does.
+    let o = sql(&[
+        "-e",
+        &format!(
+            "{}; SELECT id, price FROM prices ORDER BY id",
+            create(", 'csv.ignore-parse-errors' = 'true'")
+        ),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "id,price\n1,2.50\n2,2.75\n3,\n");
+}
+
+#[test]
+fn insert_into_at_parallelism_4_writes_4_part_files_whose_union_is_the_query_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = orders(dir.path(), 4, 2_000);
+    let sink = dir.path().join("big");
+    let select = "SELECT id, zip, qty * 10 AS qty10 FROM orders WHERE qty > 2";
+    let script = format!(
+        "{};
+         CREATE TABLE big (id BIGINT, zip STRING, qty10 INT) WITH (
+           'connector' = 'filesystem', 'path' = '{}', 'format' = 'csv');
+         INSERT INTO big {select};
+         {select}",
+        create_orders(&path),
+        sink.display()
+    );
+    let o = sql(&["-p", "4", "-e", &script]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let expected: Vec<String> = sorted_lines(out.split_once('\n').unwrap().1);
+    // qty > 2 for 4 of every 7 ids.
+    assert!(expected.len() > 4_000, "{}", expected.len());
+    assert!(
+        stderr(&o).contains(&format!("{} rows written into 'big'", expected.len())),
+        "{}",
+        stderr(&o)
+    );
+    let files = entries(&sink);
+    assert_eq!(files.len(), 4, "{files:?}");
+    let mut subtasks: Vec<String> = files
+        .iter()
+        .map(|f| {
+            assert!(f.starts_with("part-") && f.ends_with("-0.csv"), "{f}");
+            let stem = f.trim_end_matches("-0.csv");
+            stem.rsplit('-').next().unwrap().to_string()
+        })
+        .collect();
+    subtasks.sort();
+    assert_eq!(subtasks, ["0", "1", "2", "3"]);
+    let mut union = String::new();
+    for f in &files {
+        let text = std::fs::read_to_string(sink.join(f)).unwrap();
+        assert!(!text.is_empty(), "{f} is empty");
+        union.push_str(&text);
+    }
+    assert_eq!(sorted_lines(&union), expected);
+
+    // INSERT appends a new set of part files; INSERT OVERWRITE replaces them.
+    let again = format!(
+        "{}; CREATE TABLE big (id BIGINT, zip STRING, qty10 INT) WITH (
+           'connector' = 'filesystem', 'path' = '{}', 'format' = 'csv');
+         INSERT INTO big {select};
+         SELECT count(*) AS n FROM big;
+         INSERT OVERWRITE big SELECT id, zip, qty FROM orders WHERE id < 10;
+         SELECT count(*) AS n FROM big",
+        create_orders(&path),
+        sink.display()
+    );
+    let o = sql(&["-p", "4", "-e", &again]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o), format!("n\n{}\n\nn\n10\n", 2 * expected.len()));
+}
+
+#[test]
+fn parquet_and_json_tables_round_trip_through_insert() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = orders(dir.path(), 2, 500);
+    for format in ["parquet", "json"] {
+        let sink = dir.path().join(format);
+        let script = format!(
+            "{};
+             CREATE TABLE s (zip STRING, total BIGINT, id_max BIGINT) WITH (
+               'connector' = 'filesystem', 'path' = '{}', 'format' = '{format}');
+             INSERT INTO s SELECT zip, sum(qty), max(id) FROM orders GROUP BY zip;
+             SELECT count(*) AS n, sum(total) AS t, max(id_max) AS m, min(zip) AS z FROM s",
+            create_orders(&path),
+            sink.display()
+        );
+        let o = sql(&["-p", "2", "-e", &script]);
+        assert!(o.status.success(), "{format}: {}", stderr(&o));
+        let total: usize = (0..1000).map(|id| id % 7).sum();
+        assert_eq!(
+            stdout(&o),
+            format!("n,t,m,z\n97,{total},999,00000\n"),
+            "{format}"
+        );
+        assert!(
+            entries(&sink)
+                .iter()
+                .all(|f| f.starts_with("part-") && f.ends_with(&format!(".{format}"))),
+            "{:?}",
+            entries(&sink)
+        );
+    }
+}
+
+#[test]
+fn a_failed_insert_leaves_the_target_folder_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = orders(dir.path(), 4, 5_000);
+    // The last file ends in a row that fails the job after the other
+    // subtasks had written their part files.
+    let mut last = std::fs::read_to_string(path.join("orders-3.csv")).unwrap();
+    last.push_str("20000,00001,not-a-number\n");
+    std::fs::write(path.join("orders-3.csv"), last).unwrap();
+    let sink = dir.path().join("sink");
+    std::fs::create_dir_all(&sink).unwrap();
+    std::fs::write(sink.join("part-earlier-0-0.csv"), "1,00001,1\n").unwrap();
+    let before = entries(&sink);
+    let script = format!(
+        "{};
+         CREATE TABLE sink (id BIGINT, zip STRING, qty INT) WITH (
+           'connector' = 'filesystem', 'path' = '{}', 'format' = 'csv');
+         INSERT INTO sink SELECT * FROM orders",
+        create_orders(&path),
+        sink.display()
+    );
+    let o = sql(&["-p", "4", "-e", &script]);
+    assert!(!o.status.success(), "{}", stdout(&o));
+    assert!(
+        stderr(&o).contains("orders-3.csv: line 5001"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(entries(&sink), before);
+    assert_eq!(
+        std::fs::read_to_string(sink.join("part-earlier-0-0.csv")).unwrap(),
+        "1,00001,1\n"
+    );
+}
+
+#[test]
+fn set_and_reset_change_what_the_next_statements_plan_with() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = orders(dir.path(), 4, 100);
+    let script = format!(
+        "{};
+         SET 'parallelism.default' = '4';
+         SET;
+         EXPLAIN SELECT qty, count(*) FROM orders GROUP BY qty;
+         SET 'parallelism.default' = '2';
+         EXPLAIN PLAN FOR SELECT qty, count(*) FROM orders GROUP BY qty;
+         RESET 'parallelism.default';
+         SET",
+        create_orders(&path)
+    );
+    let o = sql(&["-e", &script]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let (first, second) = out.split_once("Job 'sql statement 6'").unwrap();
+    assert!(
+        first.starts_with("key,value\nparallelism.default,4\n"),
+        "{out}"
+    );
+    assert!(
+        first.contains("Source: orders") || first.contains("Source:"),
+        "{out}"
+    );
+    assert!(first.contains("parallelism 4"), "{out}");
+    assert!(!second.contains("parallelism 4"), "{out}");
+    assert!(second.contains("parallelism 2"), "{out}");
+    assert!(out.ends_with("key,value\n"), "{out}");
+
+    let o = sql(&["-e", "SET 'parallelism.default' = 'many'"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("parallelism.default"), "{}", stderr(&o));
+}
+
+#[test]
+fn explain_of_an_insert_shows_its_part_file_sink_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = orders(dir.path(), 2, 10);
+    let sink = dir.path().join("out");
+    let script = format!(
+        "{};
+         CREATE TABLE out (id BIGINT) WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'csv');
+         EXPLAIN INSERT INTO out SELECT id FROM orders",
+        create_orders(&path),
+        sink.display()
+    );
+    let o = sql(&["-p", "2", "-e", &script]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("Sink: out (csv files)"),
+        "{}",
+        stdout(&o)
+    );
+    assert!(!sink.exists());
+}
+
+#[test]
+fn statements_from_standard_input_run_as_one_session() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let path = orders(dir.path(), 1, 10);
+    let mut child = fluvia()
+        .arg("sql")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let script = format!(
+        "{};\nSELECT count(*) AS n\n  FROM orders; -- ten\n",
+        create_orders(&path)
+    );
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "n\n10\n");
+}
+
+/// The interactive client in a pseudo-terminal, as a user types.
+#[test]
+fn the_interactive_client_runs_a_session_and_ctrl_c_cancels_only_the_running_query() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = orders(dir.path(), 1, 20);
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fluvia"));
+    cmd.arg("sql")
+        .env("FLUVIA_SQL_HISTORY", dir.path().join("history"));
+    let mut p = rexpect::session::spawn_with_options(
+        cmd,
+        rexpect::reader::Options {
+            timeout_ms: Some(120_000),
+            strip_ansi_escape_codes: true,
+        },
+    )
+    .unwrap();
+    p.exp_string("Fluvia SQL>").unwrap();
+    // A statement over two lines.
+    // The line editor takes input once it shows its prompt (it may drop
+    // what was typed ahead), so every line waits for one.
+    p.send_line("CREATE TABLE orders (id BIGINT, zip STRING, qty INT)")
+        .unwrap();
+    p.exp_string("          >").unwrap();
+    p.send_line(&format!(
+        "WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'csv');",
+        path.display()
+    ))
+    .unwrap();
+    p.exp_string("[INFO] table 'orders' created").unwrap();
+    p.exp_string("Fluvia SQL>").unwrap();
+    p.send_line("SET 'parallelism.default' = '2';").unwrap();
+    p.exp_string("[INFO] set 'parallelism.default' = '2'")
+        .unwrap();
+    p.exp_string("Fluvia SQL>").unwrap();
+    p.send_line("SELECT qty, count(*) AS n FROM orders WHERE qty < 2 GROUP BY qty ORDER BY qty;")
+        .unwrap();
+    p.exp_string("| qty | n |").unwrap();
+    p.exp_string("| 0   | 3 |").unwrap();
+    p.exp_string("| 1   | 3 |").unwrap();
+    p.exp_string("2 rows in").unwrap();
+    p.exp_string("Fluvia SQL>").unwrap();
+    // A query that would run for hours, cancelled with Ctrl-C.
+    p.send_line("SELECT count(*) FROM generate_series(1, 100000000000) AS t(x) WHERE x % 7 = 3;")
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    p.send_control('c').unwrap();
+    p.exp_string("[INFO] statement cancelled").unwrap();
+    p.exp_string("Fluvia SQL>").unwrap();
+    // The session goes on, its table still there.
+    p.send_line("SELECT count(*) AS total FROM orders;")
+        .unwrap();
+    p.exp_string("| 20    |").unwrap();
+    p.exp_string("Fluvia SQL>").unwrap();
+    p.send_line("QUIT;").unwrap();
+    p.exp_eof().unwrap();
+    let history = std::fs::read_to_string(dir.path().join("history")).unwrap();
+    assert!(
+        history.contains("SET 'parallelism.default' = '2';"),
+        "{history}"
+    );
+}
