@@ -636,6 +636,98 @@ fn sql_on_a_cluster_matches_the_embedded_run_and_spans_task_managers() {
     assert_eq!(hosts.len(), 2, "{hosts:?}");
 }
 
+#[test]
+fn insert_into_on_a_cluster_commits_one_part_file_per_subtask_written_on_several_task_managers() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("events");
+    std::fs::create_dir_all(&source).unwrap();
+    let mut expected = Vec::new();
+    for f in 0..4 {
+        let mut text = String::new();
+        for r in 0..3_000u64 {
+            let id = f * 3_000 + r;
+            text.push_str(&format!("{id},{}\n", id % 11));
+            if id % 11 < 5 {
+                expected.push(format!("{id},{}", (id % 11) * 2));
+            }
+        }
+        std::fs::write(source.join(format!("e{f}.csv")), text).unwrap();
+    }
+    expected.sort();
+    let sink = dir.path().join("doubled");
+    let script = format!(
+        "CREATE TABLE events (id BIGINT, kind INT) WITH ('connector' = 'filesystem', \
+           'path' = '{}', 'format' = 'csv');
+         CREATE TABLE doubled (id BIGINT, kind2 INT) WITH ('connector' = 'filesystem', \
+           'path' = '{}', 'format' = 'csv');
+         INSERT INTO doubled SELECT id, kind * 2 FROM events WHERE kind < 5",
+        source.display(),
+        sink.display()
+    );
+    let cluster = Cluster::start(&[], 2, &["--slots", "2"]);
+    let o = fluvia()
+        .args([
+            "sql",
+            "-p",
+            "4",
+            "--jobmanager",
+            &cluster.rpc,
+            "-e",
+            &script,
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        String::from_utf8_lossy(&o.stderr)
+            .contains(&format!("{} rows written into 'doubled'", expected.len())),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let mut files: Vec<String> = std::fs::read_dir(&sink)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 4, "{files:?}");
+    let mut union: Vec<String> = files
+        .iter()
+        .flat_map(|f| {
+            assert!(f.starts_with("part-") && f.ends_with("-0.csv"), "{f}");
+            std::fs::read_to_string(sink.join(f))
+                .unwrap()
+                .lines()
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    union.sort();
+    assert_eq!(union, expected);
+    // The sink's subtasks ran (and renamed their files) on both TaskManagers.
+    let list = fluvia()
+        .args(["list", "--jobmanager", &cluster.rpc])
+        .output()
+        .unwrap();
+    let list = String::from_utf8_lossy(&list.stdout);
+    let id = list.split_whitespace().next().unwrap().to_string();
+    let details = get(&cluster.rest, &format!("/jobs/{id}"));
+    assert_eq!(details["state"], "FINISHED");
+    let sink_vertex = details["vertices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"].as_str().unwrap().contains("Sink: doubled"))
+        .unwrap()
+        .clone();
+    let hosts: std::collections::BTreeSet<String> = sink_vertex["subtasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["host"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(hosts.len(), 2, "{hosts:?}");
+}
+
 // ------------------------------------------------------------ shuffle service
 
 const EXTERNAL_WITH_RESTARTS: [&str; 8] = [
