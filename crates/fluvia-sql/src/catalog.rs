@@ -467,10 +467,19 @@ pub fn table_def(ct: &ast::CreateTable) -> Result<TableDef> {
         }
         fields.push(Field::new(column, data_type, nullable));
     }
+    // Relative to where the client runs, not to each TaskManager.
+    let path = PathBuf::from(path);
+    let path = if path.is_relative() {
+        std::env::current_dir()
+            .map_err(|e| err(format!("resolving the relative path: {e}")))?
+            .join(path)
+    } else {
+        path
+    };
     Ok(TableDef {
         name,
         schema: Arc::new(Schema::new(fields)),
-        path: PathBuf::from(path),
+        path,
         format,
         csv,
         options,
