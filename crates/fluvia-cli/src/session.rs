@@ -142,12 +142,16 @@ impl SqlSession {
                 query,
                 overwrite,
             } => self.insert(&table, columns, &query, overwrite, name, cancel),
-            Statement::CreateTable { def, if_not_exists } => {
+            Statement::CreateTable {
+                def,
+                if_not_exists,
+                or_replace,
+            } => {
                 let table = def.name.clone();
                 let created = self
                     .settings
                     .catalog
-                    .create_table(def, if_not_exists)
+                    .create_table(def, if_not_exists, or_replace)
                     .map_err(query_error)?;
                 Ok(Outcome::Message(if created {
                     format!("table '{table}' created")

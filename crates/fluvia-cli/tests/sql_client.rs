@@ -99,6 +99,43 @@ fn ddl_declares_tables_and_views_that_the_statements_after_it_see() {
     assert!(err.contains("view 'busy' created"), "{err}");
     assert!(err.contains("view 'busy' dropped"), "{err}");
 
+    // DataFusion's own DDL persists for the session too; CREATE OR REPLACE
+    // TABLE swaps a declaration.
+    let o = sql(&[
+        "-e",
+        &format!(
+            "CREATE EXTERNAL TABLE p2 (id BIGINT, zip VARCHAR, qty INT) STORED AS CSV \
+             LOCATION '{}/' OPTIONS ('format.has_header' 'false');
+             SELECT count(*) AS n FROM p2;
+             {};
+             CREATE OR REPLACE TABLE orders (id BIGINT, zip STRING, qty BIGINT) WITH (\
+               'connector' = 'filesystem', 'path' = '{}', 'format' = 'csv');
+             SELECT id FROM orders ORDER BY id LIMIT 2",
+            path.display(),
+            create_orders(&path).replace("(id BIGINT NOT NULL, zip STRING, qty INT)", "(a INT)"),
+            path.display()
+        ),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "n\n100\n\nid\n0\n1\n");
+
+    // A row with a field too many: its file and line.
+    std::fs::write(
+        path.join("orders-1.csv"),
+        "100,00003,1\n101,00004,2,extra\n",
+    )
+    .unwrap();
+    let o = sql(&[
+        "-e",
+        &format!("{}; SELECT count(*) FROM orders", create_orders(&path)),
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("orders-1.csv: line 2: Csv error: incorrect number of fields"),
+        "{}",
+        stderr(&o)
+    );
+
     // A dropped view is gone for the statements after the DROP.
     let o = sql(&[
         "-e",

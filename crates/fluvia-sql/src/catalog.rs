@@ -196,8 +196,18 @@ impl Catalog {
     }
 
     /// Adds a declared table; `false` if the name was taken and
-    /// `if_not_exists` says to keep the old one.
-    pub fn create_table(&mut self, def: TableDef, if_not_exists: bool) -> Result<bool> {
+    /// `if_not_exists` says to keep the old one. `or_replace` replaces an
+    /// older declared table of that name.
+    pub fn create_table(
+        &mut self,
+        def: TableDef,
+        if_not_exists: bool,
+        or_replace: bool,
+    ) -> Result<bool> {
+        if or_replace && self.kind(&def.name) == Some(TableKind::Declared) {
+            self.tables.remove(&def.name);
+            self.external.remove(&def.name);
+        }
         if self.kind(&def.name).is_some() {
             if if_not_exists {
                 return Ok(false);
@@ -260,9 +270,6 @@ impl Catalog {
             register_tables(ctx, dir, *format).await?;
         }
         for def in self.tables.values() {
-            if self.dir_tables.contains(&def.name) {
-                let _ = ctx.deregister_table(def.name.as_str());
-            }
             register_declared(ctx, def).await?;
         }
         for (name, sql) in &self.external {
@@ -336,6 +343,25 @@ pub fn table_def(ct: &ast::CreateTable) -> Result<TableDef> {
     }
     if ct.external {
         return Err(err("use CREATE EXTERNAL TABLE ... STORED AS ... LOCATION (DataFusion's syntax) or CREATE TABLE ... WITH (...)".into()));
+    }
+    let unsupported_clause = if !matches!(ct.hive_distribution, ast::HiveDistributionStyle::NONE)
+        || ct.partition_by.is_some()
+        || ct.partition_of.is_some()
+    {
+        Some("PARTITIONED BY")
+    } else if ct.like.is_some() || ct.clone.is_some() {
+        Some("LIKE / CLONE")
+    } else if ct.location.is_some() || ct.file_format.is_some() || ct.hive_formats.is_some() {
+        Some("LOCATION / STORED AS (give 'path' and 'format' in WITH)")
+    } else if ct.order_by.is_some() || ct.cluster_by.is_some() || ct.clustered_by.is_some() {
+        Some("ORDER BY / CLUSTER BY")
+    } else if ct.primary_key.is_some() || ct.inherits.is_some() {
+        Some("PRIMARY KEY / INHERITS")
+    } else {
+        None
+    };
+    if let Some(clause) = unsupported_clause {
+        return Err(err(format!("{clause} is not supported")));
     }
     if ct.columns.is_empty() {
         return Err(err("no columns declared".into()));

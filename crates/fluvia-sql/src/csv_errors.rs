@@ -132,11 +132,15 @@ fn describe(path: &str, schema: &datafusion::arrow::datatypes::Schema, message: 
         let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
         digits.parse().ok()
     };
-    let line = number_after("at line ").or_else(|| number_after("for line "));
+    // "at line L" counts from 0; "for line L" (a wrong number of fields)
+    // from 1, both with the header.
+    let line = number_after("at line ")
+        .map(|l| l + 1)
+        .or_else(|| number_after("for line "));
     let column = number_after("for column ").and_then(|i| schema.fields().get(i));
     let mut s = path.to_string();
     if let Some(l) = line {
-        s.push_str(&format!(": line {}", l + 1));
+        s.push_str(&format!(": line {l}"));
     }
     if let Some(c) = column {
         s.push_str(&format!(", column '{}' ({})", c.name(), c.data_type()));
@@ -164,5 +168,11 @@ mod tests {
             s.starts_with("/d/t/b.csv: line 3, column 'n' (Int64): Parser error"),
             "{s}"
         );
+        let s = describe(
+            "/d/t/b.csv",
+            &schema,
+            "Csv error: incorrect number of fields for line 3, expected 2 got 3",
+        );
+        assert!(s.starts_with("/d/t/b.csv: line 3: Csv error"), "{s}");
     }
 }

@@ -26,6 +26,7 @@ pub enum Statement {
     CreateTable {
         def: TableDef,
         if_not_exists: bool,
+        or_replace: bool,
     },
     /// DataFusion's `CREATE EXTERNAL TABLE`, kept as written.
     CreateExternal {
@@ -263,6 +264,7 @@ pub fn parse(sql: &str) -> Result<Statement> {
         DfStatement::Statement(s) => match *s {
             ast::Statement::CreateTable(ct) => Statement::CreateTable {
                 if_not_exists: ct.if_not_exists,
+                or_replace: ct.or_replace,
                 def: catalog::table_def(&ct)?,
             },
             ast::Statement::CreateView(v) => {
@@ -376,7 +378,10 @@ mod tests {
              'format' = 'csv', 'csv.field-delimiter' = '|', 'csv.ignore-parse-errors' = 'true')",
         )
         .expect("parses");
-        let Statement::CreateTable { def, if_not_exists } = s else {
+        let Statement::CreateTable {
+            def, if_not_exists, ..
+        } = s
+        else {
             panic!("not a CREATE TABLE: {s:?}");
         };
         assert!(!if_not_exists);
