@@ -159,7 +159,16 @@ impl SqlSession {
                     format!("table '{table}' exists; nothing changed")
                 }))
             }
-            Statement::CreateExternal { name: table, sql } => {
+            Statement::CreateExternal {
+                name: table,
+                sql,
+                if_not_exists,
+            } => {
+                if if_not_exists && self.settings.catalog.kind(&table).is_some() {
+                    return Ok(Outcome::Message(format!(
+                        "table '{table}' exists; nothing changed"
+                    )));
+                }
                 fluvia_sql::job::check_statement(
                     &self.settings.catalog,
                     self.settings.parallelism,
@@ -384,6 +393,32 @@ impl SqlSession {
     ) -> Result<Outcome, SqlError> {
         let target = self.insert_target(table, columns)?;
         let dir = target.dir.clone();
+        // Nothing the reader could not read back as written.
+        if target.format == FileFormat::Csv {
+            let c = &target.csv;
+            let unsupported = if c.quote.is_none() {
+                Some("csv.disable-quote-character")
+            } else if c.escape.is_some() {
+                Some("csv.escape-character")
+            } else if c.allow_comments {
+                Some("csv.allow-comments")
+            } else {
+                None
+            };
+            if let Some(option) = unsupported {
+                return Err(message(format!(
+                    "INSERT INTO {table}: a table with '{option}' can be read but not written \
+                     (what it writes would not read back the same)"
+                )));
+            }
+        }
+        // An INSERT of no rows still leaves a table that reads (empty).
+        std::fs::create_dir_all(&dir).map_err(|e| {
+            message(format!(
+                "INSERT INTO {table}: creating {}: {e}",
+                dir.display()
+            ))
+        })?;
         let extension = target.format.extension();
         // What OVERWRITE replaces: the table's files before the job.
         let before = if overwrite {
@@ -440,7 +475,8 @@ fn plan_error(e: fluvia_sql::job::PlanError) -> SqlError {
     }
 }
 
-/// The visible data files of a folder (what a reader of the table sees).
+/// The data files of a folder: what a reader of the table reads (every
+/// file with the format's extension; in-progress part files have another).
 fn data_files(dir: &Path, extension: &str) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
         .map(|d| {
@@ -448,9 +484,9 @@ fn data_files(dir: &Path, extension: &str) -> Vec<PathBuf> {
                 .map(|e| e.path())
                 .filter(|p| {
                     p.is_file()
-                        && p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
-                            !n.starts_with('.') && !n.starts_with('_') && n.ends_with(extension)
-                        })
+                        && p.file_name()
+                            .and_then(|n| n.to_str())
+                            .is_some_and(|n| n.ends_with(extension))
                 })
                 .collect()
         })

@@ -13,6 +13,7 @@ use crate::session::{TableFormat, register_tables, with_views};
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use datafusion::catalog::{Session, TableProvider};
+use datafusion::common::{ScalarValue, TableReference};
 use datafusion::datasource::TableType;
 use datafusion::datasource::file_format::options::ReadOptions;
 use datafusion::error::{DataFusionError, Result as DfResult};
@@ -231,10 +232,13 @@ impl Catalog {
         Ok(())
     }
 
-    /// Adds or replaces a view (the caller checked its query plans).
+    /// Adds or replaces a view (the caller checked its query plans); a
+    /// replaced view keeps its place, before the views that read it.
     pub fn create_view(&mut self, name: String, sql: String) {
-        self.views.retain(|(v, _)| *v != name);
-        self.views.push((name, sql));
+        match self.views.iter_mut().find(|(v, _)| *v == name) {
+            Some(old) => old.1 = sql,
+            None => self.views.push((name, sql)),
+        }
     }
 
     /// Drops a declared table or a view of that kind; `false` if there was
@@ -254,6 +258,16 @@ impl Catalog {
             (false, Some(TableKind::Folder)) => {
                 return Err(FluviaError::Plan(format!(
                     "table '{name}' is a folder of --tables and cannot be dropped"
+                )));
+            }
+            (false, Some(TableKind::View)) => {
+                return Err(FluviaError::Plan(format!(
+                    "'{name}' is a view: DROP VIEW {name}"
+                )));
+            }
+            (true, Some(TableKind::Declared | TableKind::Folder)) => {
+                return Err(FluviaError::Plan(format!(
+                    "'{name}' is a table: DROP TABLE {name}"
                 )));
             }
             _ => false,
@@ -278,11 +292,16 @@ impl Catalog {
                 .map_err(|e| FluviaError::Plan(format!("table '{name}': {e}")))?;
         }
         for (name, sql) in &self.views {
-            let view = ctx
-                .sql(sql)
-                .await
-                .map_err(|e| FluviaError::Plan(format!("view '{name}': {e}")))?;
-            ctx.register_table(name.as_str(), view.into_view())
+            // A view whose tables changed fails when it is used, not for
+            // every statement of the session (as in Flink).
+            let provider: Arc<dyn TableProvider> = match ctx.sql(sql).await {
+                Ok(view) => view.into_view(),
+                Err(e) => Arc::new(Unreadable {
+                    message: format!("view '{name}' no longer plans: {e}"),
+                    schema: Arc::new(Schema::empty()),
+                }),
+            };
+            ctx.register_table(bare(name), provider)
                 .map_err(|e| FluviaError::Plan(format!("view '{name}': {e}")))?;
         }
         Ok(())
@@ -491,6 +510,11 @@ pub fn table_def(ct: &ast::CreateTable) -> Result<TableDef> {
                 }
             }
         }
+        if format == FileFormat::Csv && matches!(data_type, DataType::Binary) {
+            return Err(err(format!(
+                "column '{column}': BYTES cannot be stored in CSV; use 'format' = 'parquet' or 'json'"
+            )));
+        }
         fields.push(Field::new(column, data_type, nullable));
     }
     // Relative to where the client runs, not to each TaskManager.
@@ -596,9 +620,14 @@ fn unsupported() -> String {
 }
 
 /// The name a declared table's raw (all-text) columns are registered
-/// under when `csv.ignore-parse-errors` turns bad values into NULLs.
+/// under when its text needs more than the CSV reader does (NULL literals,
+/// bad values as NULL).
 fn raw_name(table: &str) -> String {
     format!("__fluvia_raw_{table}")
+}
+
+fn bare(name: &str) -> TableReference {
+    TableReference::bare(name.to_string())
 }
 
 async fn register_declared(ctx: &SessionContext, def: &TableDef) -> Result<()> {
@@ -608,10 +637,9 @@ async fn register_declared(ctx: &SessionContext, def: &TableDef) -> Result<()> {
     let schema = with_views(&def.schema, ctx);
     if !def.path.exists() {
         ctx.register_table(
-            name,
-            Arc::new(MissingPath {
-                table: name.to_string(),
-                path: path.clone(),
+            bare(name),
+            Arc::new(Unreadable {
+                message: format!("table '{name}': path '{path}' does not exist"),
                 schema,
             }),
         )
@@ -631,7 +659,7 @@ async fn register_declared(ctx: &SessionContext, def: &TableDef) -> Result<()> {
                 file_extension: extension,
                 ..Default::default()
             };
-            ctx.register_parquet(name, &path, options)
+            ctx.register_parquet(bare(name), &path, options)
                 .await
                 .map_err(err)?;
         }
@@ -641,13 +669,17 @@ async fn register_declared(ctx: &SessionContext, def: &TableDef) -> Result<()> {
                 file_extension: extension,
                 ..Default::default()
             };
-            ctx.register_json(name, &path, options).await.map_err(err)?;
+            ctx.register_json(bare(name), &path, options)
+                .await
+                .map_err(err)?;
         }
         FileFormat::Csv => {
             let csv = &def.csv;
-            // Bad values become NULL: read every column as text, then cast
-            // each with TRY_CAST in a view of the table's name.
-            let read_schema = if csv.ignore_parse_errors {
+            // NULL literals and bad values as NULL: read every column as
+            // text, then turn the text into the declared types in a view
+            // of the table's name.
+            let as_text = csv.ignore_parse_errors || csv.null_literal.is_some();
+            let read_schema = if as_text {
                 Arc::new(Schema::new(
                     schema
                         .fields()
@@ -675,9 +707,6 @@ async fn register_declared(ctx: &SessionContext, def: &TableDef) -> Result<()> {
             if csv.allow_comments {
                 options = options.comment(b'#');
             }
-            if let Some(null) = &csv.null_literal {
-                options = options.null_regex(Some(format!("^{}$", regex_escape(null))));
-            }
             let mut listing =
                 options.to_listing_options(&ctx.copied_config(), ctx.copied_table_options());
             listing.format = Arc::new(crate::csv_stats::EstimatingCsvFormat::new(
@@ -685,82 +714,62 @@ async fn register_declared(ctx: &SessionContext, def: &TableDef) -> Result<()> {
                 csv.header,
                 Vec::new(),
             ));
-            let table = if csv.ignore_parse_errors {
+            let table = if as_text {
                 raw_name(name)
             } else {
                 name.to_string()
             };
-            ctx.register_listing_table(&table, &path, listing, Some(read_schema), None)
+            ctx.register_listing_table(bare(&table), &path, listing, Some(read_schema), None)
                 .await
                 .map_err(err)?;
-            if csv.ignore_parse_errors {
-                let columns: Vec<String> = schema
+            if as_text {
+                use datafusion::logical_expr::{cast, col, lit, try_cast, when};
+                let raw = ctx.table(bare(&table)).await.map_err(err)?;
+                let columns: Vec<Expr> = schema
                     .fields()
                     .iter()
                     .map(|f| {
-                        let c = quote_ident(f.name());
-                        format!("TRY_CAST({c} AS {}) AS {c}", sql_type(f.data_type()))
+                        let text = col(datafusion::common::Column::new_unqualified(f.name()));
+                        // Empty fields are NULL, as the CSV reader reads them.
+                        let text = when(text.clone().eq(lit("")), lit(ScalarValue::Utf8View(None)))
+                            .otherwise(text)?;
+                        let text = match &csv.null_literal {
+                            Some(null) => when(
+                                text.clone().eq(lit(null.as_str())),
+                                lit(ScalarValue::Utf8View(None)),
+                            )
+                            .otherwise(text)?,
+                            None => text,
+                        };
+                        let typed = if csv.ignore_parse_errors {
+                            try_cast(text, f.data_type().clone())
+                        } else {
+                            cast(text, f.data_type().clone())
+                        };
+                        Ok(typed.alias(f.name()))
                     })
-                    .collect();
-                let sql = format!("SELECT {} FROM {}", columns.join(", "), quote_ident(&table));
-                let view = ctx.sql(&sql).await.map_err(err)?;
-                ctx.register_table(name, view.into_view()).map_err(err)?;
+                    .collect::<std::result::Result<_, DataFusionError>>()
+                    .map_err(err)?;
+                let view = raw.select(columns).map_err(err)?;
+                ctx.register_table(bare(name), view.into_view())
+                    .map_err(err)?;
             }
         }
     }
     Ok(())
 }
 
-fn quote_ident(s: &str) -> String {
-    format!("\"{}\"", s.replace('"', "\"\""))
-}
-
-fn regex_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if "\\.+*?()|[]{}^$#&-~".contains(c) {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
-}
-
-/// The SQL name of an Arrow type the catalog declares, for TRY_CAST.
-fn sql_type(t: &DataType) -> String {
-    match t {
-        DataType::Boolean => "BOOLEAN".into(),
-        DataType::Int8 => "TINYINT".into(),
-        DataType::Int16 => "SMALLINT".into(),
-        DataType::Int32 => "INT".into(),
-        DataType::Int64 => "BIGINT".into(),
-        DataType::Float32 => "REAL".into(),
-        DataType::Float64 => "DOUBLE".into(),
-        DataType::Decimal128(p, s) => format!("DECIMAL({p}, {s})"),
-        DataType::Utf8 | DataType::Utf8View | DataType::LargeUtf8 => "VARCHAR".into(),
-        DataType::Binary | DataType::BinaryView => "BYTEA".into(),
-        DataType::Date32 => "DATE".into(),
-        DataType::Time64(_) => "TIME".into(),
-        DataType::Timestamp(TimeUnit::Second, None) => "TIMESTAMP(0)".into(),
-        DataType::Timestamp(TimeUnit::Millisecond, None) => "TIMESTAMP(3)".into(),
-        DataType::Timestamp(TimeUnit::Microsecond, None) => "TIMESTAMP(6)".into(),
-        DataType::Timestamp(TimeUnit::Nanosecond, None) => "TIMESTAMP(9)".into(),
-        DataType::Timestamp(_, Some(_)) => "TIMESTAMPTZ".into(),
-        other => other.to_string(),
-    }
-}
-
-/// A declared table whose path does not exist (yet: a sink's folder is made
-/// by the first INSERT): reading it is an error that names the path.
+/// A table that cannot be read: a declared table whose path does not
+/// exist (yet: a sink's folder is made by the first INSERT), or a view
+/// whose query no longer plans. Reading it is an error that says why.
 #[derive(Debug)]
-struct MissingPath {
-    table: String,
-    path: String,
+struct Unreadable {
+    message: String,
     schema: SchemaRef,
 }
 
 #[async_trait]
-impl TableProvider for MissingPath {
+impl TableProvider for Unreadable {
     fn schema(&self) -> SchemaRef {
         Arc::clone(&self.schema)
     }
@@ -776,9 +785,6 @@ impl TableProvider for MissingPath {
         _filters: &[Expr],
         _limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        Err(DataFusionError::Plan(format!(
-            "table '{}': path '{}' does not exist",
-            self.table, self.path
-        )))
+        Err(DataFusionError::Plan(self.message.clone()))
     }
 }

@@ -66,6 +66,9 @@ fn open(
     if let Some(t) = csv.terminator() {
         builder = builder.with_terminator(t);
     }
+    if let Some(c) = csv.comment() {
+        builder = builder.with_comment(c);
+    }
     builder.build(f).ok()
 }
 

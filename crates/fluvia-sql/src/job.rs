@@ -319,7 +319,12 @@ fn insert_projection(
             "INSERT INTO {table}: the query gives {given} column(s), the table takes {expected}"
         )));
     }
-    for c in &target.columns {
+    for (i, c) in target.columns.iter().enumerate() {
+        if target.columns[..i].contains(c) {
+            return Err(DataFusionError::Plan(format!(
+                "INSERT INTO {table}: column '{c}' is named twice"
+            )));
+        }
         if target.schema.field_with_name(c).is_err() {
             return Err(DataFusionError::Plan(format!(
                 "INSERT INTO {table}: the table has no column '{c}'"

@@ -32,6 +32,7 @@ pub enum Statement {
     CreateExternal {
         name: String,
         sql: String,
+        if_not_exists: bool,
     },
     CreateView {
         name: String,
@@ -122,24 +123,26 @@ pub fn is_blank(text: &str) -> bool {
     }
 }
 
-/// Whether `text` ends a statement: its last `;` outside quotes and
-/// comments is followed by nothing but blanks (what the interactive client
-/// waits for before it runs what was typed).
-pub fn is_complete(text: &str) -> bool {
-    let mut in_quote: Option<char> = None;
-    let mut ended = false;
+/// `text` without its comments (each replaced by a space), and whether a
+/// quote is still open at its end.
+pub fn strip_comments(text: &str) -> (String, bool) {
+    let mut out = String::with_capacity(text.len());
     let mut chars = text.chars().peekable();
     while let Some(c) = chars.next() {
-        if let Some(q) = in_quote {
-            if c == q {
-                in_quote = None;
-            }
-            continue;
-        }
         match c {
             '\'' | '"' | '`' => {
-                in_quote = Some(c);
-                ended = false;
+                out.push(c);
+                let mut closed = false;
+                for d in chars.by_ref() {
+                    out.push(d);
+                    if d == c {
+                        closed = true;
+                        break;
+                    }
+                }
+                if !closed {
+                    return (out, true);
+                }
             }
             '-' if chars.peek() == Some(&'-') => {
                 for d in chars.by_ref() {
@@ -147,13 +150,31 @@ pub fn is_complete(text: &str) -> bool {
                         break;
                     }
                 }
+                out.push(' ');
             }
-            ';' => ended = true,
-            c if c.is_whitespace() => {}
-            _ => ended = false,
+            '/' if chars.peek() == Some(&'*') => {
+                chars.next();
+                let mut prev = ' ';
+                for d in chars.by_ref() {
+                    if prev == '*' && d == '/' {
+                        break;
+                    }
+                    prev = d;
+                }
+                out.push(' ');
+            }
+            _ => out.push(c),
         }
     }
-    ended && in_quote.is_none()
+    (out, false)
+}
+
+/// Whether `text` ends a statement: its last `;` outside quotes and
+/// comments is followed by nothing but blanks and comments (what the
+/// interactive client waits for before it runs what was typed).
+pub fn is_complete(text: &str) -> bool {
+    let (code, open_quote) = strip_comments(text);
+    !open_quote && code.trim_end().ends_with(';')
 }
 
 /// The words of `sql` up to the first that is not a plain word (for the
@@ -225,7 +246,10 @@ fn set_statement(rest: &str) -> Result<Statement> {
 
 /// Reads one statement.
 pub fn parse(sql: &str) -> Result<Statement> {
-    let sql = sql.trim().trim_end_matches(';').trim();
+    // Comments say nothing to any statement; the hand-read ones (SET,
+    // RESET, EXPLAIN) must not see them as words.
+    let (code, _) = strip_comments(sql);
+    let sql = code.trim().trim_end_matches(';').trim();
     let words = leading_words(sql, 3);
     let word = |i: usize| words.get(i).map(String::as_str);
     match (word(0), word(1), word(2)) {
@@ -258,8 +282,9 @@ pub fn parse(sql: &str) -> Result<Statement> {
     };
     let s = match statement {
         DfStatement::CreateExternalTable(c) => Statement::CreateExternal {
-            name: c.name.to_string(),
+            name: object_name(&c.name),
             sql: sql.to_string(),
+            if_not_exists: c.if_not_exists,
         },
         DfStatement::Statement(s) => match *s {
             ast::Statement::CreateTable(ct) => Statement::CreateTable {
@@ -368,6 +393,9 @@ mod tests {
         assert!(is_complete("SELECT ';';  "));
         assert!(is_complete("SELECT 1; -- done"));
         assert!(!is_complete("SELECT 1; SELECT"));
+        assert!(is_complete("SELECT 1 AS x /* it's */;"));
+        assert!(is_complete("SELECT 1; /* done */"));
+        assert!(!is_complete("SELECT 1 /* ; */"));
     }
 
     #[test]
@@ -422,6 +450,18 @@ mod tests {
             Statement::Set(Some((k, v))) if k == "parallelism.default" && v == "4"
         ));
         assert!(matches!(parse("SET").expect("set"), Statement::Set(None)));
+        assert!(matches!(
+            parse("-- settings\nSET 'a.b' = 'c' -- why").expect("set"),
+            Statement::Set(Some((k, v))) if k == "a.b" && v == "c"
+        ));
+        assert!(matches!(
+            parse("/* all */ RESET -- everything").expect("reset"),
+            Statement::Reset(None)
+        ));
+        assert!(matches!(
+            parse("/* c */ EXPLAIN SELECT 1").expect("explain"),
+            Statement::Explain(_)
+        ));
         assert!(matches!(
             parse("RESET 'parallelism.default';").expect("reset"),
             Statement::Reset(Some(k)) if k == "parallelism.default"
