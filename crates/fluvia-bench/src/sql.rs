@@ -76,6 +76,7 @@ pub fn run_suite(a: Args) -> Result<()> {
         c.apply_dynamic(&a.dynamic)?;
         c
     };
+    let catalog = fluvia_sql::catalog::Catalog::with_dir(&a.data, format)?;
     let settings = |multiple_input: bool| {
         let mut config = base.clone();
         config.set(
@@ -83,8 +84,7 @@ pub fn run_suite(a: Args) -> Result<()> {
             multiple_input.to_string(),
         );
         SqlSettings {
-            tables: a.data.clone(),
-            format,
+            catalog: catalog.clone(),
             parallelism: a.parallelism,
             adaptive: false,
             config,

@@ -255,12 +255,17 @@ fn run_embedded(example: Example) -> Result<()> {
     let env = example.environment()?;
     let graph = env.job_graph(example.name())?;
     fluvia_runtime::validate_job(&graph, &env.registry())?;
-    let status = block_on(fluvia_cluster::minicluster::run_job(
+    let mut progress = fluvia_cli::progress::Progress::new(example.name());
+    let mut watch = |s: &fluvia_cluster::rpc::JobStatus| progress.update(s);
+    let status = block_on(fluvia_cluster::minicluster::run_job_watching(
         &graph.config,
         Arc::new(ExampleCatalog),
         &spec,
         &graph,
+        std::future::pending(),
+        Some(&mut watch),
     ))??;
+    progress.finish();
     report(&status, &graph, Some(&example))
 }
 
@@ -349,14 +354,22 @@ fn run_on_cluster(jobmanager: &str, example: Example) -> Result<()> {
     let graph = env.job_graph(example.name())?;
     fluvia_runtime::validate_job(&graph, &env.registry())?;
     let secret = cluster_config::cluster_secret(&graph.config)?;
+    let mut progress = fluvia_cli::progress::Progress::new(example.name());
+    let mut watch = |s: &fluvia_cluster::rpc::JobStatus| progress.update(s);
     let status = block_on(async {
         let mut client = ClusterClient::connect(jobmanager, secret).await?;
         let job_id = client
             .submit(&spec, &graph, &ExampleCatalog.fingerprint())
             .await?;
         note!("Job {job_id} submitted to {jobmanager}");
-        client.wait(&job_id).await
+        if let Some(url) = client.web_ui(&job_id) {
+            note!("Web UI: {url}");
+        }
+        client
+            .wait_watching(&job_id, std::future::pending(), Some(&mut watch))
+            .await
     })??;
+    progress.finish();
     report(&status, &graph, Some(&example))
 }
 

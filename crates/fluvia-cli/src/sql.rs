@@ -208,13 +208,16 @@ pub fn run_with(
     };
     let (graph, registry) = job.build()?;
     fluvia_runtime::validate_job(&graph, &registry)?;
+    let mut progress = crate::progress::Progress::new(name);
+    let mut watch = |s: &JobStatus| progress.update(s);
     let status = match target {
-        Target::Embedded => block_on(fluvia_cluster::minicluster::run_job_until(
+        Target::Embedded => block_on(fluvia_cluster::minicluster::run_job_watching(
             &graph.config,
             Arc::new(crate::catalog::ExampleCatalog),
             &spec,
             &graph,
             cancel.cancelled(),
+            Some(&mut watch),
         ))??,
         Target::Cluster(jm) => {
             let secret = cluster_config::cluster_secret(&graph.config)?;
@@ -223,11 +226,17 @@ pub fn run_with(
                 let id = client
                     .submit(&spec, &graph, &crate::catalog::ExampleCatalog.fingerprint())
                     .await?;
-                client.wait_until(&id, cancel.cancelled()).await
+                if let Some(url) = client.web_ui(&id) {
+                    crate::note_line(&format!("Job {id} submitted: {url}"));
+                }
+                client
+                    .wait_watching(&id, cancel.cancelled(), Some(&mut watch))
+                    .await
             })??
         }
         Target::DataFusion => unreachable!("handled above"),
     };
+    progress.finish();
     if status.state != "FINISHED" {
         return Err(SqlError::Other(anyhow!(
             "job {} {}: {}",

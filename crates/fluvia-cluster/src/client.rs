@@ -16,6 +16,8 @@ pub struct ClusterClient {
     client: JobManagerClient<Channel>,
     secret: Option<String>,
     address: String,
+    /// The JobManager's REST address, learned when submitting.
+    rest_address: Option<String>,
 }
 
 fn rpc_error(address: &str, e: tonic::Status) -> FluviaError {
@@ -44,6 +46,7 @@ impl ClusterClient {
                 .max_encoding_message_size(crate::jobmanager::MAX_MESSAGE_SIZE),
             secret,
             address: address.to_string(),
+            rest_address: None,
         })
     }
 
@@ -66,8 +69,28 @@ impl ClusterClient {
             .client
             .submit_job(security::authorize(req, &self.secret))
             .await
-            .map_err(|e| rpc_error(&self.address, e))?;
-        Ok(r.into_inner().job_id)
+            .map_err(|e| rpc_error(&self.address, e))?
+            .into_inner();
+        if !r.rest_address.is_empty() {
+            self.rest_address = Some(r.rest_address);
+        }
+        Ok(r.job_id)
+    }
+
+    /// The Web UI page of a job this client submitted: the JobManager's
+    /// REST address (with the host the client reached it by, when it
+    /// listens on every address).
+    pub fn web_ui(&self, job_id: &str) -> Option<String> {
+        let rest = self.rest_address.as_ref()?;
+        let (host, port) = rest.rsplit_once(':')?;
+        let host = match host {
+            "0.0.0.0" | "[::]" | "::" => self
+                .address
+                .rsplit_once(':')
+                .map_or("127.0.0.1", |(h, _)| h),
+            h => h,
+        };
+        Some(format!("http://{host}:{port}/#/jobs/{job_id}"))
     }
 
     pub async fn status(&mut self, job_id: &str) -> Result<JobStatus> {
@@ -107,18 +130,38 @@ impl ClusterClient {
         job_id: &str,
         cancel: impl std::future::Future<Output = ()>,
     ) -> Result<JobStatus> {
-        let cancelled = {
-            let wait = self.wait(job_id);
-            tokio::pin!(wait);
-            tokio::pin!(cancel);
-            tokio::select! {
-                s = &mut wait => return s,
-                () = &mut cancel => true,
-            }
+        self.wait_watching(job_id, cancel, None).await
+    }
+
+    /// [`wait_until`](Self::wait_until), showing `watch` the job's status
+    /// about four times a second while it runs (progress on a terminal).
+    pub async fn wait_watching(
+        &mut self,
+        job_id: &str,
+        cancel: impl std::future::Future<Output = ()>,
+        mut watch: Option<&mut (dyn FnMut(&JobStatus) + Send)>,
+    ) -> Result<JobStatus> {
+        let poll = if watch.is_some() {
+            Duration::from_millis(250)
+        } else {
+            Duration::from_secs(1)
         };
-        if cancelled {
-            self.cancel(job_id).await?;
+        tokio::pin!(cancel);
+        loop {
+            let s = tokio::select! {
+                s = self.status_after(job_id, poll) => s?,
+                () = &mut cancel => break,
+            };
+            if matches!(s.state.as_str(), "FINISHED" | "FAILED" | "CANCELED") {
+                return Ok(s);
+            }
+            if let Some(w) = watch.as_mut() {
+                w(&s);
+            }
         }
+        // It may have ended meanwhile: then cancelling fails, and the
+        // status below is how it ended.
+        let _ = self.cancel(job_id).await;
         self.wait(job_id).await
     }
 

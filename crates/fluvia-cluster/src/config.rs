@@ -60,6 +60,19 @@ pub const HEARTBEAT_INTERVAL: ConfigOption<Duration> = ConfigOption {
     default: Duration::from_secs(10),
     description: "How often a TaskManager reports to the JobManager.",
 };
+pub const METRICS_UPDATE_INTERVAL: ConfigOption<Duration> = ConfigOption {
+    key: "metrics.fetcher.update-interval",
+    fallback_keys: &[],
+    default: Duration::from_secs(1),
+    description: "How old the live task metrics of the REST API and Web UI may be: while tasks \
+                  run, a TaskManager reports them this often (between heartbeats).",
+};
+pub const WEB_REFRESH_INTERVAL: ConfigOption<Duration> = ConfigOption {
+    key: "web.refresh-interval",
+    fallback_keys: &[],
+    default: Duration::from_secs(1),
+    description: "How often the Web UI refreshes what it shows.",
+};
 pub const HEARTBEAT_TIMEOUT: ConfigOption<Duration> = ConfigOption {
     key: "heartbeat.timeout",
     fallback_keys: &[],
@@ -214,6 +227,16 @@ pub fn all() -> Vec<(&'static str, String, &'static str)> {
             HEARTBEAT_TIMEOUT.key,
             d(&HEARTBEAT_TIMEOUT),
             HEARTBEAT_TIMEOUT.description,
+        ),
+        (
+            METRICS_UPDATE_INTERVAL.key,
+            d(&METRICS_UPDATE_INTERVAL),
+            METRICS_UPDATE_INTERVAL.description,
+        ),
+        (
+            WEB_REFRESH_INTERVAL.key,
+            d(&WEB_REFRESH_INTERVAL),
+            WEB_REFRESH_INTERVAL.description,
         ),
         (
             RESTART_STRATEGY.key,

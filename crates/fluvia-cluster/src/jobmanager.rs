@@ -36,7 +36,6 @@ use fluvia_scheduler::{
     Action, Deployment, Event, ExecutionAttemptId, ExecutionState, Job, Scheduler, SchedulerConfig,
     ShuffleServiceSpec, ShuffleServiceType, TaskManagerSpec,
 };
-use serde_json::json;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -100,6 +99,10 @@ pub(crate) struct JmShared {
     /// Signalled when a job reaches a final state (long-polling clients).
     job_ended: tokio::sync::Notify,
     heartbeat_interval: Duration,
+    /// `web.refresh-interval`, for the Web UI (`GET /config`).
+    pub web_refresh_interval: Duration,
+    /// Where the REST API listens (told to clients that submit jobs).
+    rest_address: Mutex<String>,
     origin: Instant,
 }
 
@@ -409,161 +412,17 @@ impl JmShared {
 
     /// JSON details of a job, as `GET /jobs/:id` and `fluvia run` show them.
     pub(crate) fn job_details(&self, st: &JmState, meta: &JobMeta, job: &Job) -> serde_json::Value {
-        let now = now_millis();
-        let origin_ms = now.saturating_sub(self.clock().as_millis() as u64);
-        let wall = |t: Option<u64>| t.map_or(-1, |t| (origin_ms + t) as i64);
-        let host_of = |tm: &Option<String>| {
-            tm.as_ref()
-                .and_then(|t| st.tm_addresses.get(t))
-                .cloned()
-                .unwrap_or_default()
-        };
-        let vertices: Vec<serde_json::Value> = job
-            .graph
-            .vertices
-            .iter()
-            .enumerate()
-            .map(|(v, jv)| {
-                let subtasks: Vec<serde_json::Value> = job.eg.vertices[v]
-                    .subtasks
-                    .iter()
-                    .enumerate()
-                    .map(|(i, s)| {
-                        let shown = s.winner().unwrap_or_else(|| s.latest_attempt());
-                        let m = shown.metrics.clone().unwrap_or_default();
-                        let attempts: Vec<serde_json::Value> = s
-                            .attempts
-                            .iter()
-                            .map(|a| {
-                                let start = a.timestamp(ExecutionState::Deploying);
-                                let end = [
-                                    ExecutionState::Finished,
-                                    ExecutionState::Failed,
-                                    ExecutionState::Canceled,
-                                ]
-                                .iter()
-                                .find_map(|st| a.timestamp(*st));
-                                let timestamps: serde_json::Map<String, serde_json::Value> =
-                                    ExecutionState::ALL
-                                        .iter()
-                                        .filter_map(|st| {
-                                            a.timestamp(*st)
-                                                .map(|t| (st.name().to_string(), json!(wall(Some(t)))))
-                                        })
-                                        .collect();
-                                json!({
-                                    "attempt-number": a.attempt_number,
-                                    "speculative": job.speculative_attempts.contains(&(v, i, a.attempt_number)),
-                                    "status": a.state.name(),
-                                    "taskmanager-id": a.task_manager.clone().unwrap_or_default(),
-                                    "host": host_of(&a.task_manager),
-                                    "start-time": wall(start),
-                                    "end-time": wall(end),
-                                    "duration": match (start, end) {
-                                        (Some(s), Some(e)) => e.saturating_sub(s) as i64,
-                                        (Some(s), None) => (self.clock().as_millis() as u64).saturating_sub(s) as i64,
-                                        _ => -1,
-                                    },
-                                    "failure-cause": a.failure_cause,
-                                    "timestamps": timestamps,
-                                })
-                            })
-                            .collect();
-                        json!({
-                            "subtask": i,
-                            "attempt": shown.attempt_number,
-                            "status": s.state().name(),
-                            "host": host_of(&shown.task_manager),
-                            "taskmanager-id": shown.task_manager.clone().unwrap_or_default(),
-                            "metrics": {
-                                "read-records": m.records_in,
-                                "write-records": m.records_out,
-                                "read-bytes": m.bytes_in,
-                                "write-bytes": m.bytes_out,
-                            },
-                            "operator-records": m.operator_records,
-                            "subpartition-bytes": m.subpartition_bytes,
-                            "attempts": attempts,
-                        })
-                    })
-                    .collect();
-                let sum = |k: &str| -> u64 {
-                    subtasks
-                        .iter()
-                        .map(|s| s["metrics"][k].as_u64().unwrap_or(0))
-                        .sum()
-                };
-                let ejv = &job.eg.vertices[v];
-                let states: Vec<ExecutionState> = ejv.subtasks.iter().map(|s| s.state()).collect();
-                let status = if !ejv.initialized {
-                    // Never started: cancelled with a job that ended early.
-                    match job.state {
-                        JobState::Failed | JobState::Canceled => "CANCELED",
-                        _ => "CREATED",
-                    }
-                } else if states.iter().all(|s| *s == ExecutionState::Finished) {
-                    "FINISHED"
-                } else if states.iter().any(|s| {
-                    !matches!(s, ExecutionState::Created | ExecutionState::Scheduled)
-                }) {
-                    "RUNNING"
-                } else {
-                    "CREATED"
-                };
-                json!({
-                    "id": jv.id.to_string(),
-                    "name": jv.name,
-                    // Flink shows a parallelism the adaptive batch
-                    // scheduler has not decided yet as -1.
-                    "parallelism": if ejv.parallelism_decided { ejv.parallelism as i64 } else { -1 },
-                    "maxParallelism": jv.max_parallelism,
-                    "parallelism-decided": ejv.parallelism_decided,
-                    // A join side every subtask read whole, decided at runtime.
-                    "adaptive-broadcast-input": job
-                        .adaptive_broadcasts
-                        .iter()
-                        .find(|(u, _)| *u == v)
-                        .map(|(_, input)| *input),
-                    // Skewed subpartitions shared out among subtasks.
-                    "skew-splits": job
-                        .skew_splits
-                        .iter()
-                        .filter(|(u, _)| *u == v)
-                        .flat_map(|(_, splits)| splits.iter())
-                        .map(|sp| json!({
-                            "subpartition": sp.subpartition,
-                            "input": sp.input,
-                            "pieces": sp.pieces,
-                        }))
-                        .collect::<Vec<_>>(),
-                    "status": status,
-                    "metrics": {
-                        "read-records": sum("read-records"),
-                        "write-records": sum("write-records"),
-                        "read-bytes": sum("read-bytes"),
-                        "write-bytes": sum("write-bytes"),
-                    },
-                    "subtasks": subtasks,
-                })
-            })
-            .collect();
-        json!({
-            "jid": meta.id,
-            "name": job.graph.name,
-            "state": job.state.name(),
-            "type": job.graph.job_type.name(),
-            "start-time": meta.start_time,
-            "end-time": meta.end_time.map_or(-1, |t| t as i64),
-            "duration": meta.end_time.unwrap_or(now).saturating_sub(meta.start_time),
-            "now": now,
-            "restarts": job.restarts,
-            "error": job.failure_cause,
-            "shuffle-service-type": job.shuffle_service_type.name(),
-            "speculative": job.speculative.is_some(),
-            "numSlowExecutionVertices": job.num_slow_execution_vertices,
-            "numEffectiveSpeculativeExecutions": job.num_effective_speculative_executions,
-            "vertices": vertices,
-        })
+        self.view(st, meta, job).job_json()
+    }
+
+    /// What the REST API shows of a job, as of now.
+    pub(crate) fn view<'a>(
+        &self,
+        st: &'a JmState,
+        meta: &'a JobMeta,
+        job: &'a Job,
+    ) -> crate::details::View<'a> {
+        crate::details::View::new(st, meta, job, now_millis(), self.clock().as_millis() as u64)
     }
 
     fn status_of(&self, st: &JmState, meta: &JobMeta, job: &Job) -> JobStatus {
@@ -876,7 +735,11 @@ impl JobManager for JmService {
             .shared
             .submit(program, graph, r.program_fingerprint)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        Ok(Response::new(SubmitJobResponse { job_id: id }))
+        let rest_address = lock(&self.shared.rest_address).clone();
+        Ok(Response::new(SubmitJobResponse {
+            job_id: id,
+            rest_address,
+        }))
     }
 
     async fn get_job(&self, req: Request<JobRequest>) -> RpcResult<JobStatus> {
@@ -1006,6 +869,8 @@ pub async fn start(config: Configuration) -> Result<JobManagerHandle> {
         }),
         job_ended: tokio::sync::Notify::new(),
         heartbeat_interval: config.get(&cfg::HEARTBEAT_INTERVAL)?,
+        web_refresh_interval: config.get(&cfg::WEB_REFRESH_INTERVAL)?,
+        rest_address: Mutex::new(String::new()),
         origin: Instant::now(),
     });
     let host = config.get(&cfg::JOBMANAGER_ADDRESS)?;
@@ -1026,6 +891,7 @@ pub async fn start(config: Configuration) -> Result<JobManagerHandle> {
     let rest_address = rest_listener
         .local_addr()
         .map_err(|e| FluviaError::io("reading the REST port", e))?;
+    *lock(&shared.rest_address) = rest_address.to_string();
     let service = JobManagerServer::new(JmService {
         shared: Arc::clone(&shared),
     })

@@ -29,6 +29,7 @@
 pub mod client;
 pub mod config;
 pub mod deployment;
+mod details;
 pub mod jobmanager;
 pub mod minicluster;
 pub mod program;

@@ -33,6 +33,18 @@ pub async fn run_job_until(
     graph: &JobGraph,
     cancel: impl std::future::Future<Output = ()>,
 ) -> Result<JobStatus> {
+    run_job_watching(config, catalog, program, graph, cancel, None).await
+}
+
+/// [`run_job_until`], showing `watch` the job's status while it runs.
+pub async fn run_job_watching(
+    config: &Configuration,
+    catalog: Arc<dyn ProgramCatalog>,
+    program: &ProgramSpec,
+    graph: &JobGraph,
+    cancel: impl std::future::Future<Output = ()>,
+    watch: Option<&mut (dyn FnMut(&JobStatus) + Send)>,
+) -> Result<JobStatus> {
     let task_managers = config.get(&options::LOCAL_TASK_MANAGERS)?.max(1);
     let slots = graph.required_slots().max(1).div_ceil(task_managers);
     let mut c = config.clone();
@@ -96,7 +108,7 @@ pub async fn run_job_until(
                 let id = client
                     .submit(program, graph, &catalog.fingerprint())
                     .await?;
-                client.wait_until(&id, cancel).await
+                client.wait_watching(&id, cancel, watch).await
             }
             .await
         }

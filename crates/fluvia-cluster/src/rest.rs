@@ -1,8 +1,15 @@
-//! The JobManager's REST API, in the shape of Flink's: `/overview`, `/jobs`,
-//! `/jobs/:id`, `/jobs/:id/plan`, `/jobs/:id/vertices/:vid`,
-//! `/taskmanagers`, `/shuffle-services`, and Prometheus `/metrics`. Cancelling
-//! (`PATCH /jobs/:id?mode=cancel`) is a mutation and needs the cluster secret
-//! in the `X-Fluvia-Secret` header when one is configured.
+//! The JobManager's REST API, in the shape of Flink's (paths, field names,
+//! states, units; Fluvia's own data in extra fields): `/config`,
+//! `/overview`, `/jobs`, `/jobs/overview`, `/jobs/:id`, `/jobs/:id/plan`,
+//! `/jobs/:id/exceptions`, `/jobs/:id/config`, `/jobs/:id/vertices/:vid`,
+//! `.../subtasks/metrics`, `.../subtasks/:n[/attempts/:a]`,
+//! `.../backpressure`, `/taskmanagers[/:id]`, `/shuffle-services`,
+//! Prometheus `/metrics`, and the Web UI at `/`. Cancelling (`PATCH
+//! /jobs/:id?mode=cancel`, or Flink's dashboard's `GET
+//! /jobs/:id/yarn-cancel`) is a mutation and needs the cluster secret in the
+//! `X-Fluvia-Secret` header when one is configured.
+//!
+//! The JSON itself is built by [`crate::details`]; this module routes.
 
 use crate::jobmanager::{JmShared, JobState, lock};
 use crate::security;
@@ -12,7 +19,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use fluvia_core::JobId;
-use fluvia_graph::plan::json_plan_with;
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -45,6 +51,7 @@ async fn overview(State(s): State<Shared>) -> Json<Value> {
         "jobs-cancelled": count(JobState::Canceled),
         "jobs-failed": count(JobState::Failed),
         "flink-version": format!("fluvia {}", env!("CARGO_PKG_VERSION")),
+        "flink-commit": env!("CARGO_PKG_VERSION"),
     }))
 }
 
@@ -62,57 +69,212 @@ fn job_id(id: &str) -> Option<JobId> {
     JobId::try_from(id.to_string()).ok()
 }
 
-async fn job(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+/// Runs `f` on the view of job `id`, or answers 404.
+fn with_job(s: &Shared, id: &str, f: impl FnOnce(&crate::details::View) -> Response) -> Response {
     let st = lock(&s.state);
-    let found = job_id(&id).and_then(|j| Some((st.jobs.get(&j)?, st.scheduler.job(j)?)));
+    let found = job_id(id).and_then(|j| Some((st.jobs.get(&j)?, st.scheduler.job(j)?)));
     match found {
-        Some((meta, j)) => Json(s.job_details(&st, meta, j)).into_response(),
-        None => not_found(format!("job {id} not found")),
+        Some((meta, j)) => f(&s.view(&st, meta, j)),
+        None => not_found(format!("Job {id} not found")),
     }
+}
+
+/// Runs `f` on vertex `vid` of job `id`, or answers 404.
+fn with_vertex(
+    s: &Shared,
+    id: &str,
+    vid: &str,
+    f: impl FnOnce(&crate::details::View, usize) -> Response,
+) -> Response {
+    with_job(s, id, |view| {
+        match view
+            .job
+            .graph
+            .vertices
+            .iter()
+            .position(|v| v.id.to_string() == vid)
+        {
+            Some(v) => f(view, v),
+            None => not_found(format!("vertex {vid} not found in job {id}")),
+        }
+    })
+}
+
+async fn job(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+    with_job(&s, &id, |view| Json(view.job_json()).into_response())
+}
+
+async fn jobs_overview(State(s): State<Shared>) -> Json<Value> {
+    let st = lock(&s.state);
+    let mut jobs: Vec<Value> = st
+        .jobs
+        .values()
+        .filter_map(|meta| {
+            let j = st.scheduler.job(meta.graph.job_id)?;
+            Some(s.view(&st, meta, j).overview_json())
+        })
+        .collect();
+    // Newest first, as Flink's dashboard lists them.
+    jobs.sort_by(|a, b| b["start-time"].as_u64().cmp(&a["start-time"].as_u64()));
+    Json(json!({ "jobs": jobs }))
 }
 
 async fn plan(State(s): State<Shared>, Path(id): Path<String>) -> Response {
-    let st = lock(&s.state);
-    match job_id(&id).and_then(|j| st.jobs.get(&j)) {
-        Some(j) => {
-            // The parallelism as the scheduler stands now (undecided: -1).
-            let parallelism: Vec<Option<usize>> = match st.scheduler.job(j.graph.job_id) {
-                Some(job) => job
-                    .eg
-                    .vertices
+    with_job(&s, &id, |view| {
+        Json(json!({ "plan": view.plan_json() })).into_response()
+    })
+}
+
+async fn exceptions(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let max = q
+        .get("maxExceptions")
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(usize::MAX);
+    with_job(&s, &id, |view| {
+        Json(view.exceptions_json(max)).into_response()
+    })
+}
+
+async fn job_config(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+    with_job(&s, &id, |view| {
+        let g = &view.job.graph;
+        let config = &g.config;
+        let user: serde_json::Map<String, Value> = config
+            .iter()
+            .map(|(k, v)| {
+                let hidden = ["secret", "password", "token"]
                     .iter()
-                    .map(|v| v.parallelism_decided.then_some(v.parallelism))
-                    .collect(),
-                None => j
-                    .graph
-                    .vertices
-                    .iter()
-                    .map(|v| Some(v.parallelism))
-                    .collect(),
-            };
-            Json(json!({ "plan": json_plan_with(&j.graph, &parallelism) })).into_response()
-        }
-        None => not_found(format!("job {id} not found")),
-    }
+                    .any(|w| k.to_ascii_lowercase().contains(w));
+                (k.to_string(), json!(if hidden { "******" } else { v }))
+            })
+            .collect();
+        let restart = match config
+            .get_raw("restart-strategy.type")
+            .or(config.get_raw("restart-strategy"))
+        {
+            Some(r) if r != "none" => format!(
+                "Restart with {r} ({} attempts, {} delay)",
+                config
+                    .get_raw("restart-strategy.fixed-delay.attempts")
+                    .unwrap_or("1"),
+                config
+                    .get_raw("restart-strategy.fixed-delay.delay")
+                    .unwrap_or("1 s")
+            ),
+            _ => "No restart".to_string(),
+        };
+        Json(json!({
+            "jid": view.meta.id,
+            "name": g.name,
+            "execution-config": {
+                "execution-mode": match g.job_type {
+                    fluvia_graph::JobType::Batch => "BATCH",
+                    fluvia_graph::JobType::Streaming => "PIPELINED",
+                },
+                "restart-strategy": restart,
+                "job-parallelism": config
+                    .get_raw("parallelism.default")
+                    .and_then(|p| p.parse::<i64>().ok())
+                    .unwrap_or(-1),
+                "object-reuse-mode": config
+                    .get_raw("pipeline.object-reuse")
+                    .is_some_and(|v| v == "true"),
+                "user-config": user,
+            },
+        }))
+        .into_response()
+    })
 }
 
 async fn vertex(State(s): State<Shared>, Path((id, vid)): Path<(String, String)>) -> Response {
-    let st = lock(&s.state);
-    let Some((meta, j)) = job_id(&id).and_then(|j| Some((st.jobs.get(&j)?, st.scheduler.job(j)?)))
-    else {
-        return not_found(format!("job {id} not found"));
+    with_vertex(&s, &id, &vid, |view, v| {
+        let mut out = view.vertex_json(v, true);
+        out["now"] = json!(view.now);
+        Json(out).into_response()
+    })
+}
+
+async fn subtask_metrics(
+    State(s): State<Shared>,
+    Path((id, vid)): Path<(String, String)>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let list = |k: &str| -> Vec<String> {
+        q.get(k)
+            .map(|v| {
+                v.split(',')
+                    .map(str::trim)
+                    .filter(|x| !x.is_empty())
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default()
     };
-    let details = s.job_details(&st, meta, j);
-    let found = details["vertices"]
-        .as_array()
-        .and_then(|vs| vs.iter().find(|v| v["id"] == vid.as_str()).cloned());
-    match found {
-        Some(mut v) => {
-            v["now"] = details["now"].clone();
-            Json(v).into_response()
+    let names = list("get");
+    let aggs = list("agg");
+    with_vertex(&s, &id, &vid, |view, v| {
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let aggs: Vec<&str> = aggs.iter().map(String::as_str).collect();
+        Json(view.subtask_metrics_json(v, &names, &aggs)).into_response()
+    })
+}
+
+async fn subtask(
+    State(s): State<Shared>,
+    Path((id, vid, n)): Path<(String, String, usize)>,
+) -> Response {
+    with_vertex(&s, &id, &vid, |view, v| {
+        match view.attempt_details(v, n, None) {
+            Some(a) => Json(a).into_response(),
+            None => not_found(format!("subtask {n} not found in vertex {vid}")),
         }
-        None => not_found(format!("vertex {vid} not found in job {id}")),
-    }
+    })
+}
+
+async fn attempt(
+    State(s): State<Shared>,
+    Path((id, vid, n, a)): Path<(String, String, usize, u32)>,
+) -> Response {
+    with_vertex(&s, &id, &vid, |view, v| {
+        match view.attempt_details(v, n, Some(a)) {
+            Some(a) => Json(a).into_response(),
+            None => not_found(format!(
+                "attempt {a} of subtask {n} not found in vertex {vid}"
+            )),
+        }
+    })
+}
+
+async fn backpressure(
+    State(s): State<Shared>,
+    Path((id, vid)): Path<(String, String)>,
+) -> Response {
+    with_vertex(&s, &id, &vid, |view, v| {
+        Json(view.backpressure_json(v)).into_response()
+    })
+}
+
+/// Flink's dashboard configuration.
+async fn config(State(s): State<Shared>) -> Json<Value> {
+    Json(json!({
+        "refresh-interval": s.web_refresh_interval.as_millis() as u64,
+        "timezone-name": "UTC",
+        "timezone-offset": 0,
+        "flink-version": format!("fluvia {}", env!("CARGO_PKG_VERSION")),
+        "flink-revision": format!("fluvia {}", env!("CARGO_PKG_VERSION")),
+        "features": {
+            "web-submit": false,
+            "web-cancel": true,
+            "web-rescale": false,
+            "web-history": false,
+        },
+        // Cancelling from the UI asks for it.
+        "secret-required": s.secret.is_some(),
+    }))
 }
 
 async fn cancel(
@@ -137,6 +299,10 @@ async fn cancel(
             Json(json!({ "errors": ["mode must be cancel"] })),
         )
             .into_response();
+    }
+    let known = job_id(&id).is_some_and(|j| lock(&s.state).jobs.contains_key(&j));
+    if !known {
+        return not_found(format!("Job {id} not found"));
     }
     match s.cancel(&id) {
         Ok(()) => (StatusCode::ACCEPTED, Json(json!({}))).into_response(),
@@ -168,26 +334,120 @@ async fn shuffle_services(State(s): State<Shared>) -> Json<Value> {
     Json(json!({ "shuffle-services": services }))
 }
 
+/// One TaskManager as Flink's TaskManagerInfo (resources Fluvia does not
+/// measure are -1, Flink's "unknown").
+fn taskmanager_json(
+    st: &crate::jobmanager::JmState,
+    spec: &fluvia_scheduler::TaskManagerSpec,
+    used: usize,
+) -> Option<Value> {
+    let t = st.tms.get(&spec.id)?;
+    let age = t.last_heartbeat.elapsed().as_millis() as u64;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let data_port = spec
+        .data_address
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse::<u16>().ok())
+        .map_or(-1, i64::from);
+    let running = st
+        .scheduler
+        .jobs()
+        .flat_map(|j| j.eg.vertices.iter())
+        .flat_map(|v| &v.subtasks)
+        .flat_map(|s| &s.attempts)
+        .filter(|a| a.state.is_live() && a.task_manager.as_deref() == Some(spec.id.as_str()))
+        .count();
+    let unknown = json!({
+        "cpuCores": -1.0, "taskHeapMemory": -1, "taskOffHeapMemory": -1,
+        "managedMemory": -1, "networkMemory": -1, "extendedResources": {},
+    });
+    Some(json!({
+        "id": spec.id,
+        "path": st.tm_addresses.get(&spec.id),
+        "dataPort": data_port,
+        "jmxPort": -1,
+        // Flink's name, Flink's meaning: when the last heartbeat came.
+        "timeSinceLastHeartbeat": now.saturating_sub(age),
+        "heartbeat-age-ms": age,
+        "slotsNumber": spec.slots,
+        "freeSlots": spec.slots.saturating_sub(used),
+        "totalResource": unknown,
+        "freeResource": unknown,
+        "hardware": {"cpuCores": -1, "physicalMemory": -1, "freeMemory": -1, "managedMemory": -1},
+        "blocked": st.scheduler.is_task_manager_blocked(&spec.id),
+        "dataAddress": spec.data_address,
+        "programFingerprint": spec.fingerprint,
+        "running-tasks": running,
+    }))
+}
+
 async fn taskmanagers(State(s): State<Shared>) -> Json<Value> {
     let st = lock(&s.state);
     let tms: Vec<Value> = st
         .scheduler
         .task_managers()
-        .filter_map(|(spec, used)| st.tms.get(&spec.id).map(|t| (spec, t, used)))
-        .map(|(spec, t, used)| {
-            json!({
-                "id": spec.id,
-                "path": st.tm_addresses.get(&spec.id),
-                "dataAddress": spec.data_address,
-                "slotsNumber": spec.slots,
-                "freeSlots": spec.slots.saturating_sub(used),
-                "programFingerprint": spec.fingerprint,
-                "timeSinceLastHeartbeat": t.last_heartbeat.elapsed().as_millis() as u64,
-                "blocked": st.scheduler.is_task_manager_blocked(&spec.id),
-            })
-        })
+        .filter_map(|(spec, used)| taskmanager_json(&st, spec, used))
         .collect();
     Json(json!({ "taskmanagers": tms }))
+}
+
+async fn taskmanager(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+    let st = lock(&s.state);
+    let Some(mut out) = st
+        .scheduler
+        .task_managers()
+        .find(|(spec, _)| spec.id == id)
+        .and_then(|(spec, used)| taskmanager_json(&st, spec, used))
+    else {
+        return not_found(format!("TaskManager {id} not found"));
+    };
+    let tasks: Vec<Value> = st
+        .tms
+        .get(&id)
+        .and_then(|t| serde_json::from_str::<Vec<Value>>(&t.metrics_json).ok())
+        .unwrap_or_default();
+    let allocated: Vec<Value> = st
+        .scheduler
+        .jobs()
+        .flat_map(|j| {
+            j.slots
+                .values()
+                .filter(|slot| slot.task_manager == id)
+                .map(move |slot| json!({ "jobId": j.id.to_string(), "slot-sharing-group": slot.group, "resource": {} }))
+        })
+        .collect();
+    out["allocatedSlots"] = json!(allocated);
+    out["metrics"] = json!({});
+    out["tasks"] = json!(tasks);
+    Json(out).into_response()
+}
+
+/// The Web UI: three files built into the binary (no network, no Node).
+async fn web_index() -> Response {
+    (
+        [("content-type", "text/html; charset=utf-8")],
+        include_str!("web/index.html"),
+    )
+        .into_response()
+}
+
+async fn web_script() -> Response {
+    (
+        [("content-type", "text/javascript; charset=utf-8")],
+        include_str!("web/app.js"),
+    )
+        .into_response()
+}
+
+async fn web_style() -> Response {
+    (
+        [("content-type", "text/css; charset=utf-8")],
+        include_str!("web/style.css"),
+    )
+        .into_response()
 }
 
 async fn metrics(State(s): State<Shared>) -> Response {
@@ -301,14 +561,34 @@ async fn metrics(State(s): State<Shared>) -> Response {
 /// Serves the REST API until the process stops.
 pub(crate) async fn serve(listener: tokio::net::TcpListener, shared: Arc<JmShared>) {
     let app = Router::new()
+        .route("/", get(web_index))
+        .route("/app.js", get(web_script))
+        .route("/style.css", get(web_style))
+        .route("/config", get(config))
         .route("/overview", get(overview))
         .route("/jobs", get(jobs))
+        .route("/jobs/overview", get(jobs_overview))
         .route("/jobs/{id}", get(job).patch(cancel))
+        .route("/jobs/{id}/yarn-cancel", get(cancel))
         .route("/jobs/{id}/plan", get(plan))
+        .route("/jobs/{id}/exceptions", get(exceptions))
+        .route("/jobs/{id}/config", get(job_config))
         .route("/jobs/{id}/vertices/{vid}", get(vertex))
+        .route(
+            "/jobs/{id}/vertices/{vid}/subtasks/metrics",
+            get(subtask_metrics),
+        )
+        .route("/jobs/{id}/vertices/{vid}/subtasks/{n}", get(subtask))
+        .route(
+            "/jobs/{id}/vertices/{vid}/subtasks/{n}/attempts/{a}",
+            get(attempt),
+        )
+        .route("/jobs/{id}/vertices/{vid}/backpressure", get(backpressure))
         .route("/taskmanagers", get(taskmanagers))
+        .route("/taskmanagers/{id}", get(taskmanager))
         .route("/shuffle-services", get(shuffle_services))
         .route("/metrics", get(metrics))
+        .fallback(|uri: axum::http::Uri| async move { not_found(format!("Not found: {uri}")) })
         .with_state(shared);
     if let Err(e) = axum::serve(listener, app).await {
         tracing::error!("REST server stopped: {e}");

@@ -202,14 +202,17 @@ impl Shared {
         let counters = Arc::new(IoCounters::default());
         let job_id =
             fluvia_core::JobId::try_from(desc.job_id.clone()).map_err(FluviaError::Plan)?;
-        let group = self.metrics.register(TaskMetricGroup::new(
-            job_id,
-            vertex.name.clone(),
-            desc.subtask,
-            Arc::clone(&counters),
-            outputs.iter().map(|o| Arc::clone(&o.pool)).collect(),
-            input_pools,
-        ));
+        let group = self.metrics.register(
+            TaskMetricGroup::new(
+                job_id,
+                vertex.name.clone(),
+                desc.subtask,
+                Arc::clone(&counters),
+                outputs.iter().map(|o| Arc::clone(&o.pool)).collect(),
+                input_pools,
+            )
+            .for_attempt(desc.vertex_index, desc.attempt),
+        );
         let cancel = CancelToken::new();
         let deployment = TaskDeployment {
             job: Arc::clone(&graph),
@@ -730,6 +733,7 @@ async fn run_inner(
         .connect_lazy();
     let id = format!("tm-{}-{}", rpc_address.port(), std::process::id());
     let interval = config.get(&cfg::HEARTBEAT_INTERVAL)?;
+    let metrics_interval = config.get(&cfg::METRICS_UPDATE_INTERVAL)?;
     let timeout = config.get(&cfg::HEARTBEAT_TIMEOUT)?;
     let shared = Arc::new(Shared {
         id: id.clone(),
@@ -799,6 +803,7 @@ async fn run_inner(
     };
     let mut registered = false;
     let mut last_contact = Instant::now();
+    let mut last_sent = Instant::now();
     loop {
         if server.is_finished() {
             return Err(FluviaError::Execution(
@@ -839,7 +844,11 @@ async fn run_inner(
                     );
                 }
             }
-        } else {
+        } else if !shared.heartbeat_lists().0.is_empty() || last_sent.elapsed() >= interval {
+            // While tasks run, the JobManager's view of their metrics is
+            // kept at most `metrics.fetcher.update-interval` old; otherwise
+            // every `heartbeat.interval`.
+            last_sent = Instant::now();
             let metrics_json =
                 serde_json::to_string(&shared.metrics.snapshot()).unwrap_or_default();
             let (running, unacknowledged) = shared.heartbeat_lists();
@@ -894,7 +903,7 @@ async fn run_inner(
             }
         }
         tokio::time::sleep(if registered {
-            interval
+            interval.min(metrics_interval)
         } else {
             Duration::from_millis(200)
         })

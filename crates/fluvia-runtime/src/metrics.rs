@@ -22,6 +22,10 @@ pub struct TaskMetricGroup {
     /// The vertex (chained) name.
     pub task: String,
     pub subtask: usize,
+    /// The vertex's index in its JobGraph and the attempt, so the
+    /// JobManager can show live numbers on the right attempt.
+    pub vertex: usize,
+    pub attempt: u32,
     pub counters: Arc<IoCounters>,
     pub output_pools: Vec<Arc<LocalBufferPool>>,
     pub input_pools: Vec<Arc<GateBufferPool>>,
@@ -49,12 +53,21 @@ impl TaskMetricGroup {
             job_id,
             task,
             subtask,
+            vertex: 0,
+            attempt: 0,
             counters,
             output_pools,
             input_pools,
             started: Instant::now(),
             last: Mutex::new(None),
         }
+    }
+
+    /// Names the vertex index and attempt the group measures.
+    pub fn for_attempt(mut self, vertex: usize, attempt: u32) -> Self {
+        self.vertex = vertex;
+        self.attempt = attempt;
+        self
     }
 
     fn back_pressured(&self) -> Duration {
@@ -105,6 +118,8 @@ impl TaskMetricGroup {
             job_id: self.job_id,
             task: self.task.clone(),
             subtask: self.subtask,
+            vertex: self.vertex,
+            attempt: self.attempt,
             records_in: IoCounters::get(&c.records_in),
             records_out: IoCounters::get(&c.records_out),
             bytes_in: IoCounters::get(&c.bytes_in),
@@ -131,6 +146,8 @@ pub struct TaskMetricsSnapshot {
     pub job_id: JobId,
     pub task: String,
     pub subtask: usize,
+    pub vertex: usize,
+    pub attempt: u32,
     pub records_in: u64,
     pub records_out: u64,
     pub bytes_in: u64,

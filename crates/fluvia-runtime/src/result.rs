@@ -148,6 +148,8 @@ impl JobExecutionResult {
                 job_id: job.job_id,
                 task: m.name.clone(),
                 subtask: i,
+                vertex: v,
+                attempt,
                 records_in: t.records_in,
                 records_out: t.records_out,
                 bytes_in: t.bytes_in,

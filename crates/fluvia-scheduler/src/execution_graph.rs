@@ -133,6 +133,15 @@ impl Execution {
     /// Moves to `state`, stamping the time it was entered.
     pub fn transition(&mut self, state: ExecutionState, now_ms: u64) {
         self.state = state;
+        // A task that finished ran, even when its RUNNING report came after
+        // (or with) its end: as in Flink, FINISHED follows RUNNING.
+        if state == ExecutionState::Finished {
+            let running = ExecutionState::ALL
+                .iter()
+                .position(|s| *s == ExecutionState::Running)
+                .unwrap_or(0);
+            self.state_timestamps[running].get_or_insert(now_ms);
+        }
         let i = ExecutionState::ALL
             .iter()
             .position(|s| *s == state)
