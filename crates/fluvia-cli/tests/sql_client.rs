@@ -563,3 +563,30 @@ fn the_interactive_client_runs_a_session_and_ctrl_c_cancels_only_the_running_que
         "{history}"
     );
 }
+
+/// On a terminal a running statement shows its progress on standard
+/// error; piped, standard error has only the one-line summary.
+#[test]
+fn progress_shows_on_a_terminal_and_not_when_piped() {
+    let query = "SELECT count(*) AS n FROM generate_series(1, 100000000) AS t(x) WHERE x % 7 = 3";
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fluvia"));
+    cmd.args(["sql", "-e", query]);
+    let mut p = rexpect::session::spawn_with_options(
+        cmd,
+        rexpect::reader::Options {
+            timeout_ms: Some(300_000),
+            strip_ansi_escape_codes: true,
+        },
+    )
+    .unwrap();
+    p.exp_string("vertices").unwrap();
+    p.exp_string("running").unwrap();
+    p.exp_string("14285714").unwrap();
+    p.exp_eof().unwrap();
+
+    let o = sql(&["-e", "SELECT 1 AS one"]);
+    assert!(o.status.success());
+    let err = stderr(&o);
+    assert!(!err.contains("vertices"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
