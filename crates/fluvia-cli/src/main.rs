@@ -6,6 +6,7 @@
 use anyhow::{Context, Result, anyhow, bail};
 use clap::{Args, Parser, Subcommand};
 use fluvia_cli::catalog::{Example, ExampleCatalog};
+use fluvia_cli::progress::progress_watch;
 use fluvia_cli::session::{Outcome, SqlSession};
 use fluvia_cli::sql::{SqlError, SqlSettings, Target};
 use fluvia_cli::{block_on, examples};
@@ -256,6 +257,7 @@ fn run_embedded(example: Example) -> Result<()> {
     let graph = env.job_graph(example.name())?;
     fluvia_runtime::validate_job(&graph, &env.registry())?;
     let mut progress = fluvia_cli::progress::Progress::new(example.name());
+    let active = progress.active();
     let mut watch = |s: &fluvia_cluster::rpc::JobStatus| progress.update(s);
     let status = block_on(fluvia_cluster::minicluster::run_job_watching(
         &graph.config,
@@ -263,7 +265,7 @@ fn run_embedded(example: Example) -> Result<()> {
         &spec,
         &graph,
         std::future::pending(),
-        Some(&mut watch),
+        progress_watch(&mut watch, active),
     ))??;
     progress.finish();
     report(&status, &graph, Some(&example))
@@ -355,6 +357,7 @@ fn run_on_cluster(jobmanager: &str, example: Example) -> Result<()> {
     fluvia_runtime::validate_job(&graph, &env.registry())?;
     let secret = cluster_config::cluster_secret(&graph.config)?;
     let mut progress = fluvia_cli::progress::Progress::new(example.name());
+    let active = progress.active();
     let mut watch = |s: &fluvia_cluster::rpc::JobStatus| progress.update(s);
     let status = block_on(async {
         let mut client = ClusterClient::connect(jobmanager, secret).await?;
@@ -366,7 +369,11 @@ fn run_on_cluster(jobmanager: &str, example: Example) -> Result<()> {
             note!("Web UI: {url}");
         }
         client
-            .wait_watching(&job_id, std::future::pending(), Some(&mut watch))
+            .wait_watching(
+                &job_id,
+                std::future::pending(),
+                progress_watch(&mut watch, active),
+            )
             .await
     })??;
     progress.finish();

@@ -12,33 +12,51 @@ use std::io::IsTerminal;
 use std::time::Duration;
 
 /// A progress line for one job (nothing when stderr is not a terminal or
-/// `FLUVIA_NO_PROGRESS` is set).
+/// `FLUVIA_NO_PROGRESS` is set). The line appears with the first status,
+/// after whatever the caller printed on submitting.
 pub struct Progress {
+    wanted: bool,
+    label: String,
     bar: Option<ProgressBar>,
 }
 
 impl Progress {
     pub fn new(label: &str) -> Self {
-        let wanted =
-            std::io::stderr().is_terminal() && std::env::var_os("FLUVIA_NO_PROGRESS").is_none();
-        if !wanted {
-            return Progress { bar: None };
+        Progress {
+            wanted: std::io::stderr().is_terminal()
+                && std::env::var_os("FLUVIA_NO_PROGRESS").is_none(),
+            label: label.to_string(),
+            bar: None,
         }
-        let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
-        let style = ProgressStyle::with_template(
-            "{spinner} {prefix} [{elapsed_precise}] {bar:24} {pos}/{len} vertices  {msg}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .progress_chars("=> ");
-        bar.set_style(style);
-        bar.set_prefix(label.to_string());
-        bar.enable_steady_tick(Duration::from_millis(200));
-        Progress { bar: Some(bar) }
+    }
+
+    /// Whether it draws anything (callers poll the job often only then).
+    pub fn active(&self) -> bool {
+        self.wanted
+    }
+
+    fn bar(&mut self) -> Option<&ProgressBar> {
+        if !self.wanted {
+            return None;
+        }
+        if self.bar.is_none() {
+            let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
+            let style = ProgressStyle::with_template(
+                "{spinner} {prefix} [{elapsed_precise}] {bar:24} {pos}/{len} vertices  {msg}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> ");
+            bar.set_style(style);
+            bar.set_prefix(self.label.clone());
+            bar.enable_steady_tick(Duration::from_millis(200));
+            self.bar = Some(bar);
+        }
+        self.bar.as_ref()
     }
 
     /// Shows what `status` says of the job.
     pub fn update(&mut self, status: &JobStatus) {
-        let Some(bar) = &self.bar else {
+        let Some(bar) = self.bar() else {
             return;
         };
         let details: serde_json::Value =
@@ -49,9 +67,10 @@ impl Progress {
             .filter(|v| v["status"] == "FINISHED")
             .count();
         let running = vertices.iter().filter(|v| v["status"] == "RUNNING").count();
+        // What the tasks wrote: sources count only their output.
         let records: u64 = vertices
             .iter()
-            .map(|v| v["metrics"]["read-records"].as_u64().unwrap_or(0))
+            .map(|v| v["metrics"]["write-records"].as_u64().unwrap_or(0))
             .sum();
         let bytes: u64 = vertices
             .iter()
@@ -60,7 +79,7 @@ impl Progress {
         bar.set_length(vertices.len() as u64);
         bar.set_position(finished as u64);
         bar.set_message(format!(
-            "{running} running, {} records in, {} out  {}",
+            "{running} running, {} records, {} written  {}",
             human(records as f64, ""),
             human(bytes as f64, "B"),
             status.state
@@ -73,6 +92,15 @@ impl Progress {
             bar.finish_and_clear();
         }
     }
+}
+
+/// `watch` when the progress line is drawn, else nothing (so the client
+/// polls the job at its usual pace).
+pub fn progress_watch(
+    watch: &mut (dyn FnMut(&JobStatus) + Send),
+    active: bool,
+) -> Option<&mut (dyn FnMut(&JobStatus) + Send)> {
+    active.then_some(watch)
 }
 
 impl Drop for Progress {

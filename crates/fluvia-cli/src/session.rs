@@ -98,6 +98,7 @@ impl SqlSession {
         let settings =
             SqlSettings::with_catalog(self.settings.catalog.clone(), parallelism, config)
                 .map_err(query_error)?;
+        fluvia_core::config::options::check(&settings.config).map_err(query_error)?;
         fluvia_sql::session::datafusion_options(settings.parallelism, &settings.config)
             .and_then(|o| fluvia_sql::session::session_config(&o).map(|_| ()))
             .map_err(query_error)?;

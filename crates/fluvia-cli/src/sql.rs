@@ -2,6 +2,7 @@
 //! the job on the embedded mini-cluster or a cluster, print the result.
 
 use crate::block_on;
+use crate::progress::progress_watch;
 use anyhow::{Context, Result, anyhow};
 use fluvia_cluster::client::ClusterClient;
 use fluvia_cluster::config as cluster_config;
@@ -209,6 +210,7 @@ pub fn run_with(
     let (graph, registry) = job.build()?;
     fluvia_runtime::validate_job(&graph, &registry)?;
     let mut progress = crate::progress::Progress::new(name);
+    let active = progress.active();
     let mut watch = |s: &JobStatus| progress.update(s);
     let status = match target {
         Target::Embedded => block_on(fluvia_cluster::minicluster::run_job_watching(
@@ -217,7 +219,7 @@ pub fn run_with(
             &spec,
             &graph,
             cancel.cancelled(),
-            Some(&mut watch),
+            progress_watch(&mut watch, active),
         ))??,
         Target::Cluster(jm) => {
             let secret = cluster_config::cluster_secret(&graph.config)?;
@@ -230,7 +232,7 @@ pub fn run_with(
                     crate::note_line(&format!("Job {id} submitted: {url}"));
                 }
                 client
-                    .wait_watching(&id, cancel.cancelled(), Some(&mut watch))
+                    .wait_watching(&id, cancel.cancelled(), progress_watch(&mut watch, active))
                     .await
             })??
         }

@@ -448,9 +448,15 @@ fn set_and_reset_change_what_the_next_statements_plan_with() {
         "{out}"
     );
 
-    let o = sql(&["-e", "SET 'parallelism.default' = 'many'"]);
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(stderr(&o).contains("parallelism.default"), "{}", stderr(&o));
+    for (key, value) in [
+        ("parallelism.default", "many"),
+        ("execution.batch.speculative.enabled", "maybe"),
+        ("datafusion.execution.batch_size", "lots"),
+    ] {
+        let o = sql(&["-e", &format!("SET '{key}' = '{value}'; SELECT 1 AS one")]);
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(stderr(&o).contains(key), "{key}: {}", stderr(&o));
+    }
 }
 
 #[test]

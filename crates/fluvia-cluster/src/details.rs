@@ -97,8 +97,10 @@ impl<'a> View<'a> {
                 known: true,
             };
         }
+        // Running, or ended without a report (lost with its TaskManager):
+        // its latest live numbers.
         match self.live.get(&(v, i, a.attempt_number)) {
-            Some(l) if a.state.is_live() => Io {
+            Some(l) => Io {
                 records_in: l["records_in"].as_u64().unwrap_or(0),
                 records_out: l["records_out"].as_u64().unwrap_or(0),
                 bytes_in: l["bytes_in"].as_u64().unwrap_or(0),
@@ -203,7 +205,10 @@ impl<'a> View<'a> {
                 .attempts
                 .iter()
                 .filter(|o| o.attempt_number != a.attempt_number)
-                .filter(|o| overlaps(self.attempt_window(a), self.attempt_window(o)))
+                .filter(|o| {
+                    (!o.state.is_terminal() && !a.state.is_terminal())
+                        || overlaps(self.attempt_window(a), self.attempt_window(o))
+                })
                 .map(|o| self.attempt_json(v, i, o, false))
                 .collect();
             out["other-concurrent-attempts"] = json!(others);
@@ -215,7 +220,7 @@ impl<'a> View<'a> {
     /// with its concurrent twins, and every attempt (Fluvia's `attempts`).
     fn subtask_json(&self, v: usize, i: usize) -> Value {
         let s = &self.job.eg.vertices[v].subtasks[i];
-        let shown = s.winner().unwrap_or_else(|| s.latest_attempt());
+        let shown = shown(s);
         let mut out = self.attempt_json(v, i, shown, true);
         out["status"] = json!(s.state().name());
         let m = shown.metrics.clone().unwrap_or_default();
@@ -236,7 +241,7 @@ impl<'a> View<'a> {
             .iter()
             .enumerate()
             .map(|(i, s)| {
-                let shown = s.winner().unwrap_or_else(|| s.latest_attempt());
+                let shown = shown(s);
                 self.io(v, i, shown)
             })
             .collect()
@@ -288,7 +293,7 @@ impl<'a> View<'a> {
         let windows: Vec<(Option<u64>, Option<u64>)> = ejv
             .subtasks
             .iter()
-            .map(|s| self.attempt_window(s.winner().unwrap_or_else(|| s.latest_attempt())))
+            .map(|s| self.attempt_window(shown(s)))
             .collect();
         let start = windows.iter().filter_map(|w| w.0).min();
         let all_ended =
@@ -377,7 +382,7 @@ impl<'a> View<'a> {
         let mut records = 0;
         let mut bytes = 0;
         for (i, s) in ejv.subtasks.iter().enumerate() {
-            let shown = s.winner().unwrap_or_else(|| s.latest_attempt());
+            let shown = shown(s);
             match &shown.metrics {
                 Some(m) => {
                     bytes += m
@@ -537,7 +542,7 @@ impl<'a> View<'a> {
                 let state = s.state().name().to_ascii_lowercase();
                 let n = tasks.get(&state).and_then(Value::as_u64).unwrap_or(0);
                 tasks.insert(state, json!(n + 1));
-                let a = s.winner().unwrap_or_else(|| s.latest_attempt());
+                let a = shown(s);
                 let newest = a.state_timestamps.iter().flatten().max().copied();
                 last = last.max(self.wall(newest).max(0) as u64);
             }
@@ -597,10 +602,19 @@ impl<'a> View<'a> {
             }
         }
         entries.sort_by_key(|e| std::cmp::Reverse(e.0));
-        let root_time = self.meta.end_time.map(|t| t as i64);
+        // The job's own cause, when it is not one of its tasks' (a lost
+        // TaskManager, no slots): at the job's end, or the newest task
+        // failure's time.
+        let root_time = self
+            .meta
+            .end_time
+            .map(|t| t as i64)
+            .or_else(|| entries.first().map(|e| e.0));
         if let Some(cause) = &self.job.failure_cause {
-            // A failure of the whole job, not of one of its tasks.
-            if entries.is_empty() {
+            let own = !entries
+                .iter()
+                .any(|(_, e)| e["stacktrace"] == cause.as_str());
+            if own {
                 entries.insert(
                     0,
                     (
@@ -649,7 +663,7 @@ impl<'a> View<'a> {
             .iter()
             .enumerate()
             .map(|(i, s)| {
-                let shown = s.winner().unwrap_or_else(|| s.latest_attempt());
+                let shown = shown(s);
                 let io = self.io(v, i, shown);
                 let ratio = (io.back_pressured / 1000.0).clamp(0.0, 1.0);
                 max_ratio = max_ratio.max(ratio);
@@ -755,6 +769,19 @@ impl<'a> View<'a> {
             Some(n) => s.attempt(n).map(|a| self.attempt_json(v, i, a, true)),
         }
     }
+}
+
+/// The attempt a subtask shows (Flink's rule): the winner once one
+/// finished, else the one closest to finishing, the newest among equals.
+fn shown(s: &fluvia_scheduler::ExecutionVertex) -> &Execution {
+    if let Some(w) = s.winner() {
+        return w;
+    }
+    s.attempts
+        .iter()
+        .rev()
+        .max_by_key(|a| a.state.progress())
+        .unwrap_or_else(|| s.latest_attempt())
 }
 
 fn overlaps(a: (Option<u64>, Option<u64>), b: (Option<u64>, Option<u64>)) -> bool {

@@ -152,20 +152,16 @@ async fn job_config(State(s): State<Shared>, Path(id): Path<String>) -> Response
                 (k.to_string(), json!(if hidden { "******" } else { v }))
             })
             .collect();
-        let restart = match config
-            .get_raw("restart-strategy.type")
-            .or(config.get_raw("restart-strategy"))
-        {
-            Some(r) if r != "none" => format!(
-                "Restart with {r} ({} attempts, {} delay)",
-                config
-                    .get_raw("restart-strategy.fixed-delay.attempts")
-                    .unwrap_or("1"),
-                config
-                    .get_raw("restart-strategy.fixed-delay.delay")
-                    .unwrap_or("1 s")
-            ),
-            _ => "No restart".to_string(),
+        // The JobManager's strategy is the one its scheduler applies.
+        let sc = view.st.scheduler.config();
+        let restart = if sc.restart_attempts == 0 {
+            "No restart".to_string()
+        } else {
+            format!(
+                "Restart with fixed delay ({} ms). #{} restart attempts.",
+                sc.restart_delay.as_millis(),
+                sc.restart_attempts
+            )
         };
         Json(json!({
             "jid": view.meta.id,
@@ -225,8 +221,11 @@ async fn subtask_metrics(
 
 async fn subtask(
     State(s): State<Shared>,
-    Path((id, vid, n)): Path<(String, String, usize)>,
+    Path((id, vid, n)): Path<(String, String, String)>,
 ) -> Response {
+    let Ok(n) = n.parse::<usize>() else {
+        return not_found(format!("subtask {n} not found in vertex {vid}"));
+    };
     with_vertex(&s, &id, &vid, |view, v| {
         match view.attempt_details(v, n, None) {
             Some(a) => Json(a).into_response(),
@@ -237,8 +236,13 @@ async fn subtask(
 
 async fn attempt(
     State(s): State<Shared>,
-    Path((id, vid, n, a)): Path<(String, String, usize, u32)>,
+    Path((id, vid, n, a)): Path<(String, String, String, String)>,
 ) -> Response {
+    let (Ok(n), Ok(a)) = (n.parse::<usize>(), a.parse::<u32>()) else {
+        return not_found(format!(
+            "attempt {a} of subtask {n} not found in vertex {vid}"
+        ));
+    };
     with_vertex(&s, &id, &vid, |view, v| {
         match view.attempt_details(v, n, Some(a)) {
             Some(a) => Json(a).into_response(),
@@ -293,7 +297,9 @@ async fn cancel(
         )
             .into_response();
     }
-    if q.get("mode").is_some_and(|m| m != "cancel") {
+    if q.get("mode")
+        .is_some_and(|m| !m.eq_ignore_ascii_case("cancel"))
+    {
         return (
             StatusCode::BAD_REQUEST,
             Json(json!({ "errors": ["mode must be cancel"] })),
@@ -560,10 +566,22 @@ async fn metrics(State(s): State<Shared>) -> Response {
 
 /// Serves the REST API until the process stops.
 pub(crate) async fn serve(listener: tokio::net::TcpListener, shared: Arc<JmShared>) {
+    // Flink serves every path under /v1 too (what its REST client calls).
     let app = Router::new()
         .route("/", get(web_index))
         .route("/app.js", get(web_script))
         .route("/style.css", get(web_style))
+        .merge(api())
+        .nest("/v1", api())
+        .fallback(|uri: axum::http::Uri| async move { not_found(format!("Not found: {uri}")) })
+        .with_state(shared);
+    if let Err(e) = axum::serve(listener, app).await {
+        tracing::error!("REST server stopped: {e}");
+    }
+}
+
+fn api() -> Router<Shared> {
+    Router::new()
         .route("/config", get(config))
         .route("/overview", get(overview))
         .route("/jobs", get(jobs))
@@ -588,9 +606,4 @@ pub(crate) async fn serve(listener: tokio::net::TcpListener, shared: Arc<JmShare
         .route("/taskmanagers/{id}", get(taskmanager))
         .route("/shuffle-services", get(shuffle_services))
         .route("/metrics", get(metrics))
-        .fallback(|uri: axum::http::Uri| async move { not_found(format!("Not found: {uri}")) })
-        .with_state(shared);
-    if let Err(e) = axum::serve(listener, app).await {
-        tracing::error!("REST server stopped: {e}");
-    }
 }

@@ -733,7 +733,10 @@ async fn run_inner(
         .connect_lazy();
     let id = format!("tm-{}-{}", rpc_address.port(), std::process::id());
     let interval = config.get(&cfg::HEARTBEAT_INTERVAL)?;
-    let metrics_interval = config.get(&cfg::METRICS_UPDATE_INTERVAL)?;
+    // Below 50 ms the reports would only load the JobManager.
+    let metrics_interval = config
+        .get(&cfg::METRICS_UPDATE_INTERVAL)?
+        .max(Duration::from_millis(50));
     let timeout = config.get(&cfg::HEARTBEAT_TIMEOUT)?;
     let shared = Arc::new(Shared {
         id: id.clone(),
@@ -902,8 +905,10 @@ async fn run_inner(
                 }
             }
         }
+        // Wake for the next metrics report or the next heartbeat,
+        // whichever is first.
         tokio::time::sleep(if registered {
-            interval.min(metrics_interval)
+            metrics_interval.min(interval.saturating_sub(last_sent.elapsed()))
         } else {
             Duration::from_millis(200)
         })

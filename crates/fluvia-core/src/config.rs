@@ -425,6 +425,45 @@ pub mod options {
             ),
         ]
     }
+
+    /// Reads every option of `config` with its type: an error names the
+    /// first key whose value does not parse (`SET` checks with it).
+    pub fn check(config: &super::Configuration) -> crate::Result<()> {
+        config.get(&AUTO_PARALLELISM_ENABLED)?;
+        config.get(&AUTO_PARALLELISM_MIN)?;
+        config.get(&AUTO_PARALLELISM_MAX)?;
+        config.get(&AUTO_PARALLELISM_AVG_DATA_VOLUME)?;
+        config.get(&AUTO_PARALLELISM_DEFAULT_SOURCE)?;
+        config.get(&SPECULATIVE_ENABLED)?;
+        config.get(&SPECULATIVE_MAX_CONCURRENT)?;
+        config.get(&SPECULATIVE_BLOCK_DURATION)?;
+        config.get(&SLOW_TASK_CHECK_INTERVAL)?;
+        config.get(&SLOW_TASK_LOWER_BOUND)?;
+        config.get(&SLOW_TASK_BASELINE_RATIO)?;
+        config.get(&SLOW_TASK_BASELINE_MULTIPLIER)?;
+        config.get(&ADAPTIVE_BROADCAST_JOIN_STRATEGY)?;
+        config.get(&SKEWED_JOIN_STRATEGY)?;
+        config.get(&SKEWED_JOIN_FACTOR)?;
+        config.get(&SKEWED_JOIN_THRESHOLD)?;
+        config.get(&BROADCAST_THRESHOLD)?;
+        config.get(&MULTIPLE_INPUT)?;
+        config.get(&PARALLELISM)?;
+        config.get(&MAX_PARALLELISM)?;
+        config.get(&CHAINING_ENABLED)?;
+        config.get(&OBJECT_REUSE)?;
+        config.get(&RUNTIME_MODE)?;
+        config.get(&BUFFER_TIMEOUT)?;
+        config.get(&SORT_SHUFFLE_MIN_PARALLELISM)?;
+        config.get(&SORT_SHUFFLE_MIN_BUFFERS)?;
+        config.get(&BLOCKING_SHUFFLE_COMPRESSION)?;
+        config.get(&BATCH_SHUFFLE_READ_MEMORY)?;
+        config.get(&SEGMENT_SIZE)?;
+        config.get(&NETWORK_MEMORY)?;
+        config.get(&BUFFERS_PER_CHANNEL)?;
+        config.get(&FLOATING_BUFFERS)?;
+        config.get(&TMP_DIRS)?;
+        Ok(())
+    }
 }
 
 /// Values that can be read from configuration text.

@@ -83,7 +83,9 @@ impl ExecutionState {
     }
 
     /// How close to FINISHED: the vertex shows its most advanced attempt.
-    fn progress(self) -> u8 {
+    /// How close to FINISHED (higher is closer): Flink's order for the
+    /// attempt a subtask shows.
+    pub fn progress(self) -> u8 {
         match self {
             ExecutionState::Finished => 9,
             ExecutionState::Running => 8,

@@ -1464,6 +1464,8 @@ impl Scheduler {
             ExecutionState::Canceled | ExecutionState::Failed => {
                 if was_canceling {
                     e.transition(ExecutionState::Canceled, now);
+                    // What it did before it was cancelled stays visible.
+                    e.metrics = metrics;
                     let tm = e.task_manager.clone();
                     self.free_slot_of(a);
                     // Nobody reads a cancelled attempt's partitions.
