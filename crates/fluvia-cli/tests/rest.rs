@@ -619,4 +619,24 @@ fn a_running_job_shows_running_subtasks_and_live_metrics_at_most_a_second_old() 
     assert_eq!(status, 202, "{body}");
     let o = runner.join().unwrap();
     assert!(String::from_utf8_lossy(&o.stderr).contains("CANCELED"));
+    // What the cancelled attempts did stays visible.
+    let job = get(&cluster.rest, &format!("/jobs/{id}"));
+    assert_eq!(job["state"], "CANCELED");
+    let kept = job["vertices"][0]["metrics"]["write-records"]
+        .as_u64()
+        .unwrap();
+    assert!(kept >= c, "{kept} < {c}");
+    // Flink's REST client's paths: the same under /v1.
+    assert_eq!(
+        get(&cluster.rest, &format!("/v1/jobs/{id}"))["jid"],
+        id.as_str()
+    );
+    let (status, body) = http(
+        &cluster.rest,
+        "GET",
+        &format!("/jobs/{id}/vertices/{source}/subtasks/x"),
+        &[],
+    );
+    assert_eq!(status, 404, "{body}");
+    assert!(serde_json::from_str::<Value>(&body).unwrap()["errors"].is_array());
 }

@@ -41,6 +41,14 @@ fn slow_down(pid: u32, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
     })
 }
 
+/// These tests measure slowness: three clusters of five processes each,
+/// slowed from outside, on two cores would make every TaskManager slow.
+/// They run one at a time.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Speculation on, with a detector quick enough for a test.
 const SPECULATION: [&str; 6] = [
     "-D",
@@ -90,7 +98,10 @@ fn lines_of(counts: &BTreeMap<String, u64>) -> String {
 
 /// A speculative attempt of some subtask of `vertex` ran away from
 /// `victim`, and a speculative attempt won.
-fn assert_twin_elsewhere(details: &Value, vertex: usize, victim: &str) {
+/// `won`: a speculative attempt must also have finished first (the long
+/// jobs; in TPC-DS q3 at SF 0.1 a task takes a fraction of a second, and on
+/// a loaded machine the slowed original may still finish first).
+fn assert_twin_elsewhere(details: &Value, vertex: usize, victim: &str, won: bool) {
     let attempts: Vec<Value> = details["vertices"][vertex]["subtasks"]
         .as_array()
         .unwrap()
@@ -107,7 +118,7 @@ fn assert_twin_elsewhere(details: &Value, vertex: usize, victim: &str) {
         "{attempts:?}"
     );
     assert!(
-        details["numEffectiveSpeculativeExecutions"]
+        !won || details["numEffectiveSpeculativeExecutions"]
             .as_u64()
             .unwrap()
             >= 1,
@@ -159,6 +170,7 @@ fn names_in(dir: &Path) -> Vec<String> {
 
 #[test]
 fn a_slowed_task_manager_gets_a_twin_of_its_subtask_elsewhere_and_is_blocked() {
+    let _one_at_a_time = serial();
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("corpus.txt");
     let out = dir.path().join("counts.txt");
@@ -183,7 +195,7 @@ fn a_slowed_task_manager_gets_a_twin_of_its_subtask_elsewhere_and_is_blocked() {
         "each word once, right counts"
     );
     let details = get(&cluster.rest, &format!("/jobs/{job}"));
-    assert_twin_elsewhere(&details, 0, &victim);
+    assert_twin_elsewhere(&details, 0, &victim, true);
     assert_blocked(&cluster, &victim);
     assert!(
         get(&cluster.rest, "/overview")["taskmanagers-blocked"]
@@ -213,6 +225,7 @@ fn a_slowed_task_manager_gets_a_twin_of_its_subtask_elsewhere_and_is_blocked() {
 
 #[test]
 fn a_slowed_sink_subtask_is_speculated_and_each_record_is_written_once() {
+    let _one_at_a_time = serial();
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("corpus.txt");
     let out = dir.path().join("counts");
@@ -247,7 +260,7 @@ fn a_slowed_sink_subtask_is_speculated_and_each_record_is_written_once() {
         "{}",
         details["vertices"][1]["name"]
     );
-    assert_twin_elsewhere(&details, 1, &victim);
+    assert_twin_elsewhere(&details, 1, &victim, true);
     assert_blocked(&cluster, &victim);
 
     let parts = ["part-0", "part-1", "part-2", "part-3"];
@@ -273,6 +286,7 @@ fn a_slowed_sink_subtask_is_speculated_and_each_record_is_written_once() {
 
 #[test]
 fn a_tpcds_query_on_a_cluster_with_a_slowed_task_manager_is_right_and_speculated() {
+    let _one_at_a_time = serial();
     let data = common::tpcds_data();
     let cluster = Cluster::start(&[], 4, &["--slots", "1"]);
     let victim = get(&cluster.rest, "/taskmanagers")["taskmanagers"][0]["id"]
@@ -318,7 +332,7 @@ fn a_tpcds_query_on_a_cluster_with_a_slowed_task_manager_is_right_and_speculated
         .collect();
     assert!(!speculated.is_empty(), "nothing speculated: {details}");
     for v in speculated {
-        assert_twin_elsewhere(&details, v, &victim);
+        assert_twin_elsewhere(&details, v, &victim, false);
     }
     assert_blocked(&cluster, &victim);
 }

@@ -611,9 +611,11 @@ impl<'a> View<'a> {
             .map(|t| t as i64)
             .or_else(|| entries.first().map(|e| e.0));
         if let Some(cause) = &self.job.failure_cause {
+            // A job that failed because a task did says so around the
+            // task's own cause.
             let own = !entries
                 .iter()
-                .any(|(_, e)| e["stacktrace"] == cause.as_str());
+                .any(|(_, e)| e["stacktrace"].as_str().is_some_and(|t| cause.contains(t)));
             if own {
                 entries.insert(
                     0,

@@ -3,8 +3,9 @@
  * Owns everything the dashboard does in the browser: the hash router (#/, #/jobs/<jid>,
  * #/jobs/<jid>/vertices/<vid>, #/taskmanagers), the polling loop (period = /config
  * "refresh-interval", paused while the tab is hidden), and rendering of the cluster header,
- * the job list, the job page (a left-to-right SVG DAG with its own small layered layout, the
- * vertex panel, exceptions, configuration) and the TaskManagers page.
+ * the job list, the job page (a left-to-right SVG DAG with its own small layered layout, fitted
+ * to the card's width with zoom buttons, the vertex panel, exceptions, configuration) and the
+ * TaskManagers page.
  * It only talks to the JobManager REST API of /tmp/ui-contract.md, same origin, no libraries.
  * Every string that comes from the server is escaped (esc) before it is put into HTML or SVG.
  * Updates are in place: containers keep their last HTML and are only rewritten when it changed,
@@ -61,6 +62,8 @@ function fmtClock(ms) {
   const full = fmtTime(ms);
   return isNum(ms) && ms > 0 && new Date(ms).toDateString() === new Date().toDateString() ? full.slice(11) : full;
 }
+/** A count the server may not know (-1, missing): shown as "–". */
+const known = (v) => (isNum(v) && v >= 0 ? v : '–');
 function fmtMsPerSec(v) { return isNum(v) ? `${Math.round(v)} ms/s` : '–'; }
 function pct(msPerSec) { return isNum(msPerSec) ? Math.max(0, Math.min(100, Math.round(msPerSec / 10))) : null; }
 const shortId = (id) => String(id ?? '').slice(0, 8);
@@ -518,6 +521,18 @@ const F_HEAD = `600 12.5px ${FONT}`, F_MEMBER = `12px ${FONT}`, F_META = `11px $
 const F_LBL = `600 11px ${FONT}`, F_LBL2 = `10.5px ${FONT}`;
 const BOX_MIN = 190, BOX_TEXT_MAX = 290, PAD = 10, LINE = 16;
 
+/**
+ * Short title of a multiple-input vertex: "MultipleInput" plus the bracketed sources that follow
+ * "MultipleInput(readOrder=[..], members=[..])" in its name, e.g. "MultipleInput [Source: store_sales]".
+ * The members and the read order are listed below it, the full name is in the box's tooltip.
+ */
+function multipleInputTitle(name) {
+  const s = String(name ?? '');
+  const at = s.lastIndexOf('])');                   // closes the members' list, as the server reads it
+  const tail = at >= 0 ? s.slice(at + 2).trim() : '';
+  return /^\[[^\n]*\]$/.test(tail) ? `MultipleInput ${tail}` : 'MultipleInput';
+}
+
 /** Text lines of a vertex box: chained members head first, or a MultipleInput with its members. */
 function vertexLines(node, vertex) {
   const members = Array.isArray(node.members) && node.members.length ? node.members.map(String)
@@ -525,12 +540,14 @@ function vertexLines(node, vertex) {
   const mi = node['multiple-input'];
   if (!mi) return members.map((m, i) => ({ text: m, font: i === 0 ? F_HEAD : F_MEMBER, cls: i === 0 ? 'm-head' : 'm' }));
   const miMembers = (mi.members || []).map(String);
-  const head = members[0].startsWith('MultipleInput') ? members[0] : 'MultipleInput';
-  const lines = [{ text: head, font: F_HEAD, cls: 'm-head' }];
+  const isMi = (m) => m.startsWith('MultipleInput');
+  const full = members.find((m) => m.startsWith('MultipleInput(')) ?? [vertex?.name, node.description]
+    .map((x) => String(x ?? '')).find((x) => x.startsWith('MultipleInput(')) ?? '';
+  const lines = [{ text: multipleInputTitle(full), font: F_HEAD, cls: 'm-head' }];
   miMembers.forEach((m) => lines.push({ text: m, font: F_MEMBER, cls: 'm mi', indent: 10 }));
   if (Array.isArray(mi['read-order'])) lines.push({ text: `Read order: ${mi['read-order'].join(', ')}`, font: F_META, cls: 'meta' });
   const same = members.length === miMembers.length && members.every((m, i) => m === miMembers[i]);
-  if (!same) members.filter((m) => m !== head).forEach((m) => lines.push({ text: m, font: F_MEMBER, cls: 'm' }));
+  if (!same) members.filter((m) => !isMi(m)).forEach((m) => lines.push({ text: m, font: F_MEMBER, cls: 'm' }));
   return lines;
 }
 
@@ -544,15 +561,15 @@ function dagModel(job) {
   const nodes = ids.map((id) => {
     const v = vmap.get(id), n = pmap.get(id) || { id, inputs: [] };
     const par = isNum(v?.parallelism) ? v.parallelism : isNum(n.parallelism) ? n.parallelism : -1;
-    const lines = [];
-    for (const l of vertexLines(n, v)) {
+    const lines = [], full = vertexLines(n, v);
+    for (const l of full) {
       wrapText(l.text, l.font, BOX_TEXT_MAX - (l.indent || 0)).forEach((t, i) => lines.push({ ...l, text: t, cont: i > 0 }));
     }
     const parText = `Parallelism: ${par === -1 ? 'decided at runtime' : par}`;
     const textW = Math.max(...lines.map((l) => textWidth(l.text, l.font) + (l.indent || 0)), textWidth(parText, F_META) + 90);
     const w = Math.ceil(Math.max(BOX_MIN, textW + 2 * PAD));
     const h = 8 + PAD + lines.length * LINE + 8 + 16 + 2 * 16 + PAD - 4;
-    return { id, w, h, v, n, lines, par, parText };
+    return { id, w, h, v, n, lines, full: full.map((l) => l.text), par, parText };
   });
   const known = new Set(ids), edges = [];
   for (const nd of nodes) {
@@ -570,6 +587,15 @@ function dagModel(job) {
   return { nodes, edges };
 }
 
+/** Tooltip of an edge: its exchange, and that its numbers are what the producer wrote into it so far. */
+function edgeTip(e) {
+  const i = e.input, t = [`${e.ship || 'unknown'} · ${i.exchange || 'unknown exchange'} · input ${i.num ?? '?'}`];
+  if (isNum(i.records) || isNum(i.bytes)) {
+    t.push(`${fmtCount(i.records)} records · ${fmtBytes(i.bytes)}: what the producer has written into this edge so far`);
+  }
+  return t.join('\n');
+}
+
 function bar(y, label, value, cls, boxW) {
   const p = pct(value);
   const x = PAD + Math.ceil(textWidth('Back pressure', F_META)) + 8, w = boxW - PAD - x - 34;
@@ -579,8 +605,8 @@ function bar(y, label, value, cls, boxW) {
     <text class="meta" x="${boxW - PAD}" y="${y + 9}" text-anchor="end">${p === null ? '–' : p + '%'}</text>`;
 }
 
-/** Renders the whole SVG for a model + layout; selected = vertex id or null. */
-function dagSvg(model, lay, selected) {
+/** Renders the whole SVG for a model + layout; selected = vertex id or null; scale = zoom (1 = 100%). */
+function dagSvg(model, lay, selected, scale = 1) {
   const boxes = model.nodes.map((nd) => {
     const p = lay.nodes.get(nd.id);
     const v = nd.v || {};
@@ -595,8 +621,10 @@ function dagSvg(model, lay, selected) {
     y += 16;
     const meta = `<text class="meta" x="${PAD}" y="${y - 4}">${esc(nd.parText)}</text>
       <text class="status-t" x="${nd.w - PAD}" y="${y - 4}" text-anchor="end">${esc(status)}</text>`;
-    const bars = bar(y, 'Busy', v['busy-ms-per-second'], 'busy', nd.w) + bar(y + 16, 'Back pressure', v['back-pressured-ms-per-second'], 'bp', nd.w);
-    const tip = [v.name || nd.n.description || nd.id, ...nd.lines.filter((l) => !l.cont).map((l) => l.text), nd.parText].join('\n');
+    const busyLabel = status === 'FINISHED' ? 'Busy (avg)' : 'Busy';     // a finished attempt's average, not live
+    const bars = bar(y, busyLabel, v['busy-ms-per-second'], 'busy', nd.w) + bar(y + 16, 'Back pressure', v['back-pressured-ms-per-second'], 'bp', nd.w);
+    const name = String(v.name || nd.n.description || nd.id);
+    const tip = [name, ...nd.full.filter((t) => t !== name), nd.parText].join('\n');
     return `<g class="vertex" data-vertex-id="${esc(nd.id)}" data-parallelism="${nd.par}" data-status="${esc(status)}"${selected === nd.id ? ' data-selected="true"' : ''} transform="translate(${p.x.toFixed(1)},${p.y.toFixed(1)})" tabindex="0" role="button">
       <title>${esc(tip)}</title>
       <rect class="box ${stCls(status)}" width="${nd.w}" height="${nd.h}" rx="6"/>
@@ -610,25 +638,33 @@ function dagSvg(model, lay, selected) {
     const active = selected && (e.source === selected || e.target === selected);
     const texts = e.lines.map((l, k) => `<text class="${k ? 'l2' : 'l1'}" x="${L.x.toFixed(1)}" y="${(y0 + 15 + k * 13).toFixed(1)}" text-anchor="middle">${esc(l.text)}</text>`).join('');
     return `<g class="edge" data-source="${esc(e.source)}" data-target="${esc(e.target)}" data-ship-strategy="${esc(e.ship)}"${active ? ' data-active="true"' : ''}>
-      <title>${esc(`${e.ship} · ${e.input.exchange || ''} · input ${e.input.num ?? ''}`)}</title>
+      <title>${esc(edgeTip(e))}</title>
       <path d="${pathD(g.points)}" marker-end="url(#${active ? 'arrow-a' : 'arrow'})"/>
       <rect class="lbl" x="${x0.toFixed(1)}" y="${y0.toFixed(1)}" width="${L.w}" height="${L.h}" rx="4"/>${texts}</g>`;
   }).join('');
   const marker = (id) => `<marker id="${id}" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" orient="auto"><path d="M0,0L10,5L0,10z"/></marker>`;
-  return `<svg class="dag" xmlns="http://www.w3.org/2000/svg" width="${Math.ceil(lay.width)}" height="${Math.ceil(lay.height)}" viewBox="0 0 ${Math.ceil(lay.width)} ${Math.ceil(lay.height)}">
+  const W = Math.ceil(lay.width), H = Math.ceil(lay.height);
+  return `<svg class="dag" xmlns="http://www.w3.org/2000/svg" width="${Math.ceil(W * scale)}" height="${Math.ceil(H * scale)}" viewBox="0 0 ${W} ${H}">
     <defs>${marker('arrow')}${marker('arrow-a')}</defs><g class="vertices">${boxes}</g><g class="edges">${edges}</g></svg>`;
 }
 
 /* ------------------------------------------------------------------ job page */
 
+const FIT_MIN = 0.35, ZOOM_MIN = 0.2, ZOOM_MAX = 2, ZOOM_STEP = 1.25;
+
 const JobPage = {
   mount(root, r) {
     Object.assign(this, { jid: r.jid, vid: r.vid, job: null, exc: null, cfg: null, vertex: null, bp: null,
-      vertexFor: null, layoutKey: '', sizes: new Map(), model: null, layout: null, terminalTicks: 0, frozen: false, metricsFallback: null });
+      vertexFor: null, layoutKey: '', sizes: new Map(), model: null, layout: null, terminalTicks: 0, frozen: false, metricsFallback: null,
+      zoom: null, scale: null, fit: null, viewPlaced: false });   // zoom: null = fit to the card's width, else the user's scale
     root.innerHTML = `
       <section class="card" id="job-head"><div class="muted">Loading job ${esc(r.jid)}…</div></section>
       <div id="cancel-msg" class="msg" hidden></div>
-      <section class="card"><div class="card-h"><h2>Job graph</h2><div class="legend">${
+      <section class="card"><div class="card-h"><h2>Job graph</h2>
+        <div class="zoom" role="group" aria-label="Zoom">
+          <button type="button" data-action="zoom-out" title="Zoom out">−</button><button type="button" data-action="zoom-fit" title="Fit the graph to the width (and show its start)">Fit</button><button type="button" data-action="zoom-in" title="Zoom in">+</button>
+          <span class="zoom-pct" id="zoom-pct"></span></div>
+        <div class="legend">${
         ['CREATED', 'SCHEDULED', 'RUNNING', 'FINISHED', 'CANCELING', 'CANCELED', 'FAILED'].map((s) => `<span><i class="${stCls(s)}"></i>${s}</span>`).join('')
       }</div></div><div class="dag-scroll" id="dag"></div></section>
       <div id="vertex-slot"></div>
@@ -729,11 +765,69 @@ const JobPage = {
     const key = JSON.stringify([model.nodes.map((n) => [n.id, n.w, n.h]), model.edges.map((e) => [e.source, e.target, e.labelW, e.labelH])]);
     if (key !== this.layoutKey) { this.layout = layoutDag(model.nodes, model.edges); this.layoutKey = key; }
     this.model = model;
-    const left = el.scrollLeft, top = el.scrollTop;
+    const left = el.scrollLeft, top = el.scrollTop, cw = el.clientWidth, ch = el.clientHeight;
+    const prev = this.scale, scale = this.zoom ?? this.fitScale(el);
     const focused = document.activeElement && document.activeElement.closest && document.activeElement.closest('#dag g.vertex');
-    setHTML(el, model.nodes.length ? dagSvg(model, this.layout, this.vid) : '<div class="muted pad">This job has no vertices.</div>');
-    el.scrollLeft = left; el.scrollTop = top;
-    if (focused) { const g = [...el.querySelectorAll('g.vertex')].find((x) => x.dataset.vertexId === focused.dataset.vertexId); if (g) g.focus(); }
+    setHTML(el, model.nodes.length ? dagSvg(model, this.layout, this.vid, scale) : '<div class="muted pad">This job has no vertices.</div>');
+    this.scale = scale;
+    if (!model.nodes.length) { /* nothing to place */ } else if (!this.viewPlaced) {
+      this.placeView(el); this.viewPlaced = true;
+    } else if (prev && prev !== scale) {           // zoomed: keep the point in the middle of the view
+      el.scrollLeft = ((left + cw / 2) / prev) * scale - el.clientWidth / 2;
+      el.scrollTop = ((top + ch / 2) / prev) * scale - el.clientHeight / 2;
+    } else { el.scrollLeft = left; el.scrollTop = top; }
+    const p = $('#zoom-pct');
+    if (p) p.textContent = model.nodes.length ? `${Math.round(scale * 100)}%` : '';
+    for (const [a, dis] of [['zoom-out', scale <= ZOOM_MIN], ['zoom-in', scale >= ZOOM_MAX]]) {
+      const b = document.querySelector(`#main [data-action="${a}"]`);
+      if (b) b.disabled = dis;
+    }
+    if (focused) { const g = [...el.querySelectorAll('g.vertex')].find((x) => x.dataset.vertexId === focused.dataset.vertexId); if (g) g.focus({ preventScroll: true }); }
+  },
+
+  /**
+   * Scale at which the graph fits the scroll box's width: at most 1, at least FIT_MIN (then it scrolls).
+   * Kept while the graph's size stays, it still fits and the box did not widen by more than a scroll
+   * bar, so a page scroll bar coming and going does not rescale the graph back and forth on refreshes.
+   */
+  fitScale(el) {
+    const W = Math.ceil(this.layout.width), H = Math.ceil(this.layout.height);
+    const cs = getComputedStyle(el);
+    const inner = el.offsetWidth - (parseFloat(cs.borderLeftWidth) || 0) - (parseFloat(cs.borderRightWidth) || 0);
+    if (!(inner > 0) || W <= 0) return this.scale || 1;
+    const maxH = parseFloat(cs.maxHeight) || Infinity;
+    const room = (s) => (H * s > maxH ? inner - 16 : inner);   // 16: the box's vertical scroll bar
+    const f = this.fit;
+    if (f && f.W === W && f.H === H && inner < f.inner + 24 && (W * f.s <= room(f.s) + 0.5 || f.s <= FIT_MIN)) return f.s;
+    let s = Math.min(1, inner / W);
+    if (H * s > maxH) s = Math.min(1, (inner - 16) / W);
+    s = Math.max(FIT_MIN, Math.floor(s * 1000) / 1000);
+    this.fit = { W, H, inner, s };
+    return s;
+  },
+
+  /** First view of a graph (and "Fit"): its left end, vertically on the vertices seen there. */
+  placeView(el) {
+    const s = this.scale, cw = el.clientWidth, ch = el.clientHeight;
+    let y0 = Infinity, y1 = -Infinity, x0 = Infinity;
+    for (const p of this.layout.nodes.values()) x0 = Math.min(x0, p.x);
+    for (const p of this.layout.nodes.values()) {
+      if ((p.x - x0) * s < cw) { y0 = Math.min(y0, p.y); y1 = Math.max(y1, p.y + p.h); }
+    }
+    el.scrollLeft = 0;
+    if (!isFinite(y0)) { el.scrollTop = 0; return; }
+    el.scrollTop = (y1 - y0) * s <= ch ? ((y0 + y1) / 2) * s - ch / 2 : y0 * s - 12;
+  },
+
+  /** Zoom buttons: factor > 1 in, < 1 out, null back to fitting the width. */
+  zoomBy(factor) {
+    if (!this.layout) return;
+    if (factor === null) { this.zoom = null; this.fit = null; this.viewPlaced = false; return this.renderDag(); }
+    const cur = this.scale || 1;
+    let next = cur * factor;
+    if ((cur < 1 && next > 1) || (cur > 1 && next < 1)) next = 1;   // stop at 100% on the way
+    this.zoom = Math.min(ZOOM_MAX, Math.max(ZOOM_MIN, Math.round(next * 1000) / 1000));
+    this.renderDag();
   },
 
   renderPanel() {
@@ -769,7 +863,7 @@ const JobPage = {
     const d = this.vertex.value;
     const par = isNum(d.parallelism) ? d.parallelism : jv?.parallelism;
     setHTML($('#vp-head'), `<h2 title="${esc(d.name)}">${esc(d.name)}</h2>${jv ? badge(jv.status) : ''}
-      <span class="muted">Parallelism ${par === -1 ? 'decided at runtime' : esc(par ?? '–')} · max ${esc(d.maxParallelism ?? '–')}</span>
+      <span class="muted">Parallelism ${par === -1 ? 'decided at runtime' : esc(par ?? '–')} · max ${esc(known(d.maxParallelism))}</span>
       <span class="grow"></span>${close}`);
     setHTML($('#vp-bp'), this.bpHtml());
     const rows = [];
@@ -787,7 +881,7 @@ const JobPage = {
     const host = a.host ?? String(a.endpoint || '').replace(/:\d+$/, '');
     const cause = a['failure-cause'];
     const causeKey = `cause:${this.jid}:${this.vid}:${st.subtask}:${a.attempt}`;
-    const tags = (shown ? '<span class="tag cur" title="the attempt the subtask currently shows">current</span>' : '') +
+    const tags = (shown ? '<span class="tag cur" title="The attempt the REST API shows for this subtask: the one that finished once one has, else the one closest to finishing">shown</span>' : '') +
       (a.speculative ? '<span class="tag spec" title="speculative attempt">speculative</span>' : '');
     const html = `<tr class="attempt" data-subtask="${esc(st.subtask)}" data-attempt="${esc(a.attempt)}" data-status="${esc(a.status)}" data-host="${esc(host)}"${shown ? ' data-current="true"' : ''}${a.speculative ? ' data-speculative="true"' : ''}${first ? ' data-first="true"' : ''}>
       <td class="num">${first ? esc(st.subtask) : `<span class="muted">${esc(st.subtask)}</span>`}</td>
@@ -885,6 +979,9 @@ async function cancelJob() {
 
 /* ------------------------------------------------------------------ TaskManagers page */
 
+/** Idle TaskManagers heartbeat every 10 s by default: only an age above 30 s is late. */
+const HEARTBEAT_LATE_MS = 30000;
+
 const TmPage = {
   details: new Map(),   // id -> {ok, value|error}
   jobNames: new Map(),
@@ -922,12 +1019,14 @@ const TmPage = {
       const open = S.expandedTms.has(t.id);
       const free = t.freeSlots, total = t.slotsNumber;
       rows.push({ key: 'tm:' + t.id, html: `<tr class="taskmanager" data-tm-id="${esc(t.id)}" data-blocked="${t.blocked ? 'true' : 'false'}"${open ? ' data-open="true"' : ''} tabindex="0">
-        <td class="mono"><span class="caret">${open ? '▾' : '▸'}</span> ${esc(t.id)}</td><td class="mono">${esc(t.path)}</td><td class="num">${esc(t.dataPort ?? '–')}</td>
-        <td><span class="slots"><i style="width:${total > 0 ? Math.round((100 * (total - free)) / total) : 0}%"></i></span> ${esc(free ?? '–')} / ${esc(total ?? '–')}</td>
+        <td class="mono"><span class="caret">${open ? '▾' : '▸'}</span> ${esc(t.id)}</td><td class="mono">${esc(t.path)}</td><td class="num">${esc(known(t.dataPort))}</td>
+        <td><span class="slots"><i style="width:${total > 0 && free >= 0 ? Math.round((100 * (total - free)) / total) : 0}%"></i></span> ${esc(known(free))} / ${esc(known(total))}</td>
         <td>${t.blocked ? '<span class="badge st-FAILED">BLOCKED</span>' : '<span class="muted">no</span>'}</td>
-        <td class="num${isNum(age) && age > 10000 ? ' warn-t' : ''}">${isNum(age) ? esc(fmtDuration(age)) : '–'}</td>
-        <td class="num">${esc(t['running-tasks'] ?? '–')}</td><td class="num">${esc(hw.cpuCores ?? '–')}</td>
-        <td><span title="physical memory">${esc(fmtBytes(hw.physicalMemory))}</span> <span class="sub">physical · ${esc(fmtBytes(hw.freeMemory))} free · ${esc(fmtBytes(hw.managedMemory))} managed</span></td></tr>` });
+        <td class="num${isNum(age) && age > HEARTBEAT_LATE_MS ? ' warn-t' : ''}"${isNum(age) && age > HEARTBEAT_LATE_MS ? ' title="no heartbeat for more than 30 s"' : ''}>${isNum(age) ? esc(fmtDuration(age)) : '–'}</td>
+        <td class="num">${esc(known(t['running-tasks']))}</td><td class="num">${esc(known(hw.cpuCores))}</td>
+        <td>${[hw.physicalMemory, hw.freeMemory, hw.managedMemory].some((x) => isNum(x) && x >= 0)
+          ? `<span title="physical memory">${esc(fmtBytes(hw.physicalMemory))}</span> <span class="sub">physical · ${esc(fmtBytes(hw.freeMemory))} free · ${esc(fmtBytes(hw.managedMemory))} managed</span>`
+          : '<span class="muted" title="not reported">–</span>'}</td></tr>` });
       if (open) rows.push({ key: 'tmd:' + t.id, html: `<tr class="tm-detail"><td colspan="9">${this.detailHtml(t.id)}</td></tr>` });
     }
     patchRows($('#tm-rows'), rows.length ? rows : [{ key: 'none', html: '<tr class="empty"><td colspan="9">No TaskManagers registered.</td></tr>' }]);
@@ -957,8 +1056,11 @@ const TmPage = {
 document.addEventListener('click', (ev) => {
   const t = ev.target;
   if (t.closest('a, button:not([data-action]), summary, details')) return;   // let links and disclosure work
-  const action = t.closest('[data-action="cancel"]');
-  if (action) return void cancelJob();
+  const action = t.closest('[data-action]');
+  if (action && action.dataset.action === 'cancel') return void cancelJob();
+  if (action && S.page === JobPage && action.dataset.action.startsWith('zoom-')) {
+    return void JobPage.zoomBy({ 'zoom-in': ZOOM_STEP, 'zoom-out': 1 / ZOOM_STEP, 'zoom-fit': null }[action.dataset.action]);
+  }
   const job = t.closest('tr.job');
   if (job) { location.hash = `#/jobs/${enc(job.dataset.jid)}`; return; }
   const vertex = t.closest('g.vertex');
@@ -988,6 +1090,11 @@ document.addEventListener('toggle', (ev) => {
 }, true);
 document.addEventListener('visibilitychange', () => { if (document.hidden) clearTimeout(S.timer); else tick(); });
 window.addEventListener('hashchange', onRoute);
+let resizeTimer = null;
+window.addEventListener('resize', () => {              // a fitted graph follows the window's width
+  clearTimeout(resizeTimer);
+  resizeTimer = setTimeout(() => { if (S.page === JobPage && JobPage.zoom === null && JobPage.layout) { JobPage.fit = null; JobPage.renderDag(); } }, 150);
+});
 setInterval(() => {
   for (const el of document.querySelectorAll('.live[data-start]')) el.textContent = fmtDuration(serverNow() - Number(el.dataset.start));
 }, 1000);
