@@ -6,7 +6,7 @@
  * the job list, the job page (a left-to-right SVG DAG with its own small layered layout, fitted
  * to the card's width with zoom buttons, the vertex panel, exceptions, configuration) and the
  * TaskManagers page.
- * It only talks to the JobManager REST API of /tmp/ui-contract.md, same origin, no libraries.
+ * It only talks to the JobManager REST API (docs/cluster.md), same origin, no libraries.
  * Every string that comes from the server is escaped (esc) before it is put into HTML or SVG.
  * Updates are in place: containers keep their last HTML and are only rewritten when it changed,
  * table rows are patched by key, so selection, open stack traces and scroll positions survive.
