@@ -8,7 +8,7 @@ mod common;
 
 use common::{Cluster, fluvia, get, http, job_id};
 use serde_json::Value;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// JSON types as Flink documents them.
 #[derive(Clone, Copy, Debug)]
@@ -554,36 +554,8 @@ fn a_failed_job_lists_its_exceptions_newest_first() {
 #[test]
 fn a_running_job_shows_running_subtasks_and_live_metrics_at_most_a_second_old() {
     let cluster = Cluster::start_with_heartbeats(&[], &[], 1, &["--slots", "2"]);
-    let rpc = cluster.rpc.clone();
-    let runner = std::thread::spawn(move || {
-        fluvia()
-            .args([
-                "run",
-                "--jobmanager",
-                &rpc,
-                "pipeline",
-                "--rows",
-                "1000000000000",
-            ])
-            .args(["--job", "count", "-p", "2", "--mode", "streaming"])
-            .output()
-            .unwrap()
-    });
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let (id, source) = loop {
-        assert!(Instant::now() < deadline, "the job never ran");
-        let jobs = get(&cluster.rest, "/jobs/overview");
-        if let Some(j) = jobs["jobs"].as_array().and_then(|a| a.first())
-            && j["state"] == "RUNNING"
-        {
-            let id = j["jid"].as_str().unwrap().to_string();
-            let job = get(&cluster.rest, &format!("/jobs/{id}"));
-            if job["vertices"][0]["status"] == "RUNNING" {
-                break (id, job["vertices"][0]["id"].as_str().unwrap().to_string());
-            }
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let (runner, id, job) = common::run_endless_pipeline(&cluster, "streaming");
+    let source = job["vertices"][0]["id"].as_str().unwrap().to_string();
     let records = || -> u64 {
         let v = get(&cluster.rest, &format!("/jobs/{id}/vertices/{source}"));
         for s in v["subtasks"].as_array().unwrap() {

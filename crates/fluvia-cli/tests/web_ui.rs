@@ -146,37 +146,8 @@ fn the_job_page_of_a_running_batch_job_shows_its_dag_and_every_attempt() {
         return;
     };
     let cluster = Cluster::start(&[], 2, &["--slots", "2"]);
-    let rpc = cluster.rpc.clone();
     // A batch job long enough to be looked at while it runs.
-    let runner = std::thread::spawn(move || {
-        fluvia()
-            .args([
-                "run",
-                "--jobmanager",
-                &rpc,
-                "pipeline",
-                "--rows",
-                "1000000000000",
-            ])
-            .args(["--job", "count", "-p", "2", "--mode", "batch"])
-            .output()
-            .unwrap()
-    });
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let (id, job) = loop {
-        assert!(Instant::now() < deadline, "the job never ran");
-        let jobs = get(&cluster.rest, "/jobs/overview");
-        if let Some(j) = jobs["jobs"].as_array().and_then(|a| a.first())
-            && j["state"] == "RUNNING"
-        {
-            let id = j["jid"].as_str().unwrap().to_string();
-            let job = get(&cluster.rest, &format!("/jobs/{id}"));
-            if job["vertices"][0]["status"] == "RUNNING" {
-                break (id, job);
-            }
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let (runner, id, job) = common::run_endless_pipeline(&cluster, "batch");
     let base = format!("http://{}", cluster.rest);
 
     // The job list.

@@ -308,3 +308,42 @@ pub fn get(addr: &str, path: &str) -> Value {
     assert_eq!(status, 200, "GET {path}: {body}");
     serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
 }
+
+/// Starts the `pipeline` example's endless count on `cluster` in `mode`
+/// (on a thread) and waits until its source runs: the runner, the job's id
+/// and its details then.
+pub fn run_endless_pipeline(
+    cluster: &Cluster,
+    mode: &str,
+) -> (std::thread::JoinHandle<Output>, String, Value) {
+    let (rpc, mode) = (cluster.rpc.clone(), mode.to_string());
+    let runner = std::thread::spawn(move || {
+        fluvia()
+            .args([
+                "run",
+                "--jobmanager",
+                &rpc,
+                "pipeline",
+                "--rows",
+                "1000000000000",
+            ])
+            .args(["--job", "count", "-p", "2", "--mode", &mode])
+            .output()
+            .unwrap()
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(Instant::now() < deadline, "the job never ran");
+        let jobs = get(&cluster.rest, "/jobs/overview");
+        if let Some(j) = jobs["jobs"].as_array().and_then(|a| a.first())
+            && j["state"] == "RUNNING"
+        {
+            let id = j["jid"].as_str().unwrap().to_string();
+            let job = get(&cluster.rest, &format!("/jobs/{id}"));
+            if job["vertices"][0]["status"] == "RUNNING" {
+                return (runner, id, job);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
