@@ -189,13 +189,17 @@ fn local_channel(bytes: u64) -> Result<Duration> {
     pump(writer, &mut gate, bytes)
 }
 
+/// The copy the local channel cannot avoid: each whole-buffer record into
+/// the next of the partition's 10 segments, round robin, as the producer
+/// writes it. Nothing else runs meanwhile, so it bounds the channel.
 fn memcpy_loop(bytes: u64) -> Duration {
-    let src = vec![5u8; SEGMENT];
-    let mut dst = vec![0u8; SEGMENT];
+    let record = buffer_record();
+    let mut segments = vec![vec![0u8; SEGMENT]; 10];
     let started = Instant::now();
-    for _ in 0..bytes / SEGMENT as u64 {
-        dst.copy_from_slice(std::hint::black_box(&src));
-        std::hint::black_box(&mut dst);
+    for i in 0..(bytes / SEGMENT as u64) as usize {
+        let dst = &mut segments[i % 10];
+        dst[..record.len()].copy_from_slice(std::hint::black_box(&record));
+        std::hint::black_box(dst);
     }
     started.elapsed()
 }
@@ -298,9 +302,15 @@ pub fn run(args: Args) -> Result<()> {
             lz4 / raw
         );
     }
-    let t = measure(&|| Ok(memcpy_loop(b)))?;
+    // A ceiling, so its best run: a run slowed by the machine would let
+    // the channel it bounds look faster than the copy it must make.
+    let t = (0..runs.max(3))
+        .map(|_| memcpy_loop(b).as_secs_f64())
+        .fold(f64::INFINITY, f64::min);
     let mc = gbps(b, t);
-    println!("| memcpy loop, 32 KiB | {t:.3} | {mc:.2} GB/s | 1.00 |");
+    println!(
+        "| memcpy loop, 32 KiB records into 10 segments (best run) | {t:.3} | {mc:.2} GB/s | 1.00 |"
+    );
     if want("local") {
         let t = measure(&|| local_channel(b))?;
         let local = gbps(b, t);
