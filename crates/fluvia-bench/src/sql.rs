@@ -1,6 +1,7 @@
 //! TPC-DS side by side in one run: DataFusion alone in this process with
 //! `p` target partitions (the baseline), Fluvia on the embedded
-//! mini-cluster at parallelism `p`, and Fluvia with multiple-input off.
+//! mini-cluster at parallelism `p`, Fluvia with multiple-input off, and
+//! Fluvia with filtered build sides broadcast from their own tasks.
 //! Each cell is the median of `--repeat` runs; totals are sums of medians.
 
 use anyhow::{Result, bail};
@@ -27,12 +28,12 @@ pub struct Args {
     repeat: usize,
     #[arg(long, default_value = "parquet")]
     format: String,
-    /// Which columns to run: datafusion, fluvia, mi-off, adaptive
-    /// (comma-separated; default all).
+    /// Which columns to run: datafusion, fluvia, mi-off, adaptive,
+    /// build-broadcast (comma-separated; default all).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "datafusion,fluvia,mi-off,adaptive"
+        default_value = "datafusion,fluvia,mi-off,adaptive,build-broadcast"
     )]
     variants: Vec<String>,
     /// Run this statement instead of the TPC-DS queries (for example a scan
@@ -42,6 +43,104 @@ pub struct Args {
     /// A configuration key for every variant, as key=value (repeatable).
     #[arg(short = 'D', value_name = "KEY=VALUE")]
     dynamic: Vec<String>,
+    /// Adds a DuckDB column: this Python, with the `duckdb` package from
+    /// PyPI, runs each statement with 2 threads over views of the same
+    /// Parquet files (as `../shared/anchors/` runs it).
+    #[arg(long, value_name = "PYTHON")]
+    duckdb: Option<PathBuf>,
+}
+
+/// The DuckDB side: a Python child that keeps one connection and answers
+/// one JSON line per statement with the median of its runs.
+const DUCKDB_SCRIPT: &str = r#"
+import duckdb, json, os, statistics, sys, time
+data = sys.argv[1]
+con = duckdb.connect()
+con.execute("SET threads=2")
+for t in sorted(os.listdir(data)):
+    if os.path.isdir(os.path.join(data, t)):
+        con.execute(f"CREATE VIEW {t} AS SELECT * FROM read_parquet('{data}/{t}/*.parquet')")
+print(json.dumps({"version": duckdb.__version__}), flush=True)
+for line in sys.stdin:
+    req = json.loads(line)
+    try:
+        times = []
+        for _ in range(req["repeat"]):
+            t0 = time.perf_counter()
+            con.sql(req["sql"]).fetchall()
+            times.append(time.perf_counter() - t0)
+        print(json.dumps({"secs": statistics.median(times)}), flush=True)
+    except Exception as e:
+        print(json.dumps({"error": str(e).splitlines()[0][:120]}), flush=True)
+"#;
+
+struct DuckDb {
+    child: std::process::Child,
+    input: std::process::ChildStdin,
+    output: std::io::BufReader<std::process::ChildStdout>,
+    _script: tempfile::NamedTempFile,
+}
+
+impl DuckDb {
+    fn start(python: &std::path::Path, data: &std::path::Path) -> Result<(DuckDb, String)> {
+        use std::io::{BufRead, Write};
+        let mut script = tempfile::NamedTempFile::new()?;
+        script.write_all(DUCKDB_SCRIPT.as_bytes())?;
+        let mut child = std::process::Command::new(python)
+            .arg(script.path())
+            .arg(data)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("starting {}: {e}", python.display()))?;
+        let (Some(input), Some(output)) = (child.stdin.take(), child.stdout.take()) else {
+            bail!("no pipes to {}", python.display());
+        };
+        let mut output = std::io::BufReader::new(output);
+        let mut hello = String::new();
+        output.read_line(&mut hello)?;
+        let version: serde_json::Value = serde_json::from_str(&hello).map_err(|_| {
+            anyhow::anyhow!(
+                "{} could not start DuckDB (pip install duckdb into it)",
+                python.display()
+            )
+        })?;
+        let version = version["version"].as_str().unwrap_or("?").to_string();
+        Ok((
+            DuckDb {
+                child,
+                input,
+                output,
+                _script: script,
+            },
+            version,
+        ))
+    }
+
+    /// The median of `repeat` runs of `sql`, or DuckDB's error.
+    fn measure(&mut self, sql: &str, repeat: usize) -> Result<f64> {
+        use std::io::{BufRead, Write};
+        let req = serde_json::json!({"sql": sql, "repeat": repeat.max(1)});
+        writeln!(self.input, "{req}")?;
+        self.input.flush()?;
+        let mut line = String::new();
+        if self.output.read_line(&mut line)? == 0 {
+            bail!("DuckDB's process ended");
+        }
+        let v: serde_json::Value = serde_json::from_str(&line)?;
+        match (v["secs"].as_f64(), v["error"].as_str()) {
+            (Some(secs), _) => Ok(secs),
+            (None, Some(e)) => bail!("{e}"),
+            (None, None) => bail!("DuckDB answered {line}"),
+        }
+    }
+}
+
+impl Drop for DuckDb {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 struct Cell {
@@ -77,11 +176,15 @@ pub fn run_suite(a: Args) -> Result<()> {
         c
     };
     let catalog = fluvia_sql::catalog::Catalog::with_dir(&a.data, format)?;
-    let settings = |multiple_input: bool| {
+    let settings = |multiple_input: bool, build_in_task: bool| {
         let mut config = base.clone();
         config.set(
             "table.optimizer.multiple-input-enabled",
             multiple_input.to_string(),
+        );
+        config.set(
+            fluvia_core::config::options::FILTERED_BUILD_IN_TASK.key,
+            build_in_task.to_string(),
         );
         SqlSettings {
             catalog: catalog.clone(),
@@ -90,18 +193,40 @@ pub fn run_suite(a: Args) -> Result<()> {
             config,
         }
     };
-    let (on, off) = (settings(true), settings(false));
+    let (on, off) = (settings(true, true), settings(false, true));
+    let build_broadcast = settings(true, false);
     // No -p: scans at p, every later stage decided from the data.
     let adaptive = SqlSettings {
         adaptive: true,
         ..on.clone()
     };
     for v in &a.variants {
-        if !["datafusion", "fluvia", "mi-off", "adaptive"].contains(&v.as_str()) {
-            bail!("unknown variant '{v}': datafusion, fluvia, mi-off or adaptive");
+        if ![
+            "datafusion",
+            "fluvia",
+            "mi-off",
+            "adaptive",
+            "build-broadcast",
+        ]
+        .contains(&v.as_str())
+        {
+            bail!("unknown variant '{v}': datafusion, fluvia, mi-off, adaptive or build-broadcast");
         }
     }
     let wants = |v: &str| a.variants.iter().any(|x| x == v);
+    let mut duck = match &a.duckdb {
+        Some(python) => {
+            if format != TableFormat::Parquet {
+                bail!("the DuckDB column reads Parquet tables only");
+            }
+            let (d, version) = DuckDb::start(python, &a.data)?;
+            println!("DuckDB {version} (Python), 2 threads, same Parquet files");
+            Some(d)
+        }
+        None => None,
+    };
+    let (mut duck_total, mut df_duck_total, mut fl_duck_total) = (0.0, 0.0, 0.0);
+    let mut duck_failed = Vec::new();
     let numbers: Vec<usize> = if a.query.is_empty() {
         (1..=99).collect()
     } else {
@@ -120,7 +245,7 @@ pub fn run_suite(a: Args) -> Result<()> {
         }
     }
     println!(
-        "{:<8} {:>10} {:>10} {:>7} {:>12} {:>14} {:>14} {:>10} {:>7}",
+        "{:<8} {:>10} {:>10} {:>7} {:>12} {:>14} {:>14} {:>10} {:>7} {:>15}",
         "query",
         "datafusion",
         "fluvia",
@@ -129,9 +254,14 @@ pub fn run_suite(a: Args) -> Result<()> {
         "net bytes MI",
         "net MI-off",
         "adaptive",
-        "ratio"
+        "ratio",
+        "build-broadcast"
     );
+    if duck.is_some() {
+        println!("(then per line: duckdb seconds, fluvia / duckdb)");
+    }
     let (mut df_total, mut fl_total, mut off_total, mut ad_total) = (0.0, 0.0, 0.0, 0.0);
+    let mut bb_total = 0.0;
     let (mut bytes_on, mut bytes_off) = (0u64, 0u64);
     let mut failed = Vec::new();
     let mut only_fluvia = Vec::new();
@@ -154,10 +284,11 @@ pub fn run_suite(a: Args) -> Result<()> {
             cell("fluvia", &on, &Target::Embedded),
             cell("mi-off", &off, &Target::Embedded),
             cell("adaptive", &adaptive, &Target::Embedded),
+            cell("build-broadcast", &build_broadcast, &Target::Embedded),
         );
-        let (d, f, o, ad) = match cells {
-            (Ok(d), Ok(f), Ok(o), Ok(ad)) => (d, f, o, ad),
-            (Err(_), Ok(f), Ok(_), Ok(_)) => {
+        let (d, f, o, ad, bb) = match cells {
+            (Ok(d), Ok(f), Ok(o), Ok(ad), Ok(bb)) => (d, f, o, ad, bb),
+            (Err(_), Ok(f), Ok(_), Ok(_), Ok(_)) => {
                 println!("{name:<8} {:>10} {:>10.3}", "failed", f.secs);
                 only_fluvia.push(name);
                 continue;
@@ -176,10 +307,11 @@ pub fn run_suite(a: Args) -> Result<()> {
         add(&mut fl_total, f.secs);
         add(&mut off_total, o.secs);
         add(&mut ad_total, ad.secs);
+        add(&mut bb_total, bb.secs);
         bytes_on += f.network_bytes;
         bytes_off += o.network_bytes;
         println!(
-            "{name:<8} {:>10.3} {:>10.3} {:>7.2} {:>12.3} {:>14} {:>14} {:>10.3} {:>7.2}",
+            "{name:<8} {:>10.3} {:>10.3} {:>7.2} {:>12.3} {:>14} {:>14} {:>10.3} {:>7.2} {:>15.3}",
             d.secs,
             f.secs,
             f.secs / d.secs.max(1e-9),
@@ -187,15 +319,45 @@ pub fn run_suite(a: Args) -> Result<()> {
             f.network_bytes,
             o.network_bytes,
             ad.secs,
-            ad.secs / d.secs.max(1e-9)
+            ad.secs / d.secs.max(1e-9),
+            bb.secs
         );
+        if let Some(duck) = duck.as_mut() {
+            match duck.measure(&sql, a.repeat) {
+                Ok(secs) => {
+                    duck_total += secs;
+                    df_duck_total += d.secs;
+                    fl_duck_total += f.secs;
+                    println!(
+                        "{:<8} duckdb {secs:.3} s, fluvia / duckdb {:.2}",
+                        "",
+                        f.secs / secs.max(1e-9)
+                    );
+                }
+                Err(e) => {
+                    println!("{:<8} duckdb failed: {e}", "");
+                    duck_failed.push(name.clone());
+                }
+            }
+        }
     }
     println!(
-        "{:<8} {df_total:>10.3} {fl_total:>10.3} {:>7.2} {off_total:>12.3} {bytes_on:>14} {bytes_off:>14} {ad_total:>10.3} {:>7.2}",
+        "{:<8} {df_total:>10.3} {fl_total:>10.3} {:>7.2} {off_total:>12.3} {bytes_on:>14} {bytes_off:>14} {ad_total:>10.3} {:>7.2} {bb_total:>15.3}",
         "total",
         fl_total / df_total.max(1e-9),
         ad_total / df_total.max(1e-9)
     );
+    if duck.is_some() {
+        println!(
+            "over the statements DuckDB completed: duckdb {duck_total:.3} s, datafusion {df_duck_total:.3} s, fluvia {fl_duck_total:.3} s ({:.2} of duckdb); duckdb failed: {}",
+            fl_duck_total / duck_total.max(1e-9),
+            if duck_failed.is_empty() {
+                "none".to_string()
+            } else {
+                duck_failed.join(" ")
+            }
+        );
+    }
     if !only_fluvia.is_empty() {
         println!(
             "only Fluvia completed (DataFusion failed; not in the totals): {}",

@@ -203,6 +203,74 @@ fn q96_runs_as_one_multiple_input_task_with_the_fact_scan_chained_in() {
     );
 }
 
+fn q72_args(extra: &[&str]) -> Vec<String> {
+    let mut v = vec![
+        "--tables".to_string(),
+        tpcds_data().to_string_lossy().to_string(),
+        "-f".to_string(),
+        shared()
+            .join("queries/q72.sql")
+            .to_string_lossy()
+            .to_string(),
+        "-p".to_string(),
+        "2".to_string(),
+    ];
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+/// q72's `catalog_sales` scan is the build side of its join with
+/// `inventory` and carries the runtime filters of five joins above it
+/// (dates, demographics, items). Read inside the task of those joins, it
+/// is pruned by them; broadcast from a task of its own, it is read whole
+/// before they exist. Same answer both ways, far fewer bytes exchanged.
+#[test]
+fn q72_reads_its_filtered_build_side_in_the_task_of_the_joins_that_filter_it() {
+    const OFF: &str = "table.optimizer.runtime-filter.build-side-in-task=false";
+    let explain = |extra: &[&str]| {
+        let mut a = q72_args(&["--explain"]);
+        a.extend(extra.iter().map(|s| s.to_string()));
+        let o = sql(&a.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).to_string()
+    };
+    let own_task = |plan: &str| {
+        plan.lines()
+            .any(|l| l.starts_with('[') && l.ends_with("] Source: catalog_sales"))
+    };
+    let on = explain(&[]);
+    println!("{on}");
+    assert!(!own_task(&on), "{on}");
+    let multi = on
+        .lines()
+        .find(|l| l.contains("MultipleInput("))
+        .unwrap_or_else(|| panic!("no multiple-input task in {on}"));
+    assert!(multi.contains("Source: catalog_sales"), "{multi}");
+    assert!(multi.contains("Source: inventory"), "{multi}");
+    let off = explain(&["-D", OFF]);
+    assert!(own_task(&off), "{off}");
+
+    let run = |extra: &[&str]| {
+        let mut a = q72_args(&["--stats"]);
+        a.extend(extra.iter().map(|s| s.to_string()));
+        let o = sql(&a.iter().map(String::as_str).collect::<Vec<_>>());
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(o.status.success(), "{err}");
+        (
+            String::from_utf8_lossy(&o.stdout).to_string(),
+            network_bytes(&err),
+        )
+    };
+    let (rows_on, bytes_on) = run(&[]);
+    let (rows_off, bytes_off) = run(&["-D", OFF]);
+    assert!(rows_on.lines().count() > 1, "{rows_on}");
+    assert_eq!(rows_on, rows_off);
+    assert!(
+        bytes_on * 2 < bytes_off,
+        "in the task {bytes_on} bytes exchanged, broadcast {bytes_off}"
+    );
+}
+
 fn network_bytes(stderr: &str) -> u64 {
     stderr
         .lines()

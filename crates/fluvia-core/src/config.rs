@@ -154,6 +154,13 @@ pub mod options {
         default: true,
         description: "SQL: fuse operators not separated by an exchange (joins in a row, chained scans) into one multiple-input task; false gives each join its own task.",
     };
+    /// Fluvia's key (Flink's runtime filters are built differently).
+    pub const FILTERED_BUILD_IN_TASK: ConfigOption<bool> = ConfigOption {
+        key: "table.optimizer.runtime-filter.build-side-in-task",
+        fallback_keys: &[],
+        default: true,
+        description: "SQL, with multiple input on: a broadcast join's build side that is a plain scan carrying the runtime (dynamic) filters of joins in the task that consumes it is read inside that task by each of its subtasks, so the filters, complete by then, prune the scan; false broadcasts it from its own task, where they never arrive.",
+    };
 
     /// Flink's `BatchExecutionOptions` (with the deprecated
     /// `jobmanager.adaptive-batch-scheduler.*` spellings).
@@ -349,6 +356,11 @@ pub mod options {
                 MULTIPLE_INPUT.description,
             ),
             (
+                FILTERED_BUILD_IN_TASK.key,
+                FILTERED_BUILD_IN_TASK.default.to_string(),
+                FILTERED_BUILD_IN_TASK.description,
+            ),
+            (
                 PARALLELISM.key,
                 PARALLELISM.default.to_string(),
                 PARALLELISM.description,
@@ -447,6 +459,7 @@ pub mod options {
         config.get(&SKEWED_JOIN_THRESHOLD)?;
         config.get(&BROADCAST_THRESHOLD)?;
         config.get(&MULTIPLE_INPUT)?;
+        config.get(&FILTERED_BUILD_IN_TASK)?;
         config.get(&PARALLELISM)?;
         config.get(&MAX_PARALLELISM)?;
         config.get(&CHAINING_ENABLED)?;

@@ -202,7 +202,8 @@ pub fn plan(req: &PlanRequest) -> std::result::Result<PlannedQuery, PlanError> {
         })
         .map_err(|e| PlanError::Query(QueryError(e.to_string())))?;
     let policy = cut_policy(&req.config)?;
-    let mut stage_plan = split::split(Arc::clone(&physical), policy)
+    let filtered_build_in_task = req.config.get(&options::FILTERED_BUILD_IN_TASK)?;
+    let mut stage_plan = split::split(Arc::clone(&physical), policy, filtered_build_in_task)
         .map_err(|e| PlanError::Query(QueryError(e.to_string())))?;
     if req.insert.is_some() {
         // Every subtask of the last fragment writes its own part file:

@@ -132,6 +132,43 @@ fn with_fetch(plan: Arc<dyn ExecutionPlan>, fetch: Option<usize>) -> Arc<dyn Exe
 struct Splitter {
     stages: Vec<Stage>,
     policy: CutPolicy,
+    /// Keep a build side that carries runtime filters of the joins above it
+    /// in their fragment (see [`split`]).
+    filtered_build_in_task: bool,
+    /// Ids of the dynamic filters produced by the joins on the path from
+    /// the current fragment's root to the node being visited.
+    filters_above: Vec<u64>,
+}
+
+/// Ids of the dynamic filters (DataFusion's runtime filters) that `plan`'s
+/// operators hold, its scans' predicates among them.
+fn dynamic_filter_ids(plan: &Arc<dyn ExecutionPlan>) -> Vec<u64> {
+    use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+    let mut ids = Vec::new();
+    let _ = plan.apply(|node| {
+        node.apply_expressions(&mut |root| {
+            root.apply(|e| {
+                if let Some(id) = e.expression_id() {
+                    ids.push(id);
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })
+        })?;
+        Ok(TreeNodeRecursion::Continue)
+    });
+    ids
+}
+
+/// Whether `plan` runs entirely in one task: no exchange and no join
+/// (which could want one) anywhere in it.
+fn is_plain_pipeline(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    !(plan.is::<RepartitionExec>()
+        || plan.is::<CoalescePartitionsExec>()
+        || plan.is::<SortPreservingMergeExec>()
+        || plan.is::<ExchangeReaderExec>()
+        || plan.is::<UnionExec>()
+        || is_join(plan))
+        && plan.children().into_iter().all(is_plain_pipeline)
 }
 
 impl Splitter {
@@ -167,9 +204,42 @@ impl Splitter {
         )?))
     }
 
+    /// Visits the input of an exchange: the root of another fragment, which
+    /// the joins above the exchange cannot reach.
+    fn visit_fragment(&mut self, plan: Arc<dyn ExecutionPlan>) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let above = std::mem::take(&mut self.filters_above);
+        let out = self.visit(plan);
+        self.filters_above = above;
+        out
+    }
+
+    /// Whether the build side `child` of a broadcast join stays in the
+    /// join's fragment: a plain scan pipeline (gathered, or of one
+    /// partition) whose scans carry
+    /// dynamic filters of joins of this fragment. Each subtask then reads
+    /// it whole, after those joins built their tables (a join reads its
+    /// build side before its probe side, and the filtered scan is on the
+    /// probe side of the joins that filter it), so the filters prune it
+    /// as they do in DataFusion's single process. Broadcast from its own
+    /// task it would be read before any of them exist.
+    fn keeps_build(&self, child: &Arc<dyn ExecutionPlan>) -> bool {
+        if !self.filtered_build_in_task || self.policy != CutPolicy::Exchanges {
+            return false;
+        }
+        let scan = match child.downcast_ref::<CoalescePartitionsExec>() {
+            Some(c) => c.input(),
+            None if partitions(child) == 1 => child,
+            None => return false,
+        };
+        is_plain_pipeline(scan)
+            && dynamic_filter_ids(scan)
+                .iter()
+                .any(|id| self.filters_above.contains(id))
+    }
+
     fn visit(&mut self, plan: Arc<dyn ExecutionPlan>) -> DfResult<Arc<dyn ExecutionPlan>> {
         if let Some(r) = plan.downcast_ref::<RepartitionExec>() {
-            let input = self.visit(Arc::clone(r.input()))?;
+            let input = self.visit_fragment(Arc::clone(r.input()))?;
             return match r.partitioning() {
                 Partitioning::Hash(exprs, n) if !r.preserve_order() => Ok(self.cut(
                     input,
@@ -188,7 +258,7 @@ impl Splitter {
             };
         }
         if let Some(c) = plan.downcast_ref::<CoalescePartitionsExec>() {
-            let input = self.visit(Arc::clone(c.input()))?;
+            let input = self.visit_fragment(Arc::clone(c.input()))?;
             let out = if partitions(&input) == 1 {
                 input
             } else {
@@ -197,7 +267,7 @@ impl Splitter {
             return Ok(with_fetch(out, c.fetch()));
         }
         if let Some(s) = plan.downcast_ref::<SortPreservingMergeExec>() {
-            let input = self.visit(Arc::clone(s.input()))?;
+            let input = self.visit_fragment(Arc::clone(s.input()))?;
             if partitions(&input) == 1 {
                 return Ok(with_fetch(input, s.fetch()));
             }
@@ -212,10 +282,22 @@ impl Splitter {
             CutPolicy::Joins => is_join(&plan),
             CutPolicy::Everything => true,
         } && !plan.is::<UnionExec>();
+        let produced: Vec<u64> = plan
+            .dynamic_expressions_produced()
+            .iter()
+            .filter_map(|e| e.expression_id())
+            .collect();
+        let depth = self.filters_above.len();
+        self.filters_above.extend(produced);
         let mut children = Vec::new();
         for (i, child) in plan.children().into_iter().enumerate() {
-            let mut child = self.visit(Arc::clone(child))?;
             let is_build = collect_left && i == 0;
+            if is_build && self.keeps_build(child) {
+                // Read whole by every subtask of this fragment (task_view).
+                children.push(Arc::clone(child));
+                continue;
+            }
+            let mut child = self.visit(Arc::clone(child))?;
             if is_build {
                 if let Some(r) = child.downcast_ref::<ExchangeReaderExec>() {
                     // The gathered build side goes to every probe subtask.
@@ -240,6 +322,7 @@ impl Splitter {
             }
             children.push(child);
         }
+        self.filters_above.truncate(depth);
         replace_children_if_necessary(plan, children)
     }
 }
@@ -269,11 +352,20 @@ fn connect(plan: &Arc<dyn ExecutionPlan>, offset: usize, consumer: usize, stages
     }
 }
 
-/// Cuts `plan` into stages.
-pub fn split(plan: Arc<dyn ExecutionPlan>, policy: CutPolicy) -> DfResult<StagePlan> {
+/// Cuts `plan` into stages. With `filtered_build_in_task`, a broadcast
+/// build side that is a plain scan carrying runtime filters of the joins
+/// of its consumer's fragment stays in that fragment (see
+/// `Splitter::keeps_build`).
+pub fn split(
+    plan: Arc<dyn ExecutionPlan>,
+    policy: CutPolicy,
+    filtered_build_in_task: bool,
+) -> DfResult<StagePlan> {
     let mut s = Splitter {
         stages: Vec::new(),
         policy,
+        filtered_build_in_task,
+        filters_above: Vec::new(),
     };
     let root = s.visit(plan)?;
     let parallelism = partitions(&root);
@@ -748,6 +840,12 @@ pub fn task_view(plan: &Arc<dyn ExecutionPlan>, p: usize) -> DfResult<Arc<dyn Ex
             .collect::<DfResult<Vec<_>>>()?;
         let union = UnionExec::try_new(views)?;
         return Ok(Arc::new(CoalescePartitionsExec::new(union)));
+    }
+    if let Some(c) = plan.downcast_ref::<CoalescePartitionsExec>()
+        && is_plain_pipeline(c.input())
+    {
+        // A build side kept in its consumer's fragment: read whole here.
+        return Ok(Arc::clone(plan));
     }
     let collect_left = is_collect_left(plan);
     let children = plan
