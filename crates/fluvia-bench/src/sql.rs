@@ -1,7 +1,8 @@
 //! TPC-DS side by side in one run: DataFusion alone in this process with
 //! `p` target partitions (the baseline), Fluvia on the embedded
-//! mini-cluster at parallelism `p`, Fluvia with multiple-input off, and
-//! Fluvia with filtered build sides broadcast from their own tasks.
+//! mini-cluster at parallelism `p`, Fluvia with multiple-input off,
+//! Fluvia with filtered build sides broadcast from their own tasks, and
+//! Fluvia with blocking exchanges.
 //! Each cell is the median of `--repeat` runs; totals are sums of medians.
 
 use anyhow::{Result, bail};
@@ -29,11 +30,11 @@ pub struct Args {
     #[arg(long, default_value = "parquet")]
     format: String,
     /// Which columns to run: datafusion, fluvia, mi-off, adaptive,
-    /// build-broadcast (comma-separated; default all).
+    /// build-broadcast, blocking (comma-separated; default all).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "datafusion,fluvia,mi-off,adaptive,build-broadcast"
+        default_value = "datafusion,fluvia,mi-off,adaptive,build-broadcast,blocking"
     )]
     variants: Vec<String>,
     /// Run this statement instead of the TPC-DS queries (for example a scan
@@ -195,6 +196,14 @@ pub fn run_suite(a: Args) -> Result<()> {
     };
     let (on, off) = (settings(true, true), settings(false, true));
     let build_broadcast = settings(true, false);
+    let blocking = {
+        let mut s = settings(true, true);
+        s.config.set(
+            fluvia_core::config::options::BATCH_SHUFFLE_MODE.key,
+            "ALL_EXCHANGES_BLOCKING".to_string(),
+        );
+        s
+    };
     // No -p: scans at p, every later stage decided from the data.
     let adaptive = SqlSettings {
         adaptive: true,
@@ -245,7 +254,7 @@ pub fn run_suite(a: Args) -> Result<()> {
         }
     }
     println!(
-        "{:<8} {:>10} {:>10} {:>7} {:>12} {:>14} {:>14} {:>10} {:>7} {:>15}",
+        "{:<8} {:>10} {:>10} {:>7} {:>12} {:>14} {:>14} {:>10} {:>7} {:>15} {:>9}",
         "query",
         "datafusion",
         "fluvia",
@@ -255,13 +264,14 @@ pub fn run_suite(a: Args) -> Result<()> {
         "net MI-off",
         "adaptive",
         "ratio",
-        "build-broadcast"
+        "build-broadcast",
+        "blocking"
     );
     if duck.is_some() {
         println!("(then per line: duckdb seconds, fluvia / duckdb)");
     }
     let (mut df_total, mut fl_total, mut off_total, mut ad_total) = (0.0, 0.0, 0.0, 0.0);
-    let mut bb_total = 0.0;
+    let (mut bb_total, mut bl_total) = (0.0, 0.0);
     let (mut bytes_on, mut bytes_off) = (0u64, 0u64);
     let mut failed = Vec::new();
     let mut only_fluvia = Vec::new();
@@ -285,10 +295,11 @@ pub fn run_suite(a: Args) -> Result<()> {
             cell("mi-off", &off, &Target::Embedded),
             cell("adaptive", &adaptive, &Target::Embedded),
             cell("build-broadcast", &build_broadcast, &Target::Embedded),
+            cell("blocking", &blocking, &Target::Embedded),
         );
-        let (d, f, o, ad, bb) = match cells {
-            (Ok(d), Ok(f), Ok(o), Ok(ad), Ok(bb)) => (d, f, o, ad, bb),
-            (Err(_), Ok(f), Ok(_), Ok(_), Ok(_)) => {
+        let (d, f, o, ad, bb, bl) = match cells {
+            (Ok(d), Ok(f), Ok(o), Ok(ad), Ok(bb), Ok(bl)) => (d, f, o, ad, bb, bl),
+            (Err(_), Ok(f), Ok(_), Ok(_), Ok(_), Ok(_)) => {
                 println!("{name:<8} {:>10} {:>10.3}", "failed", f.secs);
                 only_fluvia.push(name);
                 continue;
@@ -308,10 +319,11 @@ pub fn run_suite(a: Args) -> Result<()> {
         add(&mut off_total, o.secs);
         add(&mut ad_total, ad.secs);
         add(&mut bb_total, bb.secs);
+        add(&mut bl_total, bl.secs);
         bytes_on += f.network_bytes;
         bytes_off += o.network_bytes;
         println!(
-            "{name:<8} {:>10.3} {:>10.3} {:>7.2} {:>12.3} {:>14} {:>14} {:>10.3} {:>7.2} {:>15.3}",
+            "{name:<8} {:>10.3} {:>10.3} {:>7.2} {:>12.3} {:>14} {:>14} {:>10.3} {:>7.2} {:>15.3} {:>9.3}",
             d.secs,
             f.secs,
             f.secs / d.secs.max(1e-9),
@@ -320,7 +332,8 @@ pub fn run_suite(a: Args) -> Result<()> {
             o.network_bytes,
             ad.secs,
             ad.secs / d.secs.max(1e-9),
-            bb.secs
+            bb.secs,
+            bl.secs
         );
         if let Some(duck) = duck.as_mut() {
             match duck.measure(&sql, a.repeat) {
@@ -342,7 +355,7 @@ pub fn run_suite(a: Args) -> Result<()> {
         }
     }
     println!(
-        "{:<8} {df_total:>10.3} {fl_total:>10.3} {:>7.2} {off_total:>12.3} {bytes_on:>14} {bytes_off:>14} {ad_total:>10.3} {:>7.2} {bb_total:>15.3}",
+        "{:<8} {df_total:>10.3} {fl_total:>10.3} {:>7.2} {off_total:>12.3} {bytes_on:>14} {bytes_off:>14} {ad_total:>10.3} {:>7.2} {bb_total:>15.3} {bl_total:>9.3}",
         "total",
         fl_total / df_total.max(1e-9),
         ad_total / df_total.max(1e-9)

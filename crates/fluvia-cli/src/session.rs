@@ -300,7 +300,10 @@ impl SqlSession {
                     }
                     _ => return Err(message("EXPLAIN takes a query or an INSERT INTO")),
                 };
-                let (graph, _) = Arc::new(planned.job).build()?;
+                let mut job = planned.job;
+                // The plan shows the exchanges the statement would run with.
+                job.resolve_shuffle_mode(matches!(self.target, Target::Embedded))?;
+                let (graph, _) = Arc::new(job).build()?;
                 Ok(Outcome::Plan(fluvia_graph::plan::text_plan(&graph)))
             }
         }

@@ -201,7 +201,10 @@ pub fn run_with(
         });
     }
     let started = Instant::now();
-    let planned = plan_insert(s, sql, insert, name, work.path())?;
+    let mut planned = plan_insert(s, sql, insert, name, work.path())?;
+    planned
+        .job
+        .resolve_shuffle_mode(matches!(target, Target::Embedded))?;
     let job = Arc::new(planned.job);
     let spec = ProgramSpec {
         name: PROGRAM.to_string(),

@@ -154,6 +154,13 @@ pub mod options {
         default: true,
         description: "SQL: fuse operators not separated by an exchange (joins in a row, chained scans) into one multiple-input task; false gives each join its own task.",
     };
+    /// Flink's key and values; `AUTO`, the default, is Fluvia's.
+    pub const BATCH_SHUFFLE_MODE: ConfigOption<&'static str> = ConfigOption {
+        key: "execution.batch-shuffle-mode",
+        fallback_keys: &[],
+        default: "AUTO",
+        description: "SQL jobs: ALL_EXCHANGES_BLOCKING (Flink's default) writes each exchange to a blocking partition its consumers read once the producer finished; ALL_EXCHANGES_PIPELINED streams it while both ends run; AUTO pipelines on the embedded mini-cluster at a fixed parallelism without speculative execution or an external shuffle service (slots for every task, nothing a blocking partition would buy), and blocks otherwise. A job with a stage whose parallelism the adaptive batch scheduler decides stays blocking.",
+    };
     /// Fluvia's key (Flink's runtime filters are built differently).
     pub const FILTERED_BUILD_IN_TASK: ConfigOption<bool> = ConfigOption {
         key: "table.optimizer.runtime-filter.build-side-in-task",
@@ -356,6 +363,11 @@ pub mod options {
                 MULTIPLE_INPUT.description,
             ),
             (
+                BATCH_SHUFFLE_MODE.key,
+                BATCH_SHUFFLE_MODE.default.to_string(),
+                BATCH_SHUFFLE_MODE.description,
+            ),
+            (
                 FILTERED_BUILD_IN_TASK.key,
                 FILTERED_BUILD_IN_TASK.default.to_string(),
                 FILTERED_BUILD_IN_TASK.description,
@@ -460,6 +472,7 @@ pub mod options {
         config.get(&BROADCAST_THRESHOLD)?;
         config.get(&MULTIPLE_INPUT)?;
         config.get(&FILTERED_BUILD_IN_TASK)?;
+        config.get(&BATCH_SHUFFLE_MODE)?;
         config.get(&PARALLELISM)?;
         config.get(&MAX_PARALLELISM)?;
         config.get(&CHAINING_ENABLED)?;

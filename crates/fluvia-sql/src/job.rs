@@ -436,6 +436,65 @@ fn stage_name(plan: &StagePlan, id: usize) -> String {
     }
 }
 
+// ---------------------------------------------------------------- exchange mode
+
+/// `execution.batch-shuffle-mode`: how a SQL job's exchanges move data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShuffleMode {
+    /// Each exchange a blocking partition, read once its producer finished.
+    Blocking,
+    /// Each exchange streamed while both ends run (one pipelined region).
+    Pipelined,
+    /// Pipelined where a blocking partition buys nothing; the client
+    /// resolves it with [`SqlJob::resolve_shuffle_mode`] before submitting.
+    Auto,
+}
+
+impl ShuffleMode {
+    pub fn of(config: &Configuration) -> Result<ShuffleMode> {
+        let v = config.get(&options::BATCH_SHUFFLE_MODE)?;
+        match v.to_ascii_uppercase().as_str() {
+            "ALL_EXCHANGES_BLOCKING" => Ok(ShuffleMode::Blocking),
+            "ALL_EXCHANGES_PIPELINED" => Ok(ShuffleMode::Pipelined),
+            "AUTO" => Ok(ShuffleMode::Auto),
+            _ => Err(FluviaError::Config(format!(
+                "{} must be ALL_EXCHANGES_BLOCKING, ALL_EXCHANGES_PIPELINED or AUTO, not '{v}'",
+                options::BATCH_SHUFFLE_MODE.key
+            ))),
+        }
+    }
+}
+
+impl SqlJob {
+    /// Settles `AUTO` for where the job runs: pipelined on the embedded
+    /// mini-cluster, which starts with a slot for every task, unless
+    /// speculative attempts or an external shuffle service want finished,
+    /// stored partitions; blocking on a cluster, whose slots may be fewer
+    /// than the tasks (blocking stages run in waves).
+    pub fn resolve_shuffle_mode(&mut self, embedded: bool) -> Result<()> {
+        let config = self.configuration();
+        if ShuffleMode::of(&config)? != ShuffleMode::Auto {
+            return Ok(());
+        }
+        let speculative = config.get(&options::SPECULATIVE_ENABLED)?;
+        let external = config
+            .get_raw("shuffle-service.type")
+            .is_some_and(|t| t.eq_ignore_ascii_case("external"));
+        let mode = if embedded && !speculative && !external {
+            "ALL_EXCHANGES_PIPELINED"
+        } else {
+            "ALL_EXCHANGES_BLOCKING"
+        };
+        self.config
+            .retain(|(k, _)| k != options::BATCH_SHUFFLE_MODE.key);
+        self.config.push((
+            options::BATCH_SHUFFLE_MODE.key.to_string(),
+            mode.to_string(),
+        ));
+        Ok(())
+    }
+}
+
 // ---------------------------------------------------------------- job encoding
 
 impl SqlJob {
@@ -516,13 +575,20 @@ impl SqlJob {
         let mut b = StreamGraphBuilder::new(self.name.clone());
         b.runtime_mode = RuntimeMode::Batch;
         b.chaining_enabled = config.get(&options::CHAINING_ENABLED)?;
+        // The adaptive batch scheduler sizes stages from the bytes their
+        // producers wrote into finished partitions (as in Flink, it takes
+        // blocking exchanges only).
+        let pipelined = ShuffleMode::of(&config)? == ShuffleMode::Pipelined
+            && !(0..self.stages.len()).any(|k| self.is_adaptive(k));
         let mut nodes = Vec::with_capacity(self.stages.len());
         for (k, s) in self.stages.iter().enumerate() {
             let id = if s.inputs.is_empty() {
                 b.add_source(s.name.clone(), true)
             } else {
                 let n = b.add_operator(s.name.clone(), s.inputs.len());
-                b.set_chaining_strategy(n, fluvia_core::ChainingStrategy::HeadWithSources);
+                // A fragment pulls its own inputs: never chained behind
+                // another one, even over a pipelined forward edge.
+                b.set_chaining_strategy(n, fluvia_core::ChainingStrategy::Head);
                 n
             };
             if self.is_adaptive(k) {
@@ -566,7 +632,11 @@ impl SqlJob {
             // Fragments are never chained to each other (each pulls its
             // own inputs); only the sink chains onto the last fragment.
             let mode = if s.consumer.is_some() {
-                ExchangeMode::Batch
+                if pipelined {
+                    ExchangeMode::Pipelined
+                } else {
+                    ExchangeMode::Batch
+                }
             } else {
                 ExchangeMode::Undefined
             };
