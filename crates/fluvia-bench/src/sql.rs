@@ -216,10 +216,13 @@ pub fn run_suite(a: Args) -> Result<()> {
             "mi-off",
             "adaptive",
             "build-broadcast",
+            "blocking",
         ]
         .contains(&v.as_str())
         {
-            bail!("unknown variant '{v}': datafusion, fluvia, mi-off, adaptive or build-broadcast");
+            bail!(
+                "unknown variant '{v}': datafusion, fluvia, mi-off, adaptive, build-broadcast or blocking"
+            );
         }
     }
     let wants = |v: &str| a.variants.iter().any(|x| x == v);
