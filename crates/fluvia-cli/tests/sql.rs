@@ -286,6 +286,61 @@ fn q72_reads_its_filtered_build_side_in_the_task_of_the_joins_that_filter_it() {
     );
 }
 
+/// `execution.batch-shuffle-mode`: AUTO pipelines a query at a fixed
+/// parallelism on the embedded mini-cluster; a union whose branches read
+/// exchanges (q76: each subtask reads only its branch's broadcasts until
+/// it ends) and Flink's ALL_EXCHANGES_BLOCKING keep blocking partitions;
+/// a bad value is an error naming the key.
+#[test]
+fn sql_exchanges_are_pipelined_where_blocking_buys_nothing() {
+    let explain = |query: &str, extra: &[&str]| {
+        let mut a = vec![
+            "--tables".to_string(),
+            tpcds_data().to_string_lossy().to_string(),
+            "-f".to_string(),
+            shared()
+                .join(format!("queries/{query}.sql"))
+                .to_string_lossy()
+                .to_string(),
+            "-p".to_string(),
+            "2".to_string(),
+            "--explain".to_string(),
+        ];
+        a.extend(extra.iter().map(|s| s.to_string()));
+        sql(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let modes = |o: &Output| {
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let plan = String::from_utf8_lossy(&o.stdout).to_string();
+        (
+            plan.matches("(pipelined_bounded)").count(),
+            plan.matches("(blocking)").count(),
+        )
+    };
+    let (pipelined, blocking) = modes(&explain("q96", &[]));
+    assert!(
+        pipelined >= 4 && blocking == 0,
+        "q96: {pipelined} {blocking}"
+    );
+    let (pipelined, blocking) = modes(&explain(
+        "q96",
+        &["-D", "execution.batch-shuffle-mode=ALL_EXCHANGES_BLOCKING"],
+    ));
+    assert!(
+        pipelined == 0 && blocking >= 4,
+        "q96 blocking: {pipelined} {blocking}"
+    );
+    let (pipelined, blocking) = modes(&explain("q76", &[]));
+    assert!(
+        pipelined == 0 && blocking >= 6,
+        "q76: {pipelined} {blocking}"
+    );
+    let o = explain("q96", &["-D", "execution.batch-shuffle-mode=SOMETIMES"]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("execution.batch-shuffle-mode"), "{err}");
+}
+
 fn network_bytes(stderr: &str) -> u64 {
     stderr
         .lines()

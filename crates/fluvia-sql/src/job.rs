@@ -85,6 +85,12 @@ pub struct SqlJob {
     /// be split across the stage's subtasks (a join side; FLIP-475).
     #[serde(default)]
     pub splittable: Vec<Vec<bool>>,
+    /// Some stage reads exchanges under the branches of a union: each of
+    /// its subtasks reads only its branch's inputs and the others' only
+    /// when it ends, so pipelined, a broadcast into another branch would
+    /// wait for it while that branch waits for the broadcast.
+    #[serde(default)]
+    pub branch_readers: bool,
     /// `INSERT INTO`: part files in a table's folder instead of the
     /// result file.
     #[serde(default)]
@@ -276,6 +282,10 @@ pub fn plan(req: &PlanRequest) -> std::result::Result<PlannedQuery, PlanError> {
                 })
                 .collect(),
             adaptive,
+            branch_readers: stage_plan
+                .stages
+                .iter()
+                .any(|s| split::reads_under_union(&s.plan)),
             key_groups: req.config.get(&options::AUTO_PARALLELISM_MAX)?,
             files: match &req.insert {
                 None => None,
@@ -579,6 +589,7 @@ impl SqlJob {
         // producers wrote into finished partitions (as in Flink, it takes
         // blocking exchanges only).
         let pipelined = ShuffleMode::of(&config)? == ShuffleMode::Pipelined
+            && !self.branch_readers
             && !(0..self.stages.len()).any(|k| self.is_adaptive(k));
         let mut nodes = Vec::with_capacity(self.stages.len());
         for (k, s) in self.stages.iter().enumerate() {

@@ -327,6 +327,19 @@ impl Splitter {
     }
 }
 
+/// Whether `plan` reads an exchange below a union (or interleave): its
+/// subtasks then read only the inputs of their own branch until they end.
+pub fn reads_under_union(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    fn reads(plan: &Arc<dyn ExecutionPlan>) -> bool {
+        plan.is::<ExchangeReaderExec>() || plan.children().into_iter().any(reads)
+    }
+    use datafusion::physical_plan::union::InterleaveExec;
+    if (plan.is::<UnionExec>() || plan.is::<InterleaveExec>()) && reads(plan) {
+        return true;
+    }
+    plan.children().into_iter().any(reads_under_union)
+}
+
 /// Records, for the readers of `consumer`, which stage they read and at
 /// which partition offset.
 fn connect(plan: &Arc<dyn ExecutionPlan>, offset: usize, consumer: usize, stages: &mut [Stage]) {
