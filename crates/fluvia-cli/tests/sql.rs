@@ -161,12 +161,17 @@ fn q96_args(extra: &[&str]) -> Vec<String> {
 }
 
 fn q96_args_at(parallelism: &str, extra: &[&str]) -> Vec<String> {
+    query_args("q96", parallelism, extra)
+}
+
+/// `fluvia sql` arguments running TPC-DS `query` (as `q96`) at SF 0.1.
+fn query_args(query: &str, parallelism: &str, extra: &[&str]) -> Vec<String> {
     let mut v = vec![
         "--tables".to_string(),
         tpcds_data().to_string_lossy().to_string(),
         "-f".to_string(),
         shared()
-            .join("queries/q96.sql")
+            .join(format!("queries/{query}.sql"))
             .to_string_lossy()
             .to_string(),
         "-p".to_string(),
@@ -204,19 +209,7 @@ fn q96_runs_as_one_multiple_input_task_with_the_fact_scan_chained_in() {
 }
 
 fn q72_args(extra: &[&str]) -> Vec<String> {
-    let mut v = vec![
-        "--tables".to_string(),
-        tpcds_data().to_string_lossy().to_string(),
-        "-f".to_string(),
-        shared()
-            .join("queries/q72.sql")
-            .to_string_lossy()
-            .to_string(),
-        "-p".to_string(),
-        "2".to_string(),
-    ];
-    v.extend(extra.iter().map(|s| s.to_string()));
-    v
+    query_args("q72", "2", extra)
 }
 
 /// q72 joins `catalog_sales` with `inventory` below five joins (dates,
@@ -294,18 +287,7 @@ fn q72_reads_its_filtered_build_side_in_the_task_of_the_joins_that_filter_it() {
 #[test]
 fn sql_exchanges_are_pipelined_where_blocking_buys_nothing() {
     let explain = |query: &str, extra: &[&str]| {
-        let mut a = vec![
-            "--tables".to_string(),
-            tpcds_data().to_string_lossy().to_string(),
-            "-f".to_string(),
-            shared()
-                .join(format!("queries/{query}.sql"))
-                .to_string_lossy()
-                .to_string(),
-            "-p".to_string(),
-            "2".to_string(),
-            "--explain".to_string(),
-        ];
+        let mut a = query_args(query, "2", &["--explain"]);
         a.extend(extra.iter().map(|s| s.to_string()));
         sql(&a.iter().map(String::as_str).collect::<Vec<_>>())
     };
