@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Cluster, fluvia, get, http, job_id};
+use common::{Cluster, fluvia, get, http, job_id, run_endless_pipeline};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -499,32 +499,7 @@ fn killing_a_task_manager_during_a_streaming_job_restarts_it_to_a_correct_result
 #[test]
 fn list_and_cancel_a_running_job() {
     let cluster = Cluster::start(&[], 1, &["--slots", "2"]);
-    let rpc = cluster.rpc.clone();
-    let runner = std::thread::spawn(move || {
-        fluvia()
-            .args([
-                "run",
-                "--jobmanager",
-                &rpc,
-                "pipeline",
-                "--rows",
-                "1000000000000",
-                "--job",
-                "count",
-            ])
-            .args(["-p", "2", "--mode", "streaming"])
-            .output()
-            .unwrap()
-    });
-    let id = loop {
-        let jobs = get(&cluster.rest, "/jobs");
-        if let Some(j) = jobs["jobs"].as_array().and_then(|a| a.first())
-            && j["status"] == "RUNNING"
-        {
-            break j["id"].as_str().unwrap().to_string();
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let (runner, id, _) = run_endless_pipeline(&cluster, "streaming");
     let list = fluvia()
         .args(["list", "--jobmanager", &cluster.rpc])
         .output()

@@ -334,14 +334,10 @@ fn every_endpoint_answers_with_flink_s_field_names_types_and_units() {
         &format!("/jobs/{id}/vertices/{vid}/subtasks/1"),
     );
     assert_eq!(current["attempt"], 0);
-    let (status, body) = http(
+    assert_json_404(
         &cluster.rest,
-        "GET",
         &format!("/jobs/{id}/vertices/{vid}/subtasks/1/attempts/7"),
-        &[],
     );
-    assert_eq!(status, 404, "{body}");
-    assert!(serde_json::from_str::<Value>(&body).unwrap()["errors"].is_array());
 
     let agg = get(
         &cluster.rest,
@@ -488,10 +484,7 @@ fn every_endpoint_answers_with_flink_s_field_names_types_and_units() {
         "/taskmanagers/nobody".to_string(),
         "/no/such/path".to_string(),
     ] {
-        let (status, body) = http(&cluster.rest, "GET", &path, &[]);
-        assert_eq!(status, 404, "{path}: {body}");
-        let errors: Value = serde_json::from_str(&body).unwrap();
-        assert!(errors["errors"][0].is_string(), "{path}: {body}");
+        assert_json_404(&cluster.rest, &path);
     }
 
     // The UI is served from the binary.
@@ -603,12 +596,16 @@ fn a_running_job_shows_running_subtasks_and_live_metrics_at_most_a_second_old() 
         get(&cluster.rest, &format!("/v1/jobs/{id}"))["jid"],
         id.as_str()
     );
-    let (status, body) = http(
+    assert_json_404(
         &cluster.rest,
-        "GET",
         &format!("/jobs/{id}/vertices/{source}/subtasks/x"),
-        &[],
     );
-    assert_eq!(status, 404, "{body}");
-    assert!(serde_json::from_str::<Value>(&body).unwrap()["errors"].is_array());
+}
+
+/// `GET path` answers 404 with Flink's error body, `{"errors": ["..."]}`.
+fn assert_json_404(rest: &str, path: &str) {
+    let (status, body) = http(rest, "GET", path, &[]);
+    assert_eq!(status, 404, "{path}: {body}");
+    let errors: Value = serde_json::from_str(&body).unwrap();
+    assert!(errors["errors"][0].is_string(), "{path}: {body}");
 }
