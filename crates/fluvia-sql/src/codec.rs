@@ -1,17 +1,26 @@
 //! Fragments as bytes: datafusion-proto for DataFusion's operators, and an
-//! extension codec for Fluvia's exchange reader, so any TaskManager can
-//! rebuild a fragment without the SQL, the catalog or the planner.
+//! extension codec for Fluvia's exchange reader and CSV scan, so any
+//! TaskManager can rebuild a fragment without the SQL, the catalog or the
+//! planner.
 
+use crate::csv_scan::FluviaCsvSource;
 use crate::exchange::{ExchangeReaderExec, ReaderFacts};
 use datafusion::arrow::compute::SortOptions;
 use datafusion::arrow::datatypes::Schema;
+use datafusion::datasource::physical_plan::{
+    CsvSource, FileScanConfig, FileScanConfigBuilder, FileSource,
+};
+use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::{LexOrdering, PhysicalExpr, PhysicalSortExpr};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion_proto::physical_plan::from_proto::parse_physical_expr;
 use datafusion_proto::physical_plan::to_proto::serialize_physical_expr;
-use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
+use datafusion_proto::physical_plan::{
+    PhysicalExtensionCodec, PhysicalPlanDecodeContext, PhysicalPlanNodeExt,
+    PhysicalProtoConverterExtension,
+};
 use datafusion_proto::protobuf;
 use prost::Message;
 use std::sync::Arc;
@@ -19,14 +28,124 @@ use std::sync::Arc;
 #[derive(Debug, Default)]
 pub struct FluviaCodec;
 
+/// The first byte of an extension node: which of Fluvia's operators.
+const EXCHANGE_READER: u8 = 0;
+const CSV_SCAN: u8 = 1;
+
 impl PhysicalExtensionCodec for FluviaCodec {
     fn try_decode(
         &self,
         buf: &[u8],
         _inputs: &[Arc<dyn ExecutionPlan>],
         ctx: &TaskContext,
-        _c: &dyn PhysicalProtoConverterExtension,
+        c: &dyn PhysicalProtoConverterExtension,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        match buf.split_first() {
+            Some((&EXCHANGE_READER, rest)) => self.decode_reader(rest, ctx),
+            Some((&CSV_SCAN, rest)) => self.decode_csv_scan(rest, ctx, c),
+            _ => Err(DataFusionError::Internal(
+                "unknown Fluvia operator in a fragment".into(),
+            )),
+        }
+    }
+
+    fn try_encode(
+        &self,
+        node: Arc<dyn ExecutionPlan>,
+        buf: &mut Vec<u8>,
+        c: &dyn PhysicalProtoConverterExtension,
+    ) -> DfResult<()> {
+        if let Some(r) = node.downcast_ref::<ExchangeReaderExec>() {
+            buf.push(EXCHANGE_READER);
+            return self.encode_reader(r, buf);
+        }
+        if let Some(config) = node
+            .downcast_ref::<DataSourceExec>()
+            .and_then(|ds| ds.data_source().downcast_ref::<FileScanConfig>())
+            && let Some(csv) = config.file_source.downcast_ref::<FluviaCsvSource>()
+        {
+            buf.push(CSV_SCAN);
+            return self.encode_csv_scan(config, csv, buf, c);
+        }
+        Err(DataFusionError::NotImplemented(format!(
+            "{} cannot be shipped to a TaskManager",
+            node.name()
+        )))
+    }
+}
+
+impl FluviaCodec {
+    /// DataFusion's CSV scan as datafusion-proto writes it, and the runtime
+    /// filter beside it.
+    fn encode_csv_scan(
+        &self,
+        config: &FileScanConfig,
+        csv: &FluviaCsvSource,
+        buf: &mut Vec<u8>,
+        c: &dyn PhysicalProtoConverterExtension,
+    ) -> DfResult<()> {
+        let inner: Arc<dyn FileSource> = Arc::new(csv.inner().clone());
+        let plan = DataSourceExec::from_data_source(
+            FileScanConfigBuilder::from(config.clone())
+                .with_source(inner)
+                .build(),
+        );
+        let node =
+            protobuf::PhysicalPlanNode::try_from_physical_plan_with_converter(plan, self, c)?;
+        put_chunk(buf, &node.encode_to_vec());
+        match csv.predicate() {
+            None => put_u32(buf, 0),
+            Some(p) => {
+                put_u32(buf, 1);
+                put_chunk(buf, &c.physical_expr_to_proto(p, self)?.encode_to_vec());
+            }
+        }
+        Ok(())
+    }
+
+    fn decode_csv_scan(
+        &self,
+        buf: &[u8],
+        ctx: &TaskContext,
+        c: &dyn PhysicalProtoConverterExtension,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let mut r = Reader { buf, pos: 0 };
+        let node = protobuf::PhysicalPlanNode::decode(r.chunk()?)
+            .map_err(|e| DataFusionError::Internal(format!("CSV scan: {e}")))?;
+        let decode = PhysicalPlanDecodeContext::new(ctx, self);
+        let plan = c.proto_to_execution_plan(&node, &decode)?;
+        let Some(config) = plan
+            .downcast_ref::<DataSourceExec>()
+            .and_then(|ds| ds.data_source().downcast_ref::<FileScanConfig>())
+        else {
+            return Err(DataFusionError::Internal(
+                "CSV scan without its files".into(),
+            ));
+        };
+        let Some(csv) = config.file_source.downcast_ref::<CsvSource>() else {
+            return Err(DataFusionError::Internal(
+                "CSV scan of another format".into(),
+            ));
+        };
+        let predicate = match r.u32()? {
+            0 => None,
+            _ => {
+                let node = protobuf::PhysicalExprNode::decode(r.chunk()?)
+                    .map_err(|e| DataFusionError::Internal(format!("CSV scan filter: {e}")))?;
+                let schema = csv.table_schema().table_schema();
+                Some(c.proto_to_physical_expr(&node, schema, &decode)?)
+            }
+        };
+        let source: Arc<dyn FileSource> =
+            Arc::new(FluviaCsvSource::new(csv.clone()).with_predicate(predicate));
+        Ok(DataSourceExec::from_data_source(
+            FileScanConfigBuilder::from(config.clone())
+                .with_source(source)
+                .build(),
+        ))
+    }
+
+    fn decode_reader(&self, buf: &[u8], ctx: &TaskContext) -> DfResult<Arc<dyn ExecutionPlan>> {
         let mut r = Reader { buf, pos: 0 };
         let stage = r.u32()? as usize;
         let partitions = r.u32()? as usize;
@@ -88,18 +207,7 @@ impl PhysicalExtensionCodec for FluviaCodec {
         )?))
     }
 
-    fn try_encode(
-        &self,
-        node: Arc<dyn ExecutionPlan>,
-        buf: &mut Vec<u8>,
-        _c: &dyn PhysicalProtoConverterExtension,
-    ) -> DfResult<()> {
-        let Some(r) = node.downcast_ref::<ExchangeReaderExec>() else {
-            return Err(DataFusionError::NotImplemented(format!(
-                "{} cannot be shipped to a TaskManager",
-                node.name()
-            )));
-        };
+    fn encode_reader(&self, r: &ExchangeReaderExec, buf: &mut Vec<u8>) -> DfResult<()> {
         put_u32(buf, r.stage() as u32);
         put_u32(buf, r.partitions() as u32);
         let proto: protobuf::Schema = r

@@ -118,7 +118,12 @@ fn csv_scans<'a>(
 ) {
     if let Some(ds) = plan.downcast_ref::<DataSourceExec>()
         && let Some(config) = ds.data_source().downcast_ref::<FileScanConfig>()
-        && let Some(csv) = config.file_source.downcast_ref::<CsvSource>()
+        && let Some(csv) = config.file_source.downcast_ref::<CsvSource>().or_else(|| {
+            config
+                .file_source
+                .downcast_ref::<crate::csv_scan::FluviaCsvSource>()
+                .map(|f| f.inner())
+        })
     {
         out.push((config, csv));
     }

@@ -6,7 +6,7 @@
 //! a join of hundreds of millions of rows (TPC-DS q72 on CSV ran out of
 //! memory that way). With the estimate, joins are ordered and broadcast as
 //! for Parquet files of the same data. Only planning sees this type: the
-//! scans it plans are DataFusion's own CSV scans.
+//! scans it plans read with [`crate::csv_scan`].
 
 use crate::session::DeclaredColumnStats;
 use async_trait::async_trait;
@@ -148,7 +148,8 @@ impl FileFormat for EstimatingCsvFormat {
         state: &dyn Session,
         conf: FileScanConfig,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        self.inner.create_physical_plan(state, conf).await
+        let plan = self.inner.create_physical_plan(state, conf).await?;
+        Ok(crate::csv_scan::FluviaCsvSource::wrap(plan))
     }
 
     async fn create_writer_physical_plan(

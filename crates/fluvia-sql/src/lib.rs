@@ -13,6 +13,7 @@
 pub mod catalog;
 pub mod codec;
 pub mod csv_errors;
+pub mod csv_scan;
 pub mod csv_stats;
 pub mod exchange;
 pub mod file_sink;
