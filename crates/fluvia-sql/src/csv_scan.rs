@@ -57,7 +57,7 @@ use std::sync::Arc;
 /// Bytes read from the file at a time. Rows are parsed per read, so this
 /// bounds a scan's memory beside the batches it emits. Tests read little at
 /// a time so that rows cross reads.
-const READ_BYTES: u64 = if cfg!(test) { 1000 } else { 4 << 20 };
+const READ_BYTES: u64 = if cfg!(test) { 1000 } else { 1 << 20 };
 
 /// Set in a field's end when the field is quoted in a way that needs
 /// csv-core's unquoting (doubled quotes, text after the closing quote).
@@ -448,14 +448,14 @@ impl FileOpener for FluviaCsvOpener {
                 next_read: from,
                 stop_at,
                 partial,
-                buf: Vec::new(),
+                buf: BUFFERS.take_bytes(),
                 lo: 0,
                 hi: 0,
                 buf_start: from,
                 lines: 0,
                 closed: false,
                 finished: false,
-                starts: Vec::new(),
+                starts: BUFFERS.take_starts(),
                 ready: VecDeque::new(),
             };
             let stream = futures::stream::try_unfold(scan, |mut scan| async move {
@@ -504,6 +504,56 @@ struct Scan {
     /// Field starts of the rows being parsed (reused).
     starts: Vec<u32>,
     ready: VecDeque<RecordBatch>,
+}
+
+impl Drop for Scan {
+    fn drop(&mut self) {
+        BUFFERS.give(
+            std::mem::take(&mut self.buf),
+            std::mem::take(&mut self.starts),
+        );
+    }
+}
+
+/// Read buffers and field starts of finished scans, for the next: a new
+/// buffer of megabytes costs page faults and zeroing on every scan, and a
+/// query scans dozens of times.
+struct Buffers(std::sync::Mutex<(Vec<Vec<u8>>, Vec<Vec<u32>>)>);
+
+/// Buffers kept: enough for the scans of a few queries' tasks at once.
+const KEPT_BUFFERS: usize = 8;
+
+static BUFFERS: Buffers = Buffers(std::sync::Mutex::new((Vec::new(), Vec::new())));
+
+impl Buffers {
+    fn take_bytes(&self) -> Vec<u8> {
+        self.0
+            .lock()
+            .ok()
+            .and_then(|mut b| b.0.pop())
+            .unwrap_or_default()
+    }
+
+    fn take_starts(&self) -> Vec<u32> {
+        self.0
+            .lock()
+            .ok()
+            .and_then(|mut b| b.1.pop())
+            .unwrap_or_default()
+    }
+
+    fn give(&self, bytes: Vec<u8>, starts: Vec<u32>) {
+        if let Ok(mut b) = self.0.lock() {
+            // Only buffers of a usual size: one very long line's buffer is
+            // let go.
+            if b.0.len() < KEPT_BUFFERS && bytes.len() <= 2 * READ_BYTES as usize {
+                b.0.push(bytes);
+            }
+            if b.1.len() < KEPT_BUFFERS && starts.len() <= 2 * READ_BYTES as usize {
+                b.1.push(starts);
+            }
+        }
+    }
 }
 
 impl Scan {
@@ -803,11 +853,10 @@ fn tokenize_plain(
     if columns == 0 {
         return None;
     }
-    if starts.len() < buf.len() + 2 {
-        starts.resize(buf.len() + 2, 0);
+    if starts.is_empty() {
+        starts.resize(64 << 10, 0);
     }
-    let out = &mut starts[..];
-    out[0] = 0;
+    starts[0] = 0;
     // `out[k]` is where the field after the k-th separator starts; the
     // separator stored at `row_end` must end a row.
     let mut k = 1usize;
@@ -816,6 +865,12 @@ fn tokenize_plain(
     let mut base = 0usize;
     let mut tail;
     while base < buf.len() {
+        // Room for a block's separators; grown rarely, never zeroed again.
+        if k + 64 >= starts.len() {
+            let more = starts.len().max(k + 65);
+            starts.resize(starts.len() + more, 0);
+        }
+        let out = &mut starts[..];
         let n = (buf.len() - base).min(64);
         let block: &[u8; 64] = match buf[base..].first_chunk::<64>() {
             Some(b) => b,
