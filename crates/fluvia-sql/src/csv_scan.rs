@@ -518,19 +518,27 @@ impl Drop for Scan {
 /// Read buffers and field starts of finished scans, for the next: a new
 /// buffer of megabytes costs page faults and zeroing on every scan, and a
 /// query scans dozens of times.
-struct Buffers(std::sync::Mutex<(Vec<Vec<u8>>, Vec<Vec<u32>>)>);
+struct Buffers(std::sync::Mutex<Kept>);
+
+struct Kept {
+    bytes: Vec<Vec<u8>>,
+    starts: Vec<Vec<u32>>,
+}
 
 /// Buffers kept: enough for the scans of a few queries' tasks at once.
 const KEPT_BUFFERS: usize = 8;
 
-static BUFFERS: Buffers = Buffers(std::sync::Mutex::new((Vec::new(), Vec::new())));
+static BUFFERS: Buffers = Buffers(std::sync::Mutex::new(Kept {
+    bytes: Vec::new(),
+    starts: Vec::new(),
+}));
 
 impl Buffers {
     fn take_bytes(&self) -> Vec<u8> {
         self.0
             .lock()
             .ok()
-            .and_then(|mut b| b.0.pop())
+            .and_then(|mut b| b.bytes.pop())
             .unwrap_or_default()
     }
 
@@ -538,7 +546,7 @@ impl Buffers {
         self.0
             .lock()
             .ok()
-            .and_then(|mut b| b.1.pop())
+            .and_then(|mut b| b.starts.pop())
             .unwrap_or_default()
     }
 
@@ -546,11 +554,11 @@ impl Buffers {
         if let Ok(mut b) = self.0.lock() {
             // Only buffers of a usual size: one very long line's buffer is
             // let go.
-            if b.0.len() < KEPT_BUFFERS && bytes.len() <= 2 * READ_BYTES as usize {
-                b.0.push(bytes);
+            if b.bytes.len() < KEPT_BUFFERS && bytes.len() <= 2 * READ_BYTES as usize {
+                b.bytes.push(bytes);
             }
-            if b.1.len() < KEPT_BUFFERS && starts.len() <= 2 * READ_BYTES as usize {
-                b.1.push(starts);
+            if b.starts.len() < KEPT_BUFFERS && starts.len() <= 2 * READ_BYTES as usize {
+                b.starts.push(starts);
             }
         }
     }
