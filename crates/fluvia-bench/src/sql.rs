@@ -30,7 +30,8 @@ pub struct Args {
     #[arg(long, default_value = "parquet")]
     format: String,
     /// Which columns to run: datafusion, fluvia, mi-off, adaptive,
-    /// build-broadcast, blocking (comma-separated; default all).
+    /// build-broadcast, blocking, df-reader (Fluvia reading CSV with
+    /// DataFusion's reader) (comma-separated; default all but df-reader).
     #[arg(
         long,
         value_delimiter = ',',
@@ -204,6 +205,14 @@ pub fn run_suite(a: Args) -> Result<()> {
         );
         s
     };
+    let df_reader = {
+        let mut s = settings(true, true);
+        s.config.set(
+            fluvia_core::config::options::CSV_READER.key,
+            "datafusion".to_string(),
+        );
+        s
+    };
     // No -p: scans at p, every later stage decided from the data.
     let adaptive = SqlSettings {
         adaptive: true,
@@ -217,11 +226,12 @@ pub fn run_suite(a: Args) -> Result<()> {
             "adaptive",
             "build-broadcast",
             "blocking",
+            "df-reader",
         ]
         .contains(&v.as_str())
         {
             bail!(
-                "unknown variant '{v}': datafusion, fluvia, mi-off, adaptive, build-broadcast or blocking"
+                "unknown variant '{v}': datafusion, fluvia, mi-off, adaptive, build-broadcast, blocking or df-reader"
             );
         }
     }
@@ -257,7 +267,7 @@ pub fn run_suite(a: Args) -> Result<()> {
         }
     }
     println!(
-        "{:<8} {:>10} {:>10} {:>7} {:>12} {:>14} {:>14} {:>10} {:>7} {:>15} {:>9}",
+        "{:<8} {:>10} {:>10} {:>7} {:>12} {:>14} {:>14} {:>10} {:>7} {:>15} {:>9} {:>9}",
         "query",
         "datafusion",
         "fluvia",
@@ -268,13 +278,14 @@ pub fn run_suite(a: Args) -> Result<()> {
         "adaptive",
         "ratio",
         "build-broadcast",
-        "blocking"
+        "blocking",
+        "df-reader"
     );
     if duck.is_some() {
         println!("(then per line: duckdb seconds, fluvia / duckdb)");
     }
     let (mut df_total, mut fl_total, mut off_total, mut ad_total) = (0.0, 0.0, 0.0, 0.0);
-    let (mut bb_total, mut bl_total) = (0.0, 0.0);
+    let (mut bb_total, mut bl_total, mut dr_total) = (0.0, 0.0, 0.0);
     let (mut bytes_on, mut bytes_off) = (0u64, 0u64);
     let mut failed = Vec::new();
     let mut only_fluvia = Vec::new();
@@ -299,10 +310,11 @@ pub fn run_suite(a: Args) -> Result<()> {
             cell("adaptive", &adaptive, &Target::Embedded),
             cell("build-broadcast", &build_broadcast, &Target::Embedded),
             cell("blocking", &blocking, &Target::Embedded),
+            cell("df-reader", &df_reader, &Target::Embedded),
         );
-        let (d, f, o, ad, bb, bl) = match cells {
-            (Ok(d), Ok(f), Ok(o), Ok(ad), Ok(bb), Ok(bl)) => (d, f, o, ad, bb, bl),
-            (Err(_), Ok(f), Ok(_), Ok(_), Ok(_), Ok(_)) => {
+        let (d, f, o, ad, bb, bl, dr) = match cells {
+            (Ok(d), Ok(f), Ok(o), Ok(ad), Ok(bb), Ok(bl), Ok(dr)) => (d, f, o, ad, bb, bl, dr),
+            (Err(_), Ok(f), Ok(_), Ok(_), Ok(_), Ok(_), Ok(_)) => {
                 println!("{name:<8} {:>10} {:>10.3}", "failed", f.secs);
                 only_fluvia.push(name);
                 continue;
@@ -323,10 +335,11 @@ pub fn run_suite(a: Args) -> Result<()> {
         add(&mut ad_total, ad.secs);
         add(&mut bb_total, bb.secs);
         add(&mut bl_total, bl.secs);
+        add(&mut dr_total, dr.secs);
         bytes_on += f.network_bytes;
         bytes_off += o.network_bytes;
         println!(
-            "{name:<8} {:>10.3} {:>10.3} {:>7.2} {:>12.3} {:>14} {:>14} {:>10.3} {:>7.2} {:>15.3} {:>9.3}",
+            "{name:<8} {:>10.3} {:>10.3} {:>7.2} {:>12.3} {:>14} {:>14} {:>10.3} {:>7.2} {:>15.3} {:>9.3} {:>9.3}",
             d.secs,
             f.secs,
             f.secs / d.secs.max(1e-9),
@@ -336,7 +349,8 @@ pub fn run_suite(a: Args) -> Result<()> {
             ad.secs,
             ad.secs / d.secs.max(1e-9),
             bb.secs,
-            bl.secs
+            bl.secs,
+            dr.secs
         );
         if let Some(duck) = duck.as_mut() {
             match duck.measure(&sql, a.repeat) {
@@ -358,7 +372,7 @@ pub fn run_suite(a: Args) -> Result<()> {
         }
     }
     println!(
-        "{:<8} {df_total:>10.3} {fl_total:>10.3} {:>7.2} {off_total:>12.3} {bytes_on:>14} {bytes_off:>14} {ad_total:>10.3} {:>7.2} {bb_total:>15.3} {bl_total:>9.3}",
+        "{:<8} {df_total:>10.3} {fl_total:>10.3} {:>7.2} {off_total:>12.3} {bytes_on:>14} {bytes_off:>14} {ad_total:>10.3} {:>7.2} {bb_total:>15.3} {bl_total:>9.3} {dr_total:>9.3}",
         "total",
         fl_total / df_total.max(1e-9),
         ad_total / df_total.max(1e-9)

@@ -279,6 +279,51 @@ fn q72_reads_its_filtered_build_side_in_the_task_of_the_joins_that_filter_it() {
     );
 }
 
+/// On CSV, Fluvia's reader takes the runtime filters of the joins above a
+/// scan and drops rows while it parses, so q72's `catalog_sales` is read in
+/// the task of the joins that filter it, as on Parquet; DataFusion's reader
+/// declines the filters and the whole table is broadcast.
+#[test]
+fn q72_on_csv_filters_catalog_sales_while_it_is_parsed() {
+    let data = common::tpcds_csv_data().to_string_lossy().to_string();
+    let run = |extra: &[&str]| {
+        let mut a = query_args("q72", "2", &["--format", "csv", "--stats"]);
+        a[1] = data.clone();
+        a.extend(extra.iter().map(|s| s.to_string()));
+        let o = sql(&a.iter().map(String::as_str).collect::<Vec<_>>());
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(o.status.success(), "{err}");
+        (
+            String::from_utf8_lossy(&o.stdout).to_string(),
+            network_bytes(&err),
+        )
+    };
+    let (rows, bytes) = run(&[]);
+    let (df_rows, df_bytes) = run(&["-D", "table.exec.csv.reader=datafusion"]);
+    assert!(rows.lines().count() > 1, "{rows}");
+    assert_eq!(rows, df_rows);
+    assert!(
+        bytes * 2 < df_bytes,
+        "filtered while parsed {bytes} bytes exchanged, DataFusion's reader {df_bytes}"
+    );
+    let o = sql(&[
+        "--tables",
+        &data,
+        "--format",
+        "csv",
+        "-e",
+        "SELECT 1",
+        "-D",
+        "table.exec.csv.reader=pandas",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(!o.status.success());
+    assert!(
+        err.contains("table.exec.csv.reader must be 'fluvia' or 'datafusion', not 'pandas'"),
+        "{err}"
+    );
+}
+
 /// `execution.batch-shuffle-mode`: AUTO pipelines a query at a fixed
 /// parallelism on the embedded mini-cluster; a union whose branches read
 /// exchanges (q76: each subtask reads only its branch's broadcasts until

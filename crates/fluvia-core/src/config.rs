@@ -161,6 +161,13 @@ pub mod options {
         default: "AUTO",
         description: "SQL jobs: ALL_EXCHANGES_BLOCKING (Flink's default) writes each exchange to a blocking partition its consumers read once the producer finished; ALL_EXCHANGES_PIPELINED streams it while both ends run; AUTO pipelines on the embedded mini-cluster at a fixed parallelism without speculative execution or an external shuffle service (slots for every task, nothing a blocking partition would buy), and blocks otherwise. A job with a stage whose parallelism the adaptive batch scheduler decides, or a stage that reads exchanges under the branches of a union, stays blocking.",
     };
+    /// Fluvia's key: which reader parses CSV tables.
+    pub const CSV_READER: ConfigOption<&'static str> = ConfigOption {
+        key: "table.exec.csv.reader",
+        fallback_keys: &[],
+        default: "fluvia",
+        description: "SQL on CSV tables: 'fluvia' finds fields 16 bytes at a time, parses only the columns a query needs and drops rows by the runtime filters of the joins above before parsing the rest; 'datafusion' reads with DataFusion's CSV scan (the single-process DataFusion baseline always does).",
+    };
     /// Fluvia's key (Flink's runtime filters are built differently).
     pub const FILTERED_BUILD_IN_TASK: ConfigOption<bool> = ConfigOption {
         key: "table.optimizer.runtime-filter.build-side-in-task",
@@ -373,6 +380,11 @@ pub mod options {
                 FILTERED_BUILD_IN_TASK.description,
             ),
             (
+                CSV_READER.key,
+                CSV_READER.default.to_string(),
+                CSV_READER.description,
+            ),
+            (
                 PARALLELISM.key,
                 PARALLELISM.default.to_string(),
                 PARALLELISM.description,
@@ -473,6 +485,7 @@ pub mod options {
         config.get(&MULTIPLE_INPUT)?;
         config.get(&FILTERED_BUILD_IN_TASK)?;
         config.get(&BATCH_SHUFFLE_MODE)?;
+        config.get(&CSV_READER)?;
         config.get(&PARALLELISM)?;
         config.get(&MAX_PARALLELISM)?;
         config.get(&CHAINING_ENABLED)?;

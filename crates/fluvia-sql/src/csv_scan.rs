@@ -66,6 +66,38 @@ const RAW: u32 = 1 << 31;
 /// A slot that is not parsed.
 const SKIP: u32 = u32::MAX;
 
+/// Which reader parses a session's CSV tables
+/// (`table.exec.csv.reader`); a [`datafusion::prelude::SessionConfig`]
+/// extension, absent meaning Fluvia's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CsvReader {
+    Fluvia,
+    DataFusion,
+}
+
+impl CsvReader {
+    /// The name it travels under among a job's DataFusion options.
+    pub const OPTION: &'static str = "fluvia.csv.reader";
+
+    pub fn parse(v: &str) -> fluvia_core::Result<CsvReader> {
+        match v.to_ascii_lowercase().as_str() {
+            "fluvia" => Ok(CsvReader::Fluvia),
+            "datafusion" => Ok(CsvReader::DataFusion),
+            _ => Err(fluvia_core::FluviaError::Config(format!(
+                "{} must be 'fluvia' or 'datafusion', not '{v}'",
+                fluvia_core::config::options::CSV_READER.key
+            ))),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CsvReader::Fluvia => "fluvia",
+            CsvReader::DataFusion => "datafusion",
+        }
+    }
+}
+
 /// DataFusion's CSV source, read by Fluvia (see the module comment).
 #[derive(Debug, Clone)]
 pub struct FluviaCsvSource {
@@ -1106,30 +1138,6 @@ struct Values<'a> {
 }
 
 impl Values<'_> {
-    /// The text of row `row`'s field.
-    #[inline]
-    fn field<'s>(&'s self, row: usize, scratch: &'s mut Vec<u8>) -> &'s [u8] {
-        match self.fields {
-            Fields::Flat { starts, columns } => {
-                let j = row * columns + self.column.index;
-                &self.buf[starts[j] as usize..starts[j + 1] as usize - 1]
-            }
-            Fields::Bounds(bounds) => {
-                let bounds = &bounds[self.slot];
-                let start = bounds[2 * row] as usize;
-                let end = bounds[2 * row + 1];
-                if end & RAW != 0 {
-                    unquote(&self.buf[start..(end & !RAW) as usize], self.quote, scratch);
-                    scratch
-                } else {
-                    &self.buf[start..end as usize]
-                }
-            }
-        }
-    }
-}
-
-impl Values<'_> {
     fn text<'s>(&self, f: &'s [u8], row: usize) -> Result<&'s str> {
         std::str::from_utf8(f).map_err(|_| {
             csv_error(format!(
@@ -1163,14 +1171,11 @@ impl Values<'_> {
     {
         let mut values = Vec::with_capacity(rows.len());
         let mut nulls = NullBufferBuilder::new(rows.len());
-        let mut scratch = Vec::new();
-        for &row in rows {
-            let row = row as usize;
-            let f = self.field(row, &mut scratch);
+        self.each_field(rows, |row, f| {
             if f.is_empty() {
                 values.push(T::Native::default());
                 nulls.append_null();
-                continue;
+                return Ok(());
             }
             let v = match fast(f) {
                 Some(v) => v,
@@ -1181,7 +1186,8 @@ impl Values<'_> {
             };
             values.push(v);
             nulls.append_non_null();
-        }
+            Ok(())
+        })?;
         let array = PrimitiveArray::<T>::new(values.into(), nulls.finish())
             .with_data_type(self.column.field.data_type().clone());
         Ok(Arc::new(array))
@@ -1242,14 +1248,50 @@ impl Values<'_> {
     }
 
     fn strings(&self, rows: &[u32], mut append: impl FnMut(Option<&str>)) -> Result<()> {
-        let mut scratch = Vec::new();
-        for &row in rows {
-            let row = row as usize;
-            let f = self.field(row, &mut scratch);
+        self.each_field(rows, |row, f| {
             if f.is_empty() {
                 append(None);
             } else {
                 append(Some(self.text(f, row)?));
+            }
+            Ok(())
+        })
+    }
+
+    /// Calls `f` with each row of `rows` and the text of its field; the
+    /// layout is matched once, outside the loop.
+    fn each_field(
+        &self,
+        rows: &[u32],
+        mut f: impl FnMut(usize, &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        match self.fields {
+            Fields::Flat { starts, columns } => {
+                let c = self.column.index;
+                for &row in rows {
+                    let j = row as usize * columns + c;
+                    let (start, end) = (starts[j] as usize, starts[j + 1] as usize - 1);
+                    f(row as usize, &self.buf[start..end])?;
+                }
+            }
+            Fields::Bounds(bounds) => {
+                let bounds = &bounds[self.slot];
+                let mut scratch = Vec::new();
+                for &row in rows {
+                    let row = row as usize;
+                    let start = bounds[2 * row] as usize;
+                    let end = bounds[2 * row + 1];
+                    if end & RAW != 0 {
+                        unquote(
+                            &self.buf[start..(end & !RAW) as usize],
+                            self.quote,
+                            &mut scratch,
+                        );
+                        f(row, &scratch)?;
+                    } else {
+                        f(row, &self.buf[start..end as usize])?;
+                    }
+                }
             }
         }
         Ok(())

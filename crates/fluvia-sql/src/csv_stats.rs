@@ -6,7 +6,8 @@
 //! a join of hundreds of millions of rows (TPC-DS q72 on CSV ran out of
 //! memory that way). With the estimate, joins are ordered and broadcast as
 //! for Parquet files of the same data. Only planning sees this type: the
-//! scans it plans read with [`crate::csv_scan`].
+//! scans it plans read with [`crate::csv_scan`] (or DataFusion's reader,
+//! see [`crate::csv_scan::CsvReader`]).
 
 use crate::session::DeclaredColumnStats;
 use async_trait::async_trait;
@@ -149,7 +150,10 @@ impl FileFormat for EstimatingCsvFormat {
         conf: FileScanConfig,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let plan = self.inner.create_physical_plan(state, conf).await?;
-        Ok(crate::csv_scan::FluviaCsvSource::wrap(plan))
+        match state.config().get_extension::<crate::csv_scan::CsvReader>() {
+            Some(r) if *r == crate::csv_scan::CsvReader::DataFusion => Ok(plan),
+            _ => Ok(crate::csv_scan::FluviaCsvSource::wrap(plan)),
+        }
     }
 
     async fn create_writer_physical_plan(

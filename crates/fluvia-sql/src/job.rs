@@ -1011,7 +1011,10 @@ pub fn run_in_datafusion(
             || k.contains("view_types")
             || k.contains("utf8view")
     });
-    let ctx = SessionContext::new_with_config(session_config(&options)?);
+    // DataFusion alone reads CSV with its own reader.
+    let config =
+        session_config(&options)?.with_extension(Arc::new(crate::csv_scan::CsvReader::DataFusion));
+    let ctx = SessionContext::new_with_config(config);
     rt.block_on(catalog.register(&ctx))?;
     rt.block_on(async {
         let df = ctx.sql(sql).await?;

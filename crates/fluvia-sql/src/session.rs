@@ -126,6 +126,12 @@ pub fn datafusion_options(
             "false".into(),
         ));
     }
+    // Not DataFusion's: `session_config` turns it into an extension.
+    let reader = crate::csv_scan::CsvReader::parse(&config.get(&options::CSV_READER)?)?;
+    opts.push((
+        crate::csv_scan::CsvReader::OPTION.to_string(),
+        reader.name().to_string(),
+    ));
     // DataFusion's own keys given in the configuration (`-D`) win.
     for (k, v) in config.iter() {
         if k.starts_with("datafusion.") {
@@ -140,6 +146,10 @@ pub fn datafusion_options(
 pub fn session_config(options: &[(String, String)]) -> Result<SessionConfig> {
     let mut config = SessionConfig::new();
     for (k, v) in options {
+        if k == crate::csv_scan::CsvReader::OPTION {
+            config = config.with_extension(Arc::new(crate::csv_scan::CsvReader::parse(v)?));
+            continue;
+        }
         config
             .options_mut()
             .set(k, v)
