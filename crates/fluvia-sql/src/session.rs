@@ -127,7 +127,7 @@ pub fn datafusion_options(
         ));
     }
     // Not DataFusion's: `session_config` turns it into an extension.
-    let reader = crate::csv_scan::CsvReader::parse(&config.get(&options::CSV_READER)?)?;
+    let reader = crate::csv_scan::CsvReader::parse(config.get(&options::CSV_READER)?)?;
     opts.push((
         crate::csv_scan::CsvReader::OPTION.to_string(),
         reader.name().to_string(),
