@@ -187,32 +187,29 @@ impl FluviaCsvSource {
             .map(|&i| slot_of(i, &mut parsed))
             .collect::<Option<Vec<_>>>()?;
         let output_schema = Arc::new(file_schema.project(file_indices).ok()?);
-        // Filters on file columns only (a partition column is not in the
-        // file); a filter that does not fit is left to the join.
-        let predicate = match &self.predicate {
-            None => None,
-            Some(p) => {
-                let mut names: Vec<String> = collect_columns(p)
-                    .iter()
-                    .map(|c| c.name().to_string())
-                    .collect();
-                names.sort();
-                let mut slots = Vec::new();
-                let mut fields = Vec::new();
-                for name in &names {
-                    let index = file_schema.index_of(name).ok()?;
-                    slots.push(slot_of(index, &mut parsed)?);
-                    fields.push(file_schema.field(index).clone());
-                }
-                let schema = Arc::new(Schema::new(fields));
-                let expr = reassign_expr_columns(Arc::clone(p), &schema).ok()?;
-                Some(Filter {
-                    expr,
-                    schema,
-                    slots,
-                })
+        // Filters on file columns of types read here only; a filter that
+        // does not fit is left to the join, the scan still read here.
+        let predicate = self.predicate.as_ref().and_then(|p| {
+            let mut names: Vec<String> = collect_columns(p)
+                .iter()
+                .map(|c| c.name().to_string())
+                .collect();
+            names.sort();
+            let mut slots = Vec::new();
+            let mut fields = Vec::new();
+            for name in &names {
+                let index = file_schema.index_of(name).ok()?;
+                slots.push(slot_of(index, &mut parsed)?);
+                fields.push(file_schema.field(index).clone());
             }
-        };
+            let schema = Arc::new(Schema::new(fields));
+            let expr = reassign_expr_columns(Arc::clone(p), &schema).ok()?;
+            Some(Filter {
+                expr,
+                schema,
+                slots,
+            })
+        });
         Some(Reading {
             delimiter: csv.delimiter(),
             quote: csv.quote(),
