@@ -197,22 +197,17 @@ pub fn run_suite(a: Args) -> Result<()> {
     };
     let (on, off) = (settings(true, true), settings(false, true));
     let build_broadcast = settings(true, false);
-    let blocking = {
+    // Fluvia as `on`, with one key changed.
+    let on_with = |key: &str, value: &str| {
         let mut s = settings(true, true);
-        s.config.set(
-            fluvia_core::config::options::BATCH_SHUFFLE_MODE.key,
-            "ALL_EXCHANGES_BLOCKING".to_string(),
-        );
+        s.config.set(key, value.to_string());
         s
     };
-    let df_reader = {
-        let mut s = settings(true, true);
-        s.config.set(
-            fluvia_core::config::options::CSV_READER.key,
-            "datafusion".to_string(),
-        );
-        s
-    };
+    let blocking = on_with(
+        fluvia_core::config::options::BATCH_SHUFFLE_MODE.key,
+        "ALL_EXCHANGES_BLOCKING",
+    );
+    let df_reader = on_with(fluvia_core::config::options::CSV_READER.key, "datafusion");
     // No -p: scans at p, every later stage decided from the data.
     let adaptive = SqlSettings {
         adaptive: true,

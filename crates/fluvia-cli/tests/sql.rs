@@ -166,9 +166,19 @@ fn q96_args_at(parallelism: &str, extra: &[&str]) -> Vec<String> {
 
 /// `fluvia sql` arguments running TPC-DS `query` (as `q96`) at SF 0.1.
 fn query_args(query: &str, parallelism: &str, extra: &[&str]) -> Vec<String> {
+    query_args_in(tpcds_data(), query, parallelism, extra)
+}
+
+/// The same over the tables in `tables` (the SF 0.1 CSV tables, say).
+fn query_args_in(
+    tables: &std::path::Path,
+    query: &str,
+    parallelism: &str,
+    extra: &[&str],
+) -> Vec<String> {
     let mut v = vec![
         "--tables".to_string(),
-        tpcds_data().to_string_lossy().to_string(),
+        tables.to_string_lossy().to_string(),
         "-f".to_string(),
         shared()
             .join(format!("queries/{query}.sql"))
@@ -261,13 +271,7 @@ fn q72_reads_its_filtered_build_side_in_the_task_of_the_joins_that_filter_it() {
     let run = |extra: &[&str]| {
         let mut a = q72_args(&["--stats"]);
         a.extend(extra.iter().map(|s| s.to_string()));
-        let o = sql(&a.iter().map(String::as_str).collect::<Vec<_>>());
-        let err = String::from_utf8_lossy(&o.stderr).to_string();
-        assert!(o.status.success(), "{err}");
-        (
-            String::from_utf8_lossy(&o.stdout).to_string(),
-            network_bytes(&err),
-        )
+        rows_and_network_bytes(&a)
     };
     let (rows_on, bytes_on) = run(&[]);
     let (rows_off, bytes_off) = run(&["-D", OFF]);
@@ -285,18 +289,11 @@ fn q72_reads_its_filtered_build_side_in_the_task_of_the_joins_that_filter_it() {
 /// declines the filters and the whole table is broadcast.
 #[test]
 fn q72_on_csv_filters_catalog_sales_while_it_is_parsed() {
-    let data = common::tpcds_csv_data().to_string_lossy().to_string();
+    let data = common::tpcds_csv_data();
     let run = |extra: &[&str]| {
-        let mut a = query_args("q72", "2", &["--format", "csv", "--stats"]);
-        a[1] = data.clone();
+        let mut a = query_args_in(data, "q72", "2", &["--format", "csv", "--stats"]);
         a.extend(extra.iter().map(|s| s.to_string()));
-        let o = sql(&a.iter().map(String::as_str).collect::<Vec<_>>());
-        let err = String::from_utf8_lossy(&o.stderr).to_string();
-        assert!(o.status.success(), "{err}");
-        (
-            String::from_utf8_lossy(&o.stdout).to_string(),
-            network_bytes(&err),
-        )
+        rows_and_network_bytes(&a)
     };
     let (rows, bytes) = run(&[]);
     let (df_rows, df_bytes) = run(&["-D", "table.exec.csv.reader=datafusion"]);
@@ -306,6 +303,7 @@ fn q72_on_csv_filters_catalog_sales_while_it_is_parsed() {
         bytes * 2 < df_bytes,
         "filtered while parsed {bytes} bytes exchanged, DataFusion's reader {df_bytes}"
     );
+    let data = data.to_string_lossy().to_string();
     let o = sql(&[
         "--tables",
         &data,
@@ -368,6 +366,18 @@ fn sql_exchanges_are_pipelined_where_blocking_buys_nothing() {
     assert!(err.contains("execution.batch-shuffle-mode"), "{err}");
 }
 
+/// Runs `fluvia sql` with `args` (which include `--stats`): its result rows
+/// and the bytes its tasks exchanged.
+fn rows_and_network_bytes(args: &[String]) -> (String, u64) {
+    let o = sql(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(o.status.success(), "{err}");
+    (
+        String::from_utf8_lossy(&o.stdout).to_string(),
+        network_bytes(&err),
+    )
+}
+
 fn network_bytes(stderr: &str) -> u64 {
     stderr
         .lines()
@@ -387,12 +397,10 @@ fn multiple_input_and_chaining_save_network_bytes_with_equal_results() {
     ] {
         let mut a = q96_args(&["--stats"]);
         a.extend(extra.iter().map(|s| s.to_string()));
-        let o = sql(&a.iter().map(String::as_str).collect::<Vec<_>>());
-        let err = String::from_utf8_lossy(&o.stderr).to_string();
-        assert!(o.status.success(), "{err}");
-        println!("{extra:?}\n{err}");
-        results.push(String::from_utf8_lossy(&o.stdout).to_string());
-        bytes.push(network_bytes(&err));
+        let (rows, sent) = rows_and_network_bytes(&a);
+        println!("{extra:?}: {sent} bytes");
+        results.push(rows);
+        bytes.push(sent);
     }
     assert_eq!(results[0], results[1]);
     assert_eq!(results[0], results[2]);

@@ -461,6 +461,7 @@ impl FileOpener for FluviaCsvOpener {
                 Some(r) => (0, r.end as u64, false),
                 None => (0, u64::MAX, false),
             };
+            let (buf, starts) = BUFFERS.take();
             let scan = Scan {
                 header: reading.has_header && from == 0 && !partial,
                 reading,
@@ -471,14 +472,14 @@ impl FileOpener for FluviaCsvOpener {
                 next_read: from,
                 stop_at,
                 partial,
-                buf: BUFFERS.take_bytes(),
+                buf,
                 lo: 0,
                 hi: 0,
                 buf_start: from,
                 lines: 0,
                 closed: false,
                 finished: false,
-                starts: BUFFERS.take_starts(),
+                starts,
                 ready: VecDeque::new(),
             };
             let stream = futures::stream::try_unfold(scan, |mut scan| async move {
@@ -557,20 +558,15 @@ static BUFFERS: Buffers = Buffers(std::sync::Mutex::new(Kept {
 }));
 
 impl Buffers {
-    fn take_bytes(&self) -> Vec<u8> {
-        self.0
-            .lock()
-            .ok()
-            .and_then(|mut b| b.bytes.pop())
-            .unwrap_or_default()
-    }
-
-    fn take_starts(&self) -> Vec<u32> {
-        self.0
-            .lock()
-            .ok()
-            .and_then(|mut b| b.starts.pop())
-            .unwrap_or_default()
+    /// A read buffer and a field-start buffer, empty when none is kept.
+    fn take(&self) -> (Vec<u8>, Vec<u32>) {
+        match self.0.lock() {
+            Ok(mut b) => (
+                b.bytes.pop().unwrap_or_default(),
+                b.starts.pop().unwrap_or_default(),
+            ),
+            Err(_) => Default::default(),
+        }
     }
 
     fn give(&self, bytes: Vec<u8>, starts: Vec<u32>) {
