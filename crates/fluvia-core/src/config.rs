@@ -161,6 +161,20 @@ pub mod options {
         default: "AUTO",
         description: "SQL jobs: ALL_EXCHANGES_BLOCKING (Flink's default) writes each exchange to a blocking partition its consumers read once the producer finished; ALL_EXCHANGES_PIPELINED streams it while both ends run; AUTO pipelines on the embedded mini-cluster at a fixed parallelism without speculative execution or an external shuffle service (slots for every task, nothing a blocking partition would buy), and blocks otherwise. A job with a stage whose parallelism the adaptive batch scheduler decides, or a stage that reads exchanges under the branches of a union, stays blocking.",
     };
+    /// Flink's key.
+    pub const REUSE_SOURCE: ConfigOption<bool> = ConfigOption {
+        key: "table.optimizer.reuse-source-enabled",
+        fallback_keys: &[],
+        default: true,
+        description: "SQL: fragments that scan the same CSV files (whatever columns each keeps) and do not feed each other run as one task that reads the files once and hands every batch to each of them; its outputs are blocking exchanges.",
+    };
+    /// Fluvia's key; a size with a unit (`64mb`) or bytes.
+    pub const REUSE_SOURCE_MIN_SIZE: ConfigOption<u64> = ConfigOption {
+        key: "table.optimizer.reuse-source.min-size",
+        fallback_keys: &[],
+        default: 64 * 1024 * 1024,
+        description: "SQL, with source reuse on: only scans of at least this many bytes of files are shared (a small table read again costs less than the blocking exchanges a shared task writes).",
+    };
     /// Fluvia's key: which reader parses CSV tables.
     pub const CSV_READER: ConfigOption<&'static str> = ConfigOption {
         key: "table.exec.csv.reader",
@@ -385,6 +399,16 @@ pub mod options {
                 CSV_READER.description,
             ),
             (
+                REUSE_SOURCE.key,
+                REUSE_SOURCE.default.to_string(),
+                REUSE_SOURCE.description,
+            ),
+            (
+                REUSE_SOURCE_MIN_SIZE.key,
+                "64 mb".to_string(),
+                REUSE_SOURCE_MIN_SIZE.description,
+            ),
+            (
                 PARALLELISM.key,
                 PARALLELISM.default.to_string(),
                 PARALLELISM.description,
@@ -486,6 +510,8 @@ pub mod options {
         config.get(&FILTERED_BUILD_IN_TASK)?;
         config.get(&BATCH_SHUFFLE_MODE)?;
         config.get(&CSV_READER)?;
+        config.get(&REUSE_SOURCE)?;
+        config.get(&REUSE_SOURCE_MIN_SIZE)?;
         config.get(&PARALLELISM)?;
         config.get(&MAX_PARALLELISM)?;
         config.get(&CHAINING_ENABLED)?;

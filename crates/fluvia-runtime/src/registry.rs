@@ -1,5 +1,6 @@
 //! Where a closure-free JobGraph finds its user code: one
-//! [`OperatorFactory`] per StreamGraph node and one key hasher per keyed edge,
+//! [`OperatorFactory`] per StreamGraph node and per-edge data (a keyed edge's
+//! key hasher, a SQL edge's producing fragment),
 //! registered by the API that built the graph. Every process that runs the
 //! job builds the same registry from the same program.
 
@@ -15,14 +16,14 @@ use std::sync::Arc;
 #[derive(Default, Clone)]
 pub struct OperatorRegistry {
     factories: BTreeMap<StreamNodeId, Arc<dyn OperatorFactory>>,
-    key_hashers: BTreeMap<usize, Arc<dyn Any + Send + Sync>>,
+    edge_data: BTreeMap<usize, Arc<dyn Any + Send + Sync>>,
 }
 
 impl std::fmt::Debug for OperatorRegistry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OperatorRegistry")
             .field("operators", &self.factories.len())
-            .field("key_hashers", &self.key_hashers.len())
+            .field("edge_data", &self.edge_data.len())
             .finish()
     }
 }
@@ -38,7 +39,13 @@ impl OperatorRegistry {
 
     /// The key hash function of keyed stream edge `edge`, for records `T`.
     pub fn register_key_hasher<T: Data>(&mut self, edge: usize, hasher: KeyHasher<T>) {
-        self.key_hashers.insert(edge, Arc::new(hasher));
+        self.edge_data.insert(edge, Arc::new(hasher));
+    }
+
+    /// Data the record type of stream edge `edge` is given when it builds
+    /// the edge's network output (what the producer routes to it).
+    pub fn register_edge_data(&mut self, edge: usize, data: Arc<dyn Any + Send + Sync>) {
+        self.edge_data.insert(edge, data);
     }
 
     pub fn factory(&self, node: StreamNodeId) -> Result<&Arc<dyn OperatorFactory>> {
@@ -51,6 +58,6 @@ impl OperatorRegistry {
     }
 
     pub fn key_hasher(&self, edge: usize) -> Option<&Arc<dyn Any + Send + Sync>> {
-        self.key_hashers.get(&edge)
+        self.edge_data.get(&edge)
     }
 }

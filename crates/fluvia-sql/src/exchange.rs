@@ -47,7 +47,14 @@ use std::task::{Context, Poll};
 pub struct SqlBatch {
     pub batch: RecordBatch,
     pub target: Option<usize>,
+    /// The stage that produced it, in a task of several stages (each
+    /// writes to its own edge); `None`: every edge takes it.
+    pub output: Option<usize>,
 }
+
+/// The edge data of a SQL edge: the stage whose batches it carries.
+#[derive(Debug, Clone, Copy)]
+pub struct OutputOf(pub usize);
 
 /// What a reader knows about its rows beyond the schema: facts that hold
 /// for every row survive any exchange (equalities between columns, values
@@ -409,9 +416,12 @@ impl RecordType for SqlBatchType {
         &self,
         writer: Rc<RefCell<PartitionWriter>>,
         selector: ChannelSelector,
-        _edge_data: Option<&Arc<dyn std::any::Any + Send + Sync>>,
+        edge_data: Option<&Arc<dyn std::any::Any + Send + Sync>>,
     ) -> Result<AnyOutput> {
         let out: Box<dyn Output<SqlBatch>> = Box::new(IpcOutput {
+            takes: edge_data
+                .and_then(|d| d.downcast_ref::<OutputOf>())
+                .map(|o| o.0),
             writer,
             broadcast: selector.kind() == PartitionerKind::Broadcast,
             encoder: IpcEncoder::default(),
@@ -446,6 +456,7 @@ impl NetworkInput for DecodingInput {
         self.inner.collect(SqlBatch {
             batch,
             target: None,
+            output: None,
         })
     }
 
@@ -457,6 +468,8 @@ impl NetworkInput for DecodingInput {
 /// Writes batches as Arrow IPC records: a broadcast batch is encoded once
 /// for all subpartitions; others go to the subtask the producer chose.
 struct IpcOutput {
+    /// The stage whose batches this edge carries.
+    takes: Option<usize>,
     writer: Rc<RefCell<PartitionWriter>>,
     broadcast: bool,
     encoder: IpcEncoder,
@@ -465,6 +478,11 @@ struct IpcOutput {
 impl Output<SqlBatch> for IpcOutput {
     fn collect(&mut self, record: SqlBatch) -> Result<()> {
         if record.batch.num_rows() == 0 {
+            return Ok(());
+        }
+        if let (Some(takes), Some(from)) = (self.takes, record.output)
+            && takes != from
+        {
             return Ok(());
         }
         let target = if self.broadcast {

@@ -9,8 +9,9 @@
 
 use crate::catalog::Catalog;
 use crate::codec::FluviaCodec;
-use crate::exchange::{SqlBatch, SqlBatchType, TaskInputs};
+use crate::exchange::{OutputOf, SqlBatch, SqlBatchType, TaskInputs};
 use crate::file_sink::{FileSinkFactory, FileSinkSpec};
+use crate::reuse::ReuseGroup;
 use crate::session::{datafusion_options, session_config};
 use crate::split::{self, CutPolicy, Exchange, StageInput, StagePlan};
 use base64::Engine;
@@ -95,6 +96,10 @@ pub struct SqlJob {
     /// result file.
     #[serde(default)]
     pub files: Option<FileSinkSpec>,
+    /// Groups of stages that scan the same files and run as one task
+    /// reading them once (`table.optimizer.reuse-source-enabled`).
+    #[serde(default)]
+    pub reuse: Vec<ReuseGroup>,
 }
 
 /// How to plan a query.
@@ -262,6 +267,15 @@ pub fn plan(req: &PlanRequest) -> std::result::Result<PlannedQuery, PlanError> {
     } else {
         vec![false; stage_plan.stages.len()]
     };
+    let reuse = if req.config.get(&options::REUSE_SOURCE)? {
+        let min_bytes = req.config.get(&options::REUSE_SOURCE_MIN_SIZE)?;
+        crate::reuse::reuse_groups(&stage_plan, min_bytes)
+            .into_iter()
+            .filter(|g| g.stages.iter().all(|&s| !adaptive[s]))
+            .collect()
+    } else {
+        Vec::new()
+    };
     Ok(PlannedQuery {
         job: SqlJob {
             name: req.name.clone(),
@@ -287,6 +301,7 @@ pub fn plan(req: &PlanRequest) -> std::result::Result<PlannedQuery, PlanError> {
                 .iter()
                 .any(|s| split::reads_under_union(&s.plan)),
             key_groups: req.config.get(&options::AUTO_PARALLELISM_MAX)?,
+            reuse,
             files: match &req.insert {
                 None => None,
                 Some(t) => Some(FileSinkSpec {
@@ -578,9 +593,68 @@ impl SqlJob {
         }
     }
 
-    /// The StreamGraph: one node per stage (a source when it has no
-    /// network input) and a sink; edges carry the stages' exchanges.
-    pub fn stream_graph(&self) -> Result<StreamGraph> {
+    /// The stages run by one task, as [`SqlJob::tasks`] lists them.
+    fn members(&self, id: usize) -> Vec<usize> {
+        self.reuse_group(id)
+            .map(|g| g.stages.clone())
+            .unwrap_or_else(|| vec![id])
+    }
+
+    fn reuse_group(&self, id: usize) -> Option<&ReuseGroup> {
+        self.reuse.iter().find(|g| g.stages.contains(&id))
+    }
+
+    /// One entry per task, in stage order of its first stage: a reuse group
+    /// runs as one task, every other stage alone.
+    pub fn tasks(&self) -> Vec<Vec<usize>> {
+        let mut out: Vec<Vec<usize>> = Vec::new();
+        for id in 0..self.stages.len() {
+            let m = self.members(id);
+            if m[0] == id {
+                out.push(m);
+            }
+        }
+        out
+    }
+
+    /// The stages a task reads, in the order of its input numbers: its
+    /// stages' inputs one after another.
+    fn task_inputs(&self, members: &[usize]) -> Vec<usize> {
+        members
+            .iter()
+            .flat_map(|&m| self.stages[m].inputs.iter().copied())
+            .collect()
+    }
+
+    /// Flink's chain name for a task of several stages: the shared source
+    /// chained to each stage's operators.
+    fn task_name(&self, members: &[usize]) -> String {
+        match members {
+            [one] => self.stages[*one].name.clone(),
+            _ => {
+                let names: Vec<&str> = members
+                    .iter()
+                    .map(|&m| self.stages[m].name.as_str())
+                    .collect();
+                let prefix = names[0].split(" -> ").next().unwrap_or_default();
+                if prefix.starts_with("Source: ")
+                    && names
+                        .iter()
+                        .all(|n| n.starts_with(&format!("{prefix} -> ")))
+                {
+                    let rest: Vec<&str> = names.iter().map(|n| &n[prefix.len() + 4..]).collect();
+                    format!("{prefix} -> ({})", rest.join(", "))
+                } else {
+                    format!("({})", names.join(", "))
+                }
+            }
+        }
+    }
+
+    /// The StreamGraph: one node per task (a source when it has no
+    /// network input) and a sink; edges carry the stages' exchanges. Also
+    /// the node of each stage, the edge out of each stage, and the sink.
+    fn graph(&self) -> Result<(StreamGraph, Vec<usize>, Vec<usize>, usize)> {
         let config = self.configuration();
         let mut b = StreamGraphBuilder::new(self.name.clone());
         b.runtime_mode = RuntimeMode::Batch;
@@ -591,12 +665,16 @@ impl SqlJob {
         let pipelined = ShuffleMode::of(&config)? == ShuffleMode::Pipelined
             && !self.branch_readers
             && !(0..self.stages.len()).any(|k| self.is_adaptive(k));
-        let mut nodes = Vec::with_capacity(self.stages.len());
-        for (k, s) in self.stages.iter().enumerate() {
-            let id = if s.inputs.is_empty() {
-                b.add_source(s.name.clone(), true)
+        let mut nodes = vec![usize::MAX; self.stages.len()];
+        for members in self.tasks() {
+            let k = members[0];
+            let s = &self.stages[k];
+            let inputs = self.task_inputs(&members).len();
+            let name = self.task_name(&members);
+            let id = if inputs == 0 {
+                b.add_source(name, true)
             } else {
-                let n = b.add_operator(s.name.clone(), s.inputs.len());
+                let n = b.add_operator(name, inputs);
                 // A fragment pulls its own inputs: never chained behind
                 // another one, even over a pipelined forward edge.
                 b.set_chaining_strategy(n, fluvia_core::ChainingStrategy::Head);
@@ -610,7 +688,9 @@ impl SqlJob {
                 b.set_parallelism(id, s.parallelism);
                 b.set_max_parallelism(id, s.parallelism.max(1));
             }
-            nodes.push(id);
+            for &m in &members {
+                nodes[m] = id;
+            }
         }
         let sink_name = match &self.files {
             Some(f) => format!("Sink: {} ({} files)", f.table, f.format.name()),
@@ -629,10 +709,11 @@ impl SqlJob {
             b.set_parallelism(sink, self.sink_parallelism());
             b.set_max_parallelism(sink, self.sink_parallelism());
         }
+        let mut edges = Vec::with_capacity(self.stages.len());
         for (id, s) in self.stages.iter().enumerate() {
             let (target, type_number) = match s.consumer {
                 Some(c) => {
-                    let inputs = &self.stages[c].inputs;
+                    let inputs = self.task_inputs(&self.members(c));
                     let pos = inputs.iter().position(|&i| i == id).ok_or_else(|| {
                         FluviaError::Plan(format!("stage {c} does not read stage {id}"))
                     })?;
@@ -641,9 +722,12 @@ impl SqlJob {
                 None => (sink, 0),
             };
             // Fragments are never chained to each other (each pulls its
-            // own inputs); only the sink chains onto the last fragment.
+            // own inputs); only the sink chains onto the last fragment. A
+            // task of several stages writes blocking partitions unless its
+            // outputs are single rows (see `ReuseGroup`).
+            let blocking = self.reuse_group(id).is_some_and(|g| !g.small_outputs);
             let mode = if s.consumer.is_some() {
-                if pipelined {
+                if pipelined && !blocking {
                     ExchangeMode::Pipelined
                 } else {
                     ExchangeMode::Batch
@@ -666,38 +750,51 @@ impl SqlJob {
                     .unwrap_or(false);
                 b.set_intra_input_key_correlated(edge, !split);
             }
+            edges.push(edge);
         }
-        b.build()
+        Ok((b.build()?, nodes, edges, sink))
+    }
+
+    /// The StreamGraph the job runs as.
+    pub fn stream_graph(&self) -> Result<StreamGraph> {
+        Ok(self.graph()?.0)
     }
 
     /// The JobGraph and the operators of every process.
     pub fn build(self: &Arc<Self>) -> Result<(JobGraph, OperatorRegistry)> {
-        let graph = self.stream_graph()?;
+        let (graph, nodes, edges, sink) = self.graph()?;
         let job = JobGraphGenerator::new(&graph).create_job_graph(self.configuration(), true)?;
         let mut registry = OperatorRegistry::new();
         let session = Arc::new(OnceLock::new());
-        for id in 0..self.stages.len() {
+        for members in self.tasks() {
+            let node = nodes[members[0]];
+            let schema = self.stage_schema(members[0])?;
             registry.register(
-                id,
+                node,
                 Arc::new(StageFactory {
                     job: Arc::clone(self),
-                    stage: id,
-                    schema: self.stage_schema(id)?,
+                    stages: members,
+                    schema,
                     session: Arc::clone(&session),
                 }),
             );
         }
+        // Which stage's batches each edge takes (a task of several stages
+        // writes each stage's output to its own edge).
+        for (stage, &edge) in edges.iter().enumerate() {
+            registry.register_edge_data(edge, Arc::new(OutputOf(stage)));
+        }
         let root = self.stages.len() - 1;
         match &self.files {
             None => registry.register(
-                self.stages.len(),
+                sink,
                 Arc::new(SinkFactory {
                     path: PathBuf::from(&self.result_path),
                     schema: self.stage_schema(root)?,
                 }),
             ),
             Some(spec) => registry.register(
-                self.stages.len(),
+                sink,
                 Arc::new(FileSinkFactory {
                     spec: spec.clone(),
                     input: self.stage_schema(root)?,
@@ -722,7 +819,8 @@ fn decode_schema(bytes: &[u8], what: &str) -> Result<SchemaRef> {
 
 struct StageFactory {
     job: Arc<SqlJob>,
-    stage: usize,
+    /// The stages this task runs (several: a reuse group).
+    stages: Vec<usize>,
     schema: SchemaRef,
     /// DataFusion's functions and runtime, built once per process and job:
     /// building a session costs more than running a small fragment.
@@ -744,7 +842,7 @@ impl OperatorFactory for StageFactory {
         Ok(OperatorInstance::Driver(Box::new(StageDriver {
             state: state.clone(),
             job: Arc::clone(&self.job),
-            stage: self.stage,
+            stages: self.stages.clone(),
             subtask: ctx.subtask_index,
             attempt: ctx.attempt_number,
             staged: ctx.staged_files(),
@@ -759,11 +857,12 @@ impl OperatorFactory for StageFactory {
     }
 }
 
-/// Runs partition `subtask` of one fragment on a current-thread runtime.
+/// Runs partition `subtask` of one fragment (or of each fragment of a
+/// reuse group) on a current-thread runtime.
 struct StageDriver {
     state: SessionState,
     job: Arc<SqlJob>,
-    stage: usize,
+    stages: Vec<usize>,
     subtask: usize,
     attempt: u32,
     /// Where files the fragment writes (`COPY ... TO`) are staged.
@@ -778,16 +877,16 @@ impl TaskDriver for StageDriver {
         counters: &Arc<IoCounters>,
         cancel: &CancelToken,
     ) -> Result<InputStats> {
-        let spec = &self.job.stages[self.stage];
+        let node_inputs = self.job.task_inputs(&self.stages);
         let mut by_stage: BTreeMap<usize, Vec<InputChannelSpec>> = BTreeMap::new();
         for c in inputs {
             let pos = c.input_index.saturating_sub(1);
-            let producer = *spec.inputs.get(pos).ok_or_else(|| {
+            let producer = *node_inputs.get(pos).ok_or_else(|| {
                 FluviaError::Internal(format!("unexpected input {}", c.input_index))
             })?;
             by_stage.entry(producer).or_default().push(c);
         }
-        for &p in &spec.inputs {
+        for &p in &node_inputs {
             by_stage.entry(p).or_default();
         }
         let task_inputs = Arc::new(TaskInputs::new(
@@ -810,11 +909,94 @@ impl TaskDriver for StageDriver {
             self.state.window_functions().clone(),
             Arc::clone(self.state.runtime_env()),
         ));
+        let rt = current_thread_runtime()?;
+        let _enter = rt.enter();
+        let mut plans = Vec::with_capacity(self.stages.len());
+        let mut outputs = Vec::with_capacity(self.stages.len());
+        let mut task_ctx = task_ctx;
+        for &stage in &self.stages {
+            let (plan, out, ctx) = self.fragment(stage, &task_ctx)?;
+            plans.push(plan);
+            outputs.push(out);
+            task_ctx = ctx;
+        }
+        // Scans several fragments of this task make are read once.
+        if plans.len() > 1 {
+            plans = crate::reuse::share_scans(plans).map_err(df_err)?;
+        }
+        let streams = plans
+            .iter()
+            .enumerate()
+            .map(|(i, plan)| {
+                plan.execute(0, Arc::clone(&task_ctx))
+                    .map(|s| s.map(move |b| (i, b)))
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(df_err)?;
+        let mut batches = futures::stream::select_all(streams);
+        while let Some((i, next)) = rt.block_on(batches.next()) {
+            let batch = next.map_err(|e| {
+                let message = e.to_string();
+                // A CSV row that does not fit the table's schema: name it.
+                match crate::csv_errors::locate(&plans[i], &message) {
+                    Some(located) => FluviaError::Execution(located),
+                    None => df_err(e),
+                }
+            })?;
+            if cancel.is_cancelled() {
+                return Err(FluviaError::Cancelled);
+            }
+            let (stage, partitioner, offset) = &mut outputs[i];
+            let output = Some(*stage);
+            match partitioner.as_mut() {
+                None => self.out.collect(SqlBatch {
+                    batch,
+                    target: Some(*offset),
+                    output,
+                })?,
+                Some(p) => {
+                    let out = &mut self.out;
+                    let mut failed = None;
+                    p.partition(batch, |i, b| {
+                        out.collect(SqlBatch {
+                            batch: b,
+                            target: Some(*offset + i),
+                            output,
+                        })
+                        .map_err(|e| {
+                            failed = Some(e);
+                            DataFusionError::Execution("output failed".into())
+                        })
+                    })
+                    .map_err(|e| failed.take().unwrap_or_else(|| df_err(e)))?;
+                }
+            }
+        }
+        drop(batches);
+        self.out.close()?;
+        task_inputs.finish()
+    }
+}
+
+/// Where one fragment's batches go: its stage, the hash partitioner of a
+/// HASH output, the first consumer subtask.
+type FragmentOutput = (usize, Option<BatchPartitioner>, usize);
+
+impl StageDriver {
+    /// Fragment `stage` as this subtask runs it, where its batches go, and
+    /// the task context to run it with (attempt-private files if it writes
+    /// any).
+    fn fragment(
+        &self,
+        stage: usize,
+        task_ctx: &Arc<TaskContext>,
+    ) -> Result<(Arc<dyn ExecutionPlan>, FragmentOutput, Arc<TaskContext>)> {
+        let spec = &self.job.stages[stage];
         // Deduplicating keeps one dynamic filter shared by the join that
         // fills it and the scan that reads it.
         let plan = physical_plan_from_bytes_with_proto_converter(
             &spec.plan,
-            &task_ctx,
+            task_ctx,
             &FluviaCodec,
             &DeduplicatingProtoConverter {},
         )
@@ -837,9 +1019,9 @@ impl TaskDriver for StageDriver {
                 Arc::new(env),
             ))
         } else {
-            task_ctx
+            Arc::clone(task_ctx)
         };
-        let (plan, mut partitioner, offset) = match spec.exchange {
+        let (plan, partitioner, offset) = match spec.exchange {
             Exchange::Hash { partitions, offset } => {
                 // An adaptive consumer reads ranges of key groups.
                 let partitions = match spec.consumer {
@@ -860,61 +1042,22 @@ impl TaskDriver for StageDriver {
                 (Arc::clone(r.input()), Some(p), offset)
             }
             Exchange::Global { offset } => (plan, None, offset),
-            Exchange::Forward { .. } if self.job.is_pointwise(self.stage) => (plan, None, 0),
+            Exchange::Forward { .. } if self.job.is_pointwise(stage) => (plan, None, 0),
             Exchange::Forward { offset } => (plan, None, offset + self.subtask),
             Exchange::Broadcast => (plan, None, 0),
         };
-        let rt = current_thread_runtime()?;
-        let _enter = rt.enter();
         // One partition: state DataFusion shares between the partitions of
         // an operator (a join's dynamic filter) is complete in this task.
         // An adaptive stage has no scan or union, the only operators whose
         // partition index picks data: its subtasks read what the scheduler
         // handed them, however many there are.
-        let view = if self.job.is_adaptive(self.stage) {
+        let view = if self.job.is_adaptive(stage) {
             self.subtask % spec.parallelism.max(1)
         } else {
             self.subtask
         };
         let plan = split::task_view(&plan, view).map_err(df_err)?;
-        let mut stream = plan.execute(0, Arc::clone(&task_ctx)).map_err(df_err)?;
-        while let Some(next) = rt.block_on(stream.next()) {
-            let batch = next.map_err(|e| {
-                let message = e.to_string();
-                // A CSV row that does not fit the table's schema: name it.
-                match crate::csv_errors::locate(&plan, &message) {
-                    Some(located) => FluviaError::Execution(located),
-                    None => df_err(e),
-                }
-            })?;
-            if cancel.is_cancelled() {
-                return Err(FluviaError::Cancelled);
-            }
-            match partitioner.as_mut() {
-                None => self.out.collect(SqlBatch {
-                    batch,
-                    target: Some(offset),
-                })?,
-                Some(p) => {
-                    let out = &mut self.out;
-                    let mut failed = None;
-                    p.partition(batch, |i, b| {
-                        out.collect(SqlBatch {
-                            batch: b,
-                            target: Some(offset + i),
-                        })
-                        .map_err(|e| {
-                            failed = Some(e);
-                            DataFusionError::Execution("output failed".into())
-                        })
-                    })
-                    .map_err(|e| failed.take().unwrap_or_else(|| df_err(e)))?;
-                }
-            }
-        }
-        drop(stream);
-        self.out.close()?;
-        task_inputs.finish()
+        Ok((plan, (stage, partitioner, offset), task_ctx))
     }
 }
 

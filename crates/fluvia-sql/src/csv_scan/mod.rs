@@ -26,7 +26,7 @@ use datafusion::arrow::datatypes::{DataType, FieldRef, Schema, SchemaRef};
 use datafusion::arrow::error::ArrowError;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::{DataFusionError, Result};
-use datafusion::config::ConfigOptions;
+use datafusion::config::{ConfigOptions, CsvOptions};
 use datafusion::datasource::listing::PartitionedFile;
 use datafusion::datasource::physical_plan::{
     CsvSource, FileOpenFuture, FileOpener, FileScanConfig, FileScanConfigBuilder, FileSource,
@@ -146,6 +146,16 @@ impl FluviaCsvSource {
         DataSourceExec::from_data_source(config)
     }
 
+    /// The same files and options reading table columns `columns`, without
+    /// runtime filters (a scan read once for several consumers).
+    pub fn with_columns(&self, columns: &[usize]) -> Result<Self> {
+        Ok(FluviaCsvSource {
+            inner: csv_with_columns(&self.inner, columns)?,
+            batch_size: self.batch_size,
+            predicate: None,
+        })
+    }
+
     fn with_inner(&self, inner: Arc<dyn FileSource>) -> Result<Self> {
         let csv = inner.downcast_ref::<CsvSource>().ok_or_else(|| {
             DataFusionError::Internal("CSV source changed into another source".into())
@@ -223,6 +233,34 @@ impl FluviaCsvSource {
             batch_size: self.batch_size.unwrap_or(8192).max(1),
         })
     }
+}
+
+/// DataFusion's CSV source for the files and options of `csv` reading table
+/// columns `columns`. A projection only narrows once set, so this starts
+/// from an unprojected source with the options a shipped source keeps (those
+/// DataFusion's plan encoding carries).
+pub fn csv_with_columns(csv: &CsvSource, columns: &[usize]) -> Result<CsvSource> {
+    let table_schema = csv.table_schema().clone();
+    let options = CsvOptions {
+        has_header: Some(csv.has_header()),
+        delimiter: csv.delimiter(),
+        quote: csv.quote(),
+        terminator: csv.terminator(),
+        newlines_in_values: Some(csv.newlines_in_values()),
+        truncated_rows: Some(csv.truncate_rows()),
+        ..Default::default()
+    };
+    let projection = ProjectionExprs::from_indices(columns, table_schema.table_schema());
+    let source = CsvSource::new(table_schema)
+        .with_csv_options(options)
+        .with_escape(csv.escape())
+        .with_comment(csv.comment())
+        .try_pushdown_projection(&projection)?
+        .ok_or_else(|| DataFusionError::Internal("a CSV scan without projection".into()))?;
+    source
+        .downcast_ref::<CsvSource>()
+        .cloned()
+        .ok_or_else(|| DataFusionError::Internal("CSV source changed into another source".into()))
 }
 
 fn contains_dynamic_filter(expr: &Arc<dyn PhysicalExpr>) -> bool {

@@ -1,0 +1,686 @@
+//! Source reuse, Flink's `table.optimizer.reuse-source-enabled`: fragments
+//! that scan the same files run as one task that reads them once and hands
+//! every batch to each fragment, as a source chained to several consumers.
+//!
+//! At planning, [`reuse_groups`] groups fragments whose scans read, partition
+//! for partition, the same CSV files with the same options (whatever columns
+//! each keeps), that do not feed each other and run at the same parallelism.
+//! In a task, [`share_scans`] reads the scans that are the same for that
+//! subtask once, with the union of their columns; each consumer keeps its own
+//! columns and applies its own runtime filters on top. The pieces of one
+//! scan meet in [`SharedScanExec`] leaves that hand out one stream's batches.
+//!
+//! Knows plans only: which task runs a group and where its outputs go is
+//! the job's business (`job.rs`).
+
+use crate::codec::FluviaCodec;
+use crate::csv_scan::{FluviaCsvSource, csv_with_columns};
+use crate::split::StagePlan;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{DataFusionError, Result as DfResult};
+use datafusion::datasource::physical_plan::{
+    CsvSource, FileScanConfig, FileScanConfigBuilder, FileSource,
+};
+use datafusion::datasource::source::DataSourceExec;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::utils::{collect_columns, reassign_expr_columns};
+use datafusion::physical_expr::{PhysicalExpr, projection::ProjectionExpr};
+use datafusion::physical_plan::aggregates::AggregateExec;
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::union::{InterleaveExec, UnionExec};
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
+};
+use datafusion_proto::bytes::physical_plan_to_bytes_with_extension_codec;
+use futures::{Stream, StreamExt};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+
+// ---------------------------------------------------------------- scans
+
+/// The file scan config of `plan` if it is a scan this module can share.
+fn shareable(plan: &Arc<dyn ExecutionPlan>) -> Option<&FileScanConfig> {
+    let config = plan
+        .downcast_ref::<DataSourceExec>()?
+        .data_source()
+        .downcast_ref::<FileScanConfig>()?;
+    let csv = config
+        .file_source
+        .downcast_ref::<FluviaCsvSource>()
+        .is_some()
+        || config.file_source.downcast_ref::<CsvSource>().is_some();
+    csv.then_some(config)
+}
+
+/// The scan of `config` reading table columns `columns`, without runtime
+/// filters; `None` for a source this module does not share.
+fn scan_with_columns(config: &FileScanConfig, columns: &[usize]) -> Option<Arc<dyn ExecutionPlan>> {
+    let source: Arc<dyn FileSource> =
+        if let Some(f) = config.file_source.downcast_ref::<FluviaCsvSource>() {
+            Arc::new(f.with_columns(columns).ok()?)
+        } else if let Some(c) = config.file_source.downcast_ref::<CsvSource>() {
+            Arc::new(csv_with_columns(c, columns).ok()?)
+        } else {
+            return None;
+        };
+    let config = FileScanConfigBuilder::from(config.clone())
+        .with_source(source)
+        .build();
+    Some(DataSourceExec::from_data_source(config))
+}
+
+/// What makes two scans the same read: the scan with every column and no
+/// runtime filter, encoded (files, byte ranges, options, limit).
+fn scan_key(config: &FileScanConfig) -> Option<Vec<u8>> {
+    let all: Vec<usize> = (0..table_width(config)).collect();
+    let wide = scan_with_columns(config, &all)?;
+    physical_plan_to_bytes_with_extension_codec(wide, &FluviaCodec)
+        .ok()
+        .map(|b| b.to_vec())
+}
+
+fn table_width(config: &FileScanConfig) -> usize {
+    config
+        .file_source
+        .table_schema()
+        .table_schema()
+        .fields()
+        .len()
+}
+
+/// The table columns a scan reads: those of its projection and of its
+/// runtime filters.
+fn columns_read(config: &FileScanConfig) -> Option<BTreeSet<usize>> {
+    let table = config.file_source.table_schema().table_schema();
+    let mut out = BTreeSet::new();
+    match config.file_source.projection() {
+        Some(p) => {
+            for e in p.iter() {
+                out.extend(collect_columns(&e.expr).iter().map(|c| c.index()));
+            }
+        }
+        None => out.extend(0..table.fields().len()),
+    }
+    if let Some(f) = config.file_source.filter() {
+        for c in collect_columns(&f) {
+            out.insert(table.index_of(c.name()).ok()?);
+        }
+    }
+    Some(out)
+}
+
+// ---------------------------------------------------------------- planning
+
+/// Bytes of files a scan reads (its byte ranges where it has them).
+fn scan_bytes(config: &FileScanConfig) -> u64 {
+    config
+        .file_groups
+        .iter()
+        .flat_map(|g| g.iter())
+        .map(|f| match &f.range {
+            Some(r) => (r.end - r.start).max(0) as u64,
+            None => f.object_meta.size,
+        })
+        .sum()
+}
+
+/// Scans of at least `min_bytes` that `plan` reads partition for partition
+/// (not whole, as under a build side kept in the fragment), by key.
+fn partitioned_scan_keys(
+    plan: &Arc<dyn ExecutionPlan>,
+    parallelism: usize,
+    min_bytes: u64,
+) -> Vec<Vec<u8>> {
+    let mut keys = Vec::new();
+    let mut stack = vec![Arc::clone(plan)];
+    while let Some(node) = stack.pop() {
+        if node.is::<CoalescePartitionsExec>() {
+            continue;
+        }
+        if let Some(config) = shareable(&node) {
+            if node.output_partitioning().partition_count() == parallelism
+                && scan_bytes(config) >= min_bytes
+                && let Some(k) = scan_key(config)
+            {
+                keys.push(k);
+            }
+            continue;
+        }
+        stack.extend(node.children().into_iter().cloned());
+    }
+    keys
+}
+
+fn has_union(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    let mut found = false;
+    let _ = plan.apply(|n| {
+        found = n.is::<UnionExec>() || n.is::<InterleaveExec>();
+        Ok(if found {
+            TreeNodeRecursion::Stop
+        } else {
+            TreeNodeRecursion::Continue
+        })
+    });
+    found
+}
+
+/// Stages that run as one task, reading their common scans once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReuseGroup {
+    /// Ascending stage ids.
+    pub stages: Vec<usize>,
+    /// Every stage emits at most one row per subtask (a scalar aggregate),
+    /// so no output can hold the task up and its exchanges may stay
+    /// pipelined; otherwise they are blocking, because the outputs meet
+    /// again downstream and a consumer reading one of them first must not
+    /// wait for a task stuck on a full other one.
+    pub small_outputs: bool,
+}
+
+/// Whether `plan` emits at most one row: an aggregate without grouping,
+/// maybe under a projection.
+fn emits_one_row(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    if let Some(a) = plan.downcast_ref::<AggregateExec>() {
+        return a.group_expr().is_empty();
+    }
+    if plan.is::<ProjectionExec>() {
+        return plan.children().first().is_some_and(|c| emits_one_row(c));
+    }
+    false
+}
+
+/// Groups of two or more stages (ascending ids) that read the same files
+/// (at least `min_bytes` of them) partition for partition and may run as
+/// one task: none is the last stage, reads under a union or writes files,
+/// none feeds another (even through other groups), and a task reads at
+/// most 255 inputs.
+pub fn reuse_groups(plan: &StagePlan, min_bytes: u64) -> Vec<ReuseGroup> {
+    let root = plan.root();
+    let mut by_key: BTreeMap<Vec<u8>, BTreeSet<usize>> = BTreeMap::new();
+    for (id, s) in plan.stages.iter().enumerate() {
+        if id == root || has_union(&s.plan) || crate::staging::writes_files(&s.plan) {
+            continue;
+        }
+        for key in partitioned_scan_keys(&s.plan, s.parallelism, min_bytes) {
+            by_key.entry(key).or_default().insert(id);
+        }
+    }
+    // Stages sharing any scan end up in one candidate (union-find).
+    let mut parent: Vec<usize> = (0..plan.stages.len()).collect();
+    fn find(parent: &mut [usize], x: usize) -> usize {
+        let mut r = x;
+        while parent[r] != r {
+            r = parent[r];
+        }
+        parent[x] = r;
+        r
+    }
+    for stages in by_key.values().filter(|s| s.len() >= 2) {
+        let mut it = stages.iter();
+        if let Some(&first) = it.next() {
+            for &other in it {
+                let (a, b) = (find(&mut parent, first), find(&mut parent, other));
+                parent[a.max(b)] = a.min(b);
+            }
+        }
+    }
+    let mut candidates: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for id in 0..plan.stages.len() {
+        let r = find(&mut parent, id);
+        candidates.entry(r).or_default().push(id);
+    }
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for c in candidates.into_values().filter(|c| c.len() >= 2) {
+        let inputs: usize = c.iter().map(|&s| plan.stages[s].inputs.len()).sum();
+        if inputs > 255 {
+            continue;
+        }
+        groups.push(c);
+        if !acyclic(plan, &groups) {
+            groups.pop();
+        }
+    }
+    groups
+        .into_iter()
+        .map(|stages| ReuseGroup {
+            small_outputs: stages.iter().all(|&s| emits_one_row(&plan.stages[s].plan)),
+            stages,
+        })
+        .collect()
+}
+
+/// Whether the stage graph with each group as one node has no cycle.
+fn acyclic(plan: &StagePlan, groups: &[Vec<usize>]) -> bool {
+    let n = plan.stages.len();
+    let mut node: Vec<usize> = (0..n).collect();
+    for g in groups {
+        for &s in g {
+            node[s] = g[0];
+        }
+    }
+    let mut edges: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); n];
+    for (s, stage) in plan.stages.iter().enumerate() {
+        if let Some(c) = stage.consumer {
+            if node[s] == node[c] {
+                return false;
+            }
+            edges[node[s]].insert(node[c]);
+        }
+    }
+    // Kahn's algorithm over the nodes in use.
+    let used: BTreeSet<usize> = node.iter().copied().collect();
+    let mut indegree = vec![0usize; n];
+    for &u in &used {
+        for &v in &edges[u] {
+            indegree[v] += 1;
+        }
+    }
+    let mut ready: Vec<usize> = used.iter().copied().filter(|&u| indegree[u] == 0).collect();
+    let mut seen = 0;
+    while let Some(u) = ready.pop() {
+        seen += 1;
+        for &v in &edges[u] {
+            indegree[v] -= 1;
+            if indegree[v] == 0 {
+                ready.push(v);
+            }
+        }
+    }
+    seen == used.len()
+}
+
+// ---------------------------------------------------------------- in a task
+
+/// The plans of one task's fragments (each viewed for the subtask) with
+/// every scan that appears more than once read once: the occurrences
+/// become leaves of one [`SharedScan`] reading the union of their columns,
+/// each under its own runtime filters and projection.
+pub fn share_scans(plans: Vec<Arc<dyn ExecutionPlan>>) -> DfResult<Vec<Arc<dyn ExecutionPlan>>> {
+    // Single-partition scans by key, in the order a post-order walk meets
+    // them (the rewrite below walks the same way).
+    let mut occurrences: BTreeMap<Vec<u8>, Vec<(usize, usize)>> = BTreeMap::new();
+    for (i, plan) in plans.iter().enumerate() {
+        let mut k = 0;
+        plan.apply(|n| {
+            if let Some(config) = shareable(n) {
+                if n.output_partitioning().partition_count() == 1
+                    && let Some(key) = scan_key(config)
+                {
+                    occurrences.entry(key).or_default().push((i, k));
+                }
+                k += 1;
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+    }
+    // (plan, scan index) -> (shared scan, consumer index)
+    let mut slots: BTreeMap<(usize, usize), (Arc<SharedScan>, usize)> = BTreeMap::new();
+    for places in occurrences.into_values().filter(|p| p.len() >= 2) {
+        let configs: Vec<FileScanConfig> = places
+            .iter()
+            .map(|&(i, k)| nth_scan(&plans[i], k))
+            .collect::<DfResult<_>>()?;
+        let mut columns = BTreeSet::new();
+        for c in &configs {
+            match columns_read(c) {
+                Some(cols) => columns.extend(cols),
+                None => columns.extend(0..table_width(c)),
+            }
+        }
+        let columns: Vec<usize> = columns.into_iter().collect();
+        let Some(scan) = scan_with_columns(&configs[0], &columns) else {
+            continue;
+        };
+        let shared = Arc::new(SharedScan::new(scan, places.len()));
+        for (consumer, place) in places.into_iter().enumerate() {
+            slots.insert(place, (Arc::clone(&shared), consumer));
+        }
+    }
+    if slots.is_empty() {
+        return Ok(plans);
+    }
+    plans
+        .into_iter()
+        .enumerate()
+        .map(|(i, plan)| {
+            let mut k = 0;
+            plan.transform_up(|n| {
+                let Some(config) = shareable(&n) else {
+                    return Ok(Transformed::no(n));
+                };
+                let here = k;
+                k += 1;
+                let Some((shared, consumer)) = slots.get(&(i, here)) else {
+                    return Ok(Transformed::no(n));
+                };
+                let leaf = consumer_of(config, shared, *consumer)?;
+                // Anything but the exact schema would change the operators
+                // above: then this occurrence reads on its own.
+                if leaf.schema() != n.schema() {
+                    shared.close(*consumer);
+                    return Ok(Transformed::no(n));
+                }
+                Ok(Transformed::yes(leaf))
+            })
+            .map(|t| t.data)
+        })
+        .collect()
+}
+
+fn nth_scan(plan: &Arc<dyn ExecutionPlan>, k: usize) -> DfResult<FileScanConfig> {
+    let mut seen = 0;
+    let mut found = None;
+    plan.apply(|n| {
+        if let Some(c) = shareable(n) {
+            if seen == k {
+                found = Some(c.clone());
+                return Ok(TreeNodeRecursion::Stop);
+            }
+            seen += 1;
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    found.ok_or_else(|| DataFusionError::Internal(format!("no scan number {k}")))
+}
+
+/// One occurrence of a shared scan: the shared leaf, the occurrence's
+/// runtime filters, its own columns.
+fn consumer_of(
+    config: &FileScanConfig,
+    shared: &Arc<SharedScan>,
+    consumer: usize,
+) -> DfResult<Arc<dyn ExecutionPlan>> {
+    let leaf: Arc<dyn ExecutionPlan> = Arc::new(SharedScanExec::new(Arc::clone(shared), consumer));
+    let schema = leaf.schema();
+    let table = Arc::clone(config.file_source.table_schema().table_schema());
+    let filtered: Arc<dyn ExecutionPlan> = match config.file_source.filter() {
+        Some(f) => Arc::new(FilterExec::try_new(
+            reassign_expr_columns(f, &schema)?,
+            leaf,
+        )?),
+        None => leaf,
+    };
+    let exprs: Vec<ProjectionExpr> = match config.file_source.projection() {
+        Some(p) => p
+            .iter()
+            .map(|e| {
+                // Projection expressions index the table schema.
+                let expr = reassign_expr_columns(Arc::clone(&e.expr), &schema)?;
+                Ok(ProjectionExpr {
+                    expr,
+                    alias: e.alias.clone(),
+                })
+            })
+            .collect::<DfResult<_>>()?,
+        None => table
+            .fields()
+            .iter()
+            .map(|f| {
+                let expr: Arc<dyn PhysicalExpr> = Arc::new(
+                    datafusion::physical_expr::expressions::Column::new_with_schema(
+                        f.name(),
+                        &schema,
+                    )?,
+                );
+                Ok(ProjectionExpr {
+                    expr,
+                    alias: f.name().clone(),
+                })
+            })
+            .collect::<DfResult<_>>()?,
+    };
+    Ok(Arc::new(ProjectionExec::try_new(exprs, filtered)?))
+}
+
+// ---------------------------------------------------------------- shared scan
+
+/// One scan read once for several consumers in one task: whichever consumer
+/// needs a batch polls the scan and queues the batch for the others. A
+/// consumer that does not poll (a join still loading its build side) lets
+/// its queue grow; the task's fragments then hold at most the scan's rows.
+pub struct SharedScan {
+    plan: Arc<dyn ExecutionPlan>,
+    state: Mutex<SharedState>,
+}
+
+struct SharedState {
+    stream: Option<SendableRecordBatchStream>,
+    started: bool,
+    queues: Vec<VecDeque<datafusion::arrow::array::RecordBatch>>,
+    open: Vec<bool>,
+    wakers: Vec<Option<Waker>>,
+    done: bool,
+    error: Option<Arc<DataFusionError>>,
+    told: Vec<bool>,
+}
+
+impl fmt::Debug for SharedScan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedScan")
+            .field("plan", &self.plan.name())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SharedScan {
+    fn new(plan: Arc<dyn ExecutionPlan>, consumers: usize) -> Self {
+        SharedScan {
+            plan,
+            state: Mutex::new(SharedState {
+                stream: None,
+                started: false,
+                queues: (0..consumers).map(|_| VecDeque::new()).collect(),
+                open: vec![true; consumers],
+                wakers: vec![None; consumers],
+                done: false,
+                error: None,
+                told: vec![false; consumers],
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SharedState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Consumer `k` reads no more: nothing is queued for it, and the others
+    /// are woken in case the scan would have woken only `k`.
+    fn close(&self, k: usize) {
+        let mut s = self.lock();
+        s.open[k] = false;
+        s.queues[k].clear();
+        if s.open.iter().all(|o| !o) {
+            s.stream = None;
+        }
+        for w in s.wakers.iter_mut() {
+            if let Some(w) = w.take() {
+                w.wake();
+            }
+        }
+    }
+
+    fn poll_for(
+        &self,
+        k: usize,
+        ctx: &Arc<TaskContext>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<DfResult<datafusion::arrow::array::RecordBatch>>> {
+        let mut s = self.lock();
+        if let Some(b) = s.queues[k].pop_front() {
+            return Poll::Ready(Some(Ok(b)));
+        }
+        if s.done {
+            if let Some(e) = &s.error
+                && !s.told[k]
+            {
+                let e = Arc::clone(e);
+                s.told[k] = true;
+                return Poll::Ready(Some(Err(DataFusionError::Shared(e))));
+            }
+            return Poll::Ready(None);
+        }
+        if !s.started {
+            s.started = true;
+            match self.plan.execute(0, Arc::clone(ctx)) {
+                Ok(stream) => s.stream = Some(stream),
+                Err(e) => return Poll::Ready(Some(Err(self.fail(&mut s, k, e)))),
+            }
+        }
+        let Some(stream) = s.stream.as_mut() else {
+            return Poll::Ready(None);
+        };
+        match stream.poll_next_unpin(cx) {
+            Poll::Ready(Some(Ok(batch))) => {
+                let s = &mut *s;
+                for j in 0..s.queues.len() {
+                    if j != k && s.open[j] {
+                        s.queues[j].push_back(batch.clone());
+                        if let Some(w) = s.wakers[j].take() {
+                            w.wake();
+                        }
+                    }
+                }
+                Poll::Ready(Some(Ok(batch)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(self.fail(&mut s, k, e)))),
+            Poll::Ready(None) => {
+                s.done = true;
+                s.stream = None;
+                wake_all(&mut s);
+                Poll::Ready(None)
+            }
+            Poll::Pending => {
+                s.wakers[k] = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+
+    fn fail(&self, s: &mut SharedState, k: usize, e: DataFusionError) -> DataFusionError {
+        let e = Arc::new(e);
+        s.done = true;
+        s.stream = None;
+        s.error = Some(Arc::clone(&e));
+        s.told[k] = true;
+        wake_all(s);
+        DataFusionError::Shared(e)
+    }
+}
+
+fn wake_all(s: &mut SharedState) {
+    for w in s.wakers.iter_mut() {
+        if let Some(w) = w.take() {
+            w.wake();
+        }
+    }
+}
+
+/// A consumer's end of a [`SharedScan`]. The scan is shown as its child so
+/// plan walks (naming a bad CSV row's file) still find it; it is executed
+/// through the shared state, never as a child.
+#[derive(Debug)]
+pub struct SharedScanExec {
+    shared: Arc<SharedScan>,
+    consumer: usize,
+    props: Arc<PlanProperties>,
+}
+
+impl SharedScanExec {
+    fn new(shared: Arc<SharedScan>, consumer: usize) -> Self {
+        let props = Arc::clone(shared.plan.properties());
+        SharedScanExec {
+            shared,
+            consumer,
+            props,
+        }
+    }
+}
+
+impl DisplayAs for SharedScanExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "SharedScanExec: consumer={}", self.consumer)
+    }
+}
+
+impl ExecutionPlan for SharedScanExec {
+    fn name(&self) -> &str {
+        "SharedScanExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.props
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.shared.plan]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+    ) -> DfResult<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        match children.as_slice() {
+            [c] if Arc::ptr_eq(c, &self.shared.plan) => Ok(self),
+            _ => Err(DataFusionError::Internal(
+                "a shared scan cannot take another input".into(),
+            )),
+        }
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        ctx: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        if partition != 0 {
+            return Err(DataFusionError::Internal(format!(
+                "a shared scan has one partition, not {}",
+                partition + 1
+            )));
+        }
+        let stream = SharedStream {
+            shared: Arc::clone(&self.shared),
+            consumer: self.consumer,
+            ctx,
+        };
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            self.schema(),
+            stream,
+        )))
+    }
+}
+
+struct SharedStream {
+    shared: Arc<SharedScan>,
+    consumer: usize,
+    ctx: Arc<TaskContext>,
+}
+
+impl Stream for SharedStream {
+    type Item = DfResult<datafusion::arrow::array::RecordBatch>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        this.shared.poll_for(this.consumer, &this.ctx, cx)
+    }
+}
+
+impl Drop for SharedStream {
+    fn drop(&mut self) {
+        self.shared.close(self.consumer);
+    }
+}
