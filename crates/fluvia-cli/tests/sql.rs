@@ -57,6 +57,10 @@ fn all_99_tpcds_queries_match_on_csv_tables_with_their_declared_schemas() {
         .arg("--check")
         .arg(shared().join("answers/sf0.1"))
         .args(["-p", "2"])
+        // Every scan shared however small: at SF 0.1 no table reaches the
+        // default size, and every query that reads one twice goes through
+        // source reuse.
+        .args(["-D", "table.optimizer.reuse-source.min-size=0"])
         .output()
         .unwrap();
     let out = String::from_utf8_lossy(&o.stdout).to_string();
@@ -320,6 +324,65 @@ fn q72_on_csv_filters_catalog_sales_while_it_is_parsed() {
         err.contains("table.exec.csv.reader must be 'fluvia' or 'datafusion', not 'pandas'"),
         "{err}"
     );
+}
+
+/// Source reuse: q9's fifteen scans of `store_sales` run as one task that
+/// reads the table once, chained to each subquery's filter and aggregate;
+/// its single-row outputs stay pipelined, while q4's shared scans, whose
+/// outputs are large and meet again, write blocking partitions. Answers are
+/// the same on two TaskManagers, blocking or not, as without reuse.
+#[test]
+fn source_reuse_reads_a_table_once_for_every_fragment_that_scans_it() {
+    let data = common::tpcds_csv_data();
+    let explain = |query: &str, extra: &[&str]| {
+        let mut a = query_args_in(data, query, "2", &["--format", "csv", "--explain"]);
+        a.extend(["-D", "table.optimizer.reuse-source.min-size=0"].map(String::from));
+        a.extend(extra.iter().map(|s| s.to_string()));
+        let o = sql(&a.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).to_string()
+    };
+    let on = explain("q9", &[]);
+    println!("{on}");
+    assert!(on.contains("in 2 tasks"), "{on}");
+    let shared_task = on
+        .lines()
+        .find(|l| l.contains("Source: store_sales -> (Filter -> Aggregate, "))
+        .unwrap_or_else(|| panic!("one task scans store_sales: {on}"));
+    assert_eq!(
+        shared_task.matches("Aggregate").count(),
+        15,
+        "{shared_task}"
+    );
+    assert_eq!(on.matches("GLOBAL (pipelined_bounded)").count(), 15, "{on}");
+    let off = explain("q9", &["-D", "table.optimizer.reuse-source-enabled=false"]);
+    assert_eq!(off.matches("Source: store_sales").count(), 15, "{off}");
+    let q4 = explain("q4", &[]);
+    assert!(q4.contains("(blocking)"), "{q4}");
+    assert!(q4.contains("[Source: store_sales], MultipleInput"), "{q4}");
+
+    let data = data.to_string_lossy().to_string();
+    for extra in [
+        &["-D", "local.number-taskmanager=2"][..],
+        &["-D", "execution.batch-shuffle-mode=ALL_EXCHANGES_BLOCKING"][..],
+    ] {
+        let o = fluvia()
+            .args(["tpcds", "run", "--format", "csv", "--data", &data])
+            .arg("--queries")
+            .arg(shared().join("queries"))
+            .arg("--check")
+            .arg(shared().join("answers/sf0.1"))
+            .args(["-p", "2", "-D", "table.optimizer.reuse-source.min-size=0"])
+            .args([
+                "--query", "9", "--query", "28", "--query", "88", "--query", "4",
+            ])
+            .args(extra)
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&o.stdout).to_string();
+        assert!(o.status.success(), "{extra:?}: {out}");
+        assert!(out.contains("# 4 passed, 0 failed"), "{extra:?}: {out}");
+    }
 }
 
 /// `execution.batch-shuffle-mode`: AUTO pipelines a query at a fixed

@@ -236,15 +236,31 @@ pub fn reuse_groups(plan: &StagePlan, min_bytes: u64) -> Vec<ReuseGroup> {
         let r = find(&mut parent, id);
         candidates.entry(r).or_default().push(id);
     }
+    // Each candidate takes its stages one by one, leaving out a stage that
+    // would close a cycle (one reading another's output, maybe through
+    // other groups) or take the task past 255 inputs.
     let mut groups: Vec<Vec<usize>> = Vec::new();
     for c in candidates.into_values().filter(|c| c.len() >= 2) {
-        let inputs: usize = c.iter().map(|&s| plan.stages[s].inputs.len()).sum();
-        if inputs > 255 {
-            continue;
-        }
-        groups.push(c);
-        if !acyclic(plan, &groups) {
+        let mut group = vec![c[0]];
+        for &s in &c[1..] {
+            let inputs: usize = group
+                .iter()
+                .chain([&s])
+                .map(|&m| plan.stages[m].inputs.len())
+                .sum();
+            if inputs > 255 {
+                continue;
+            }
+            group.push(s);
+            groups.push(group.clone());
+            let ok = acyclic(plan, &groups);
             groups.pop();
+            if !ok {
+                group.pop();
+            }
+        }
+        if group.len() >= 2 {
+            groups.push(group);
         }
     }
     groups
@@ -682,5 +698,240 @@ impl Stream for SharedStream {
 impl Drop for SharedStream {
     fn drop(&mut self) {
         self.shared.close(self.consumer);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::split::{Exchange, Stage};
+    use datafusion::arrow::array::{Array, Int64Array};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+    use datafusion::config::CsvOptions;
+    use datafusion::datasource::listing::PartitionedFile;
+    use datafusion::datasource::physical_plan::FileGroup;
+    use datafusion::execution::object_store::ObjectStoreUrl;
+    use datafusion::logical_expr::Operator;
+    use datafusion::physical_expr::expressions::{BinaryExpr, Column, lit};
+    use datafusion::physical_plan::limit::GlobalLimitExec;
+    use datafusion::prelude::SessionContext;
+
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("a", DataType::Int64, true),
+            Field::new("b", DataType::Utf8, true),
+        ]))
+    }
+
+    fn file(rows: usize, bad_row: Option<usize>) -> (String, u64) {
+        let mut text = String::from("id,a,b\n");
+        for i in 0..rows {
+            if bad_row == Some(i) {
+                text.push_str(&format!("{i},oops,x\n"));
+            } else {
+                text.push_str(&format!("{i},{},b{i}\n", i * 7));
+            }
+        }
+        let dir = std::env::temp_dir().join(format!("fluvia-reuse-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.csv");
+        std::fs::write(&path, &text).unwrap();
+        (path.to_string_lossy().into_owned(), text.len() as u64)
+    }
+
+    /// A one-partition scan of `path` by Fluvia's reader, keeping
+    /// `columns`.
+    fn scan(path: &str, size: u64, columns: Vec<usize>) -> Arc<dyn ExecutionPlan> {
+        let options = CsvOptions {
+            has_header: Some(true),
+            ..Default::default()
+        };
+        let csv = CsvSource::new(schema()).with_csv_options(options);
+        let config = FileScanConfigBuilder::new(ObjectStoreUrl::local_filesystem(), Arc::new(csv))
+            .with_file_groups(vec![FileGroup::new(vec![PartitionedFile::new(
+                path.to_string(),
+                size,
+            )])])
+            .with_projection_indices(Some(columns))
+            .unwrap()
+            .build();
+        FluviaCsvSource::wrap(DataSourceExec::from_data_source(config))
+    }
+
+    /// `id % 3 == k` over the scan's first column.
+    fn every_third(input: Arc<dyn ExecutionPlan>, k: i64) -> Arc<dyn ExecutionPlan> {
+        let pred = Arc::new(BinaryExpr::new(
+            Arc::new(BinaryExpr::new(
+                Arc::new(Column::new("id", 0)),
+                Operator::Modulo,
+                lit(3i64),
+            )),
+            Operator::Eq,
+            lit(k),
+        ));
+        Arc::new(FilterExec::try_new(pred, input).unwrap())
+    }
+
+    /// Runs the plans at once, as a task runs its fragments: per plan, the
+    /// rows it produced or its error.
+    fn run_together(plans: &[Arc<dyn ExecutionPlan>]) -> Vec<DfResult<usize>> {
+        let ctx = SessionContext::new().task_ctx();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let streams: Vec<_> = plans
+            .iter()
+            .enumerate()
+            .map(|(i, p)| p.execute(0, Arc::clone(&ctx)).unwrap().map(move |b| (i, b)))
+            .collect();
+        let mut out: Vec<DfResult<usize>> = (0..plans.len()).map(|_| Ok(0)).collect();
+        let mut all = futures::stream::select_all(streams);
+        rt.block_on(async {
+            while let Some((i, b)) = all.next().await {
+                match (b, &mut out[i]) {
+                    (Ok(b), Ok(n)) => *n += b.num_rows(),
+                    (Err(e), slot @ Ok(_)) => *slot = Err(e),
+                    (_, Err(_)) => {}
+                }
+            }
+        });
+        out
+    }
+
+    fn shared_leaves(plan: &Arc<dyn ExecutionPlan>) -> Vec<Arc<dyn ExecutionPlan>> {
+        let mut out = Vec::new();
+        plan.apply(|n| {
+            if n.is::<SharedScanExec>() {
+                out.push(Arc::clone(n));
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })
+        .unwrap();
+        out
+    }
+
+    #[test]
+    fn consumers_of_one_scan_get_what_their_own_scans_give_and_the_file_is_read_once() {
+        let (path, size) = file(20_000, None);
+        let plans = vec![
+            every_third(scan(&path, size, vec![0]), 0),
+            every_third(scan(&path, size, vec![0, 1]), 1),
+            every_third(scan(&path, size, vec![0, 2]), 2),
+            scan(&path, size, vec![1]),
+        ];
+        let alone: Vec<usize> = plans
+            .iter()
+            .map(|p| *run_together(std::slice::from_ref(p))[0].as_ref().unwrap())
+            .collect();
+        let shared = share_scans(plans.clone()).unwrap();
+        for (p, s) in plans.iter().zip(&shared) {
+            assert_eq!(p.schema(), s.schema(), "each keeps its own columns");
+            assert_eq!(shared_leaves(s).len(), 1);
+        }
+        let together: Vec<usize> = run_together(&shared)
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect();
+        assert_eq!(together, alone);
+        assert_eq!(together, vec![6667, 6667, 6666, 20_000]);
+        // One scan read the file, once, with the union of the columns.
+        let leaf = &shared_leaves(&shared[0])[0];
+        let inner = leaf.children()[0];
+        assert!(Arc::ptr_eq(
+            inner,
+            shared_leaves(&shared[3])[0].children()[0]
+        ));
+        assert_eq!(inner.schema().fields().len(), 3);
+        let read = inner.metrics().and_then(|m| m.output_rows());
+        assert_eq!(read, Some(20_000));
+    }
+
+    #[test]
+    fn values_are_the_same_through_a_shared_scan() {
+        let (path, size) = file(5_000, None);
+        let plans = vec![scan(&path, size, vec![1]), scan(&path, size, vec![1, 0])];
+        let shared = share_scans(plans).unwrap();
+        let ctx = SessionContext::new().task_ctx();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let batches = rt
+            .block_on(datafusion::physical_plan::collect(
+                Arc::clone(&shared[0]),
+                Arc::clone(&ctx),
+            ))
+            .unwrap();
+        let a: Vec<i64> = batches
+            .iter()
+            .flat_map(|b| {
+                let c = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+                (0..c.len()).map(|i| c.value(i)).collect::<Vec<_>>()
+            })
+            .collect();
+        assert_eq!(a, (0..5_000).map(|i| i * 7).collect::<Vec<i64>>());
+    }
+
+    #[test]
+    fn a_consumer_that_stops_early_holds_up_no_other() {
+        let (path, size) = file(50_000, None);
+        let limited: Arc<dyn ExecutionPlan> = Arc::new(GlobalLimitExec::new(
+            scan(&path, size, vec![0]),
+            0,
+            Some(10),
+        ));
+        let plans = vec![limited, scan(&path, size, vec![2])];
+        let shared = share_scans(plans).unwrap();
+        assert_eq!(shared_leaves(&shared[0]).len(), 1);
+        let rows: Vec<usize> = run_together(&shared)
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect();
+        assert_eq!(rows, vec![10, 50_000]);
+    }
+
+    #[test]
+    fn a_bad_row_fails_every_consumer_with_the_readers_message() {
+        let (path, size) = file(30_000, Some(25_000));
+        let plans = vec![scan(&path, size, vec![1]), scan(&path, size, vec![0, 1])];
+        let shared = share_scans(plans).unwrap();
+        for r in run_together(&shared) {
+            let e = r.unwrap_err().to_string();
+            assert!(e.contains("Error while parsing value 'oops'"), "{e}");
+        }
+    }
+
+    fn stage(plan: Arc<dyn ExecutionPlan>, consumer: Option<usize>, inputs: Vec<usize>) -> Stage {
+        Stage {
+            plan,
+            parallelism: 1,
+            exchange: Exchange::Global { offset: 0 },
+            hash_exprs: Vec::new(),
+            consumer,
+            inputs,
+        }
+    }
+
+    #[test]
+    fn stages_that_feed_each_other_are_never_one_task() {
+        let (path, size) = file(100, None);
+        let (other, other_size) = file(100, None);
+        // 0 -> 1 -> 4 (root), 2 -> 4, 3 -> 4: 0, 1 and 2 scan `path`, 3
+        // another file. 1 reads 0's output, so only one of them joins 2.
+        let plan = StagePlan {
+            stages: vec![
+                stage(scan(&path, size, vec![0]), Some(1), vec![]),
+                stage(scan(&path, size, vec![1]), Some(4), vec![0]),
+                stage(scan(&path, size, vec![2]), Some(4), vec![]),
+                stage(scan(&other, other_size, vec![0]), Some(4), vec![]),
+                stage(scan(&path, size, vec![0]), None, vec![1, 2, 3]),
+            ],
+        };
+        let groups = reuse_groups(&plan, 0);
+        assert_eq!(groups.len(), 1, "{groups:?}");
+        assert_eq!(groups[0].stages, vec![0, 2]);
+        assert!(!groups[0].small_outputs, "scans emit every row");
+        assert!(reuse_groups(&plan, size + 1).is_empty(), "below the size");
     }
 }
