@@ -2,7 +2,8 @@
 //! `p` target partitions (the baseline), Fluvia on the embedded
 //! mini-cluster at parallelism `p`, Fluvia with multiple-input off,
 //! Fluvia with filtered build sides broadcast from their own tasks, and
-//! Fluvia with blocking exchanges.
+//! Fluvia with blocking exchanges, Fluvia reading CSV with DataFusion's
+//! reader, and Fluvia without source reuse.
 //! Each cell is the median of `--repeat` runs; totals are sums of medians.
 
 use anyhow::{Result, bail};
@@ -31,7 +32,8 @@ pub struct Args {
     format: String,
     /// Which columns to run: datafusion, fluvia, mi-off, adaptive,
     /// build-broadcast, blocking, df-reader (Fluvia reading CSV with
-    /// DataFusion's reader) (comma-separated; default all but df-reader).
+    /// DataFusion's reader), no-reuse (source reuse off) (comma-separated;
+    /// default all but df-reader and no-reuse).
     #[arg(
         long,
         value_delimiter = ',',
@@ -208,6 +210,7 @@ pub fn run_suite(a: Args) -> Result<()> {
         "ALL_EXCHANGES_BLOCKING",
     );
     let df_reader = on_with(fluvia_core::config::options::CSV_READER.key, "datafusion");
+    let no_reuse = on_with(fluvia_core::config::options::REUSE_SOURCE.key, "false");
     // No -p: scans at p, every later stage decided from the data.
     let adaptive = SqlSettings {
         adaptive: true,
@@ -222,11 +225,12 @@ pub fn run_suite(a: Args) -> Result<()> {
             "build-broadcast",
             "blocking",
             "df-reader",
+            "no-reuse",
         ]
         .contains(&v.as_str())
         {
             bail!(
-                "unknown variant '{v}': datafusion, fluvia, mi-off, adaptive, build-broadcast, blocking or df-reader"
+                "unknown variant '{v}': datafusion, fluvia, mi-off, adaptive, build-broadcast, blocking, df-reader or no-reuse"
             );
         }
     }
@@ -262,7 +266,7 @@ pub fn run_suite(a: Args) -> Result<()> {
         }
     }
     println!(
-        "{:<8} {:>10} {:>10} {:>7} {:>12} {:>14} {:>14} {:>10} {:>7} {:>15} {:>9} {:>9}",
+        "{:<8} {:>10} {:>10} {:>7} {:>12} {:>14} {:>14} {:>10} {:>7} {:>15} {:>9} {:>9} {:>9}",
         "query",
         "datafusion",
         "fluvia",
@@ -274,13 +278,14 @@ pub fn run_suite(a: Args) -> Result<()> {
         "ratio",
         "build-broadcast",
         "blocking",
-        "df-reader"
+        "df-reader",
+        "no-reuse"
     );
     if duck.is_some() {
         println!("(then per line: duckdb seconds, fluvia / duckdb)");
     }
     let (mut df_total, mut fl_total, mut off_total, mut ad_total) = (0.0, 0.0, 0.0, 0.0);
-    let (mut bb_total, mut bl_total, mut dr_total) = (0.0, 0.0, 0.0);
+    let (mut bb_total, mut bl_total, mut dr_total, mut nr_total) = (0.0, 0.0, 0.0, 0.0);
     let (mut bytes_on, mut bytes_off) = (0u64, 0u64);
     let mut failed = Vec::new();
     let mut only_fluvia = Vec::new();
@@ -306,10 +311,13 @@ pub fn run_suite(a: Args) -> Result<()> {
             cell("build-broadcast", &build_broadcast, &Target::Embedded),
             cell("blocking", &blocking, &Target::Embedded),
             cell("df-reader", &df_reader, &Target::Embedded),
+            cell("no-reuse", &no_reuse, &Target::Embedded),
         );
-        let (d, f, o, ad, bb, bl, dr) = match cells {
-            (Ok(d), Ok(f), Ok(o), Ok(ad), Ok(bb), Ok(bl), Ok(dr)) => (d, f, o, ad, bb, bl, dr),
-            (Err(_), Ok(f), Ok(_), Ok(_), Ok(_), Ok(_), Ok(_)) => {
+        let (d, f, o, ad, bb, bl, dr, nr) = match cells {
+            (Ok(d), Ok(f), Ok(o), Ok(ad), Ok(bb), Ok(bl), Ok(dr), Ok(nr)) => {
+                (d, f, o, ad, bb, bl, dr, nr)
+            }
+            (Err(_), Ok(f), Ok(_), Ok(_), Ok(_), Ok(_), Ok(_), Ok(_)) => {
                 println!("{name:<8} {:>10} {:>10.3}", "failed", f.secs);
                 only_fluvia.push(name);
                 continue;
@@ -331,10 +339,11 @@ pub fn run_suite(a: Args) -> Result<()> {
         add(&mut bb_total, bb.secs);
         add(&mut bl_total, bl.secs);
         add(&mut dr_total, dr.secs);
+        add(&mut nr_total, nr.secs);
         bytes_on += f.network_bytes;
         bytes_off += o.network_bytes;
         println!(
-            "{name:<8} {:>10.3} {:>10.3} {:>7.2} {:>12.3} {:>14} {:>14} {:>10.3} {:>7.2} {:>15.3} {:>9.3} {:>9.3}",
+            "{name:<8} {:>10.3} {:>10.3} {:>7.2} {:>12.3} {:>14} {:>14} {:>10.3} {:>7.2} {:>15.3} {:>9.3} {:>9.3} {:>9.3}",
             d.secs,
             f.secs,
             f.secs / d.secs.max(1e-9),
@@ -345,7 +354,8 @@ pub fn run_suite(a: Args) -> Result<()> {
             ad.secs / d.secs.max(1e-9),
             bb.secs,
             bl.secs,
-            dr.secs
+            dr.secs,
+            nr.secs
         );
         if let Some(duck) = duck.as_mut() {
             match duck.measure(&sql, a.repeat) {
@@ -367,7 +377,7 @@ pub fn run_suite(a: Args) -> Result<()> {
         }
     }
     println!(
-        "{:<8} {df_total:>10.3} {fl_total:>10.3} {:>7.2} {off_total:>12.3} {bytes_on:>14} {bytes_off:>14} {ad_total:>10.3} {:>7.2} {bb_total:>15.3} {bl_total:>9.3} {dr_total:>9.3}",
+        "{:<8} {df_total:>10.3} {fl_total:>10.3} {:>7.2} {off_total:>12.3} {bytes_on:>14} {bytes_off:>14} {ad_total:>10.3} {:>7.2} {bb_total:>15.3} {bl_total:>9.3} {dr_total:>9.3} {nr_total:>9.3}",
         "total",
         fl_total / df_total.max(1e-9),
         ad_total / df_total.max(1e-9)
