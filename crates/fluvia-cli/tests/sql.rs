@@ -330,7 +330,7 @@ fn q72_on_csv_filters_catalog_sales_while_it_is_parsed() {
 /// reads the table once, chained to each subquery's filter and aggregate;
 /// its single-row outputs stay pipelined, while q4's shared scans, whose
 /// outputs are large and meet again, write blocking partitions. Answers are
-/// the same on two TaskManagers, blocking or not, as without reuse.
+/// right on two TaskManagers, blocking or not, and on a cluster of processes.
 #[test]
 fn source_reuse_reads_a_table_once_for_every_fragment_that_scans_it() {
     let data = common::tpcds_csv_data();
@@ -362,9 +362,12 @@ fn source_reuse_reads_a_table_once_for_every_fragment_that_scans_it() {
     assert!(q4.contains("[Source: store_sales], MultipleInput"), "{q4}");
 
     let data = data.to_string_lossy().to_string();
+    // And on a cluster of processes: blocking, two TaskManagers.
+    let cluster = Cluster::start(&[], 2, &["--slots", "2"]);
     for extra in [
         &["-D", "local.number-taskmanager=2"][..],
         &["-D", "execution.batch-shuffle-mode=ALL_EXCHANGES_BLOCKING"][..],
+        &["--jobmanager", cluster.rpc.as_str()][..],
     ] {
         let o = fluvia()
             .args(["tpcds", "run", "--format", "csv", "--data", &data])
