@@ -26,7 +26,7 @@ use crate::rpc::{
     Ack, Empty, HeartbeatResponse, JobList, JobRequest, JobStatus, RegisterShuffleServiceRequest,
     RegisterTaskManagerRequest, RegisterTaskManagerResponse, ReleasePartitionsRequest,
     ShuffleServiceHeartbeatRequest, SubmitJobRequest, SubmitJobResponse, SubtaskResult,
-    TaskDeployment, TaskManagerHeartbeat, TaskStateUpdate,
+    TaskDeployment, TaskDeployments, TaskManagerHeartbeat, TaskStateUpdate,
 };
 use crate::security;
 use fluvia_core::{Configuration, FluviaError, JobId, Result};
@@ -285,43 +285,42 @@ impl JmShared {
         let (tx, mut rx) = mpsc::unbounded_channel::<TmCall>();
         let shared = Arc::clone(self);
         tokio::spawn(async move {
-            while let Some(call) = rx.recv().await {
+            // A call taken from the queue while gathering deployments.
+            let mut held: Option<TmCall> = None;
+            loop {
+                let call = match held.take() {
+                    Some(c) => c,
+                    None => match rx.recv().await {
+                        Some(c) => c,
+                        None => break,
+                    },
+                };
                 let mut client = client.clone();
                 let secret = &shared.secret;
                 match call {
                     TmCall::Deploy(attempt, desc) => {
-                        let failure = match serde_json::to_string(&desc) {
-                            Err(e) => Some(format!("encoding the deployment: {e}")),
-                            Ok(json) => {
-                                let req = security::authorize(
-                                    TaskDeployment {
-                                        descriptor_json: json,
-                                    },
-                                    secret,
-                                );
-                                match tokio::time::timeout(
-                                    Duration::from_secs(30),
-                                    client.deploy_task(req),
-                                )
-                                .await
-                                {
-                                    Ok(Ok(ack)) if ack.get_ref().ok => None,
-                                    Ok(Ok(ack)) => Some(ack.into_inner().message),
-                                    Ok(Err(status)) => Some(format!(
-                                        "TaskManager {tm} refused the deployment: {}",
-                                        status.message()
-                                    )),
-                                    Err(_) => Some(format!(
-                                        "TaskManager {tm} did not answer a deployment in 30 s"
-                                    )),
+                        // The deployments queued behind this one go in the
+                        // same call, in order: one round trip per wave.
+                        let mut batch = vec![(attempt, desc)];
+                        loop {
+                            match rx.try_recv() {
+                                Ok(TmCall::Deploy(a, d)) => batch.push((a, d)),
+                                Ok(other) => {
+                                    held = Some(other);
+                                    break;
                                 }
+                                Err(_) => break,
                             }
-                        };
-                        let event = match failure {
-                            None => Event::DeployAcknowledged { attempt },
-                            Some(reason) => Event::DeployFailed { attempt, reason },
-                        };
-                        let _ = shared.feed_now(event);
+                        }
+                        for (attempt, failure) in
+                            deploy_batch(&mut client, secret, &tm, batch).await
+                        {
+                            let event = match failure {
+                                None => Event::DeployAcknowledged { attempt },
+                                Some(reason) => Event::DeployFailed { attempt, reason },
+                            };
+                            let _ = shared.feed_now(event);
+                        }
                     }
                     TmCall::Cancel(a) => {
                         let req = security::authorize(a, secret);
@@ -917,4 +916,67 @@ pub async fn start(config: Configuration) -> Result<JobManagerHandle> {
         tasks: vec![timer, rest, rpc],
         shared,
     })
+}
+
+/// Sends deployments to one TaskManager in one call; per attempt, why it
+/// failed (`None`: acknowledged).
+async fn deploy_batch(
+    client: &mut TaskManagerClient<Channel>,
+    secret: &Option<String>,
+    tm: &str,
+    batch: Vec<(ExecutionAttemptId, Box<TaskDeploymentDescriptor>)>,
+) -> Vec<(ExecutionAttemptId, Option<String>)> {
+    let mut deployments = Vec::with_capacity(batch.len());
+    let mut attempts = Vec::with_capacity(batch.len());
+    let mut failed = Vec::new();
+    for (attempt, desc) in batch {
+        match serde_json::to_string(&desc) {
+            Ok(json) => {
+                deployments.push(TaskDeployment {
+                    descriptor_json: json,
+                });
+                attempts.push(attempt);
+            }
+            Err(e) => failed.push((attempt, Some(format!("encoding the deployment: {e}")))),
+        }
+    }
+    if attempts.is_empty() {
+        return failed;
+    }
+    let req = security::authorize(TaskDeployments { deployments }, secret);
+    let reply = tokio::time::timeout(Duration::from_secs(30), client.deploy_tasks(req)).await;
+    let n = attempts.len();
+    let outcomes: Vec<Option<String>> = match reply {
+        Ok(Ok(acks)) => {
+            let acks = acks.into_inner().acks;
+            if acks.len() == n {
+                acks.into_iter()
+                    .map(|a| (!a.ok).then_some(a.message))
+                    .collect()
+            } else {
+                vec![
+                    Some(format!(
+                        "TaskManager {tm} answered {} of {n} deployments",
+                        acks.len()
+                    ));
+                    n
+                ]
+            }
+        }
+        Ok(Err(status)) => vec![
+            Some(format!(
+                "TaskManager {tm} refused the deployment: {}",
+                status.message()
+            ));
+            n
+        ],
+        Err(_) => vec![
+            Some(format!(
+                "TaskManager {tm} did not answer a deployment in 30 s"
+            ));
+            n
+        ],
+    };
+    failed.extend(attempts.into_iter().zip(outcomes));
+    failed
 }

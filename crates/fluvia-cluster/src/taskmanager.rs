@@ -18,9 +18,9 @@ use crate::program::ProgramCatalog;
 use crate::rpc::job_manager_client::JobManagerClient;
 use crate::rpc::task_manager_server::{TaskManager, TaskManagerServer};
 use crate::rpc::{
-    Ack, AttemptRef, CommitFilesRequest, Empty, JobRequest, RegisterTaskManagerRequest,
-    ReleasePartitionsRequest, TaskDeployment as TaskDeploymentMsg, TaskManagerHeartbeat,
-    TaskStateUpdate,
+    Ack, Acks, AttemptRef, CommitFilesRequest, Empty, JobRequest, RegisterTaskManagerRequest,
+    ReleasePartitionsRequest, TaskDeployment as TaskDeploymentMsg,
+    TaskDeployments as TaskDeploymentsMsg, TaskManagerHeartbeat, TaskStateUpdate,
 };
 use crate::security;
 use crate::shuffle::{
@@ -551,6 +551,38 @@ impl TaskManager for TmService {
                 message: e.to_string(),
             },
         }))
+    }
+
+    async fn deploy_tasks(
+        &self,
+        req: Request<TaskDeploymentsMsg>,
+    ) -> std::result::Result<Response<Acks>, Status> {
+        security::check_request(&self.shared.secret, &req, "DeployTasks")?;
+        let shared = Arc::clone(&self.shared);
+        let deployments = req.into_inner().deployments;
+        // In order, on one blocking thread: a later task's local channels
+        // find the partitions of the earlier ones registered.
+        let acks = tokio::task::spawn_blocking(move || {
+            deployments
+                .into_iter()
+                .map(|d| {
+                    let outcome =
+                        serde_json::from_str::<TaskDeploymentDescriptor>(&d.descriptor_json)
+                            .map_err(|e| format!("bad deployment descriptor: {e}"))
+                            .and_then(|desc| shared.deploy(desc).map_err(|e| e.to_string()));
+                    match outcome {
+                        Ok(()) => Ack {
+                            ok: true,
+                            message: String::new(),
+                        },
+                        Err(message) => Ack { ok: false, message },
+                    }
+                })
+                .collect()
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(Acks { acks }))
     }
 
     async fn cancel_task(
