@@ -38,6 +38,12 @@ pub struct TaskDeploymentDescriptor {
     pub key_group_range: Option<(usize, usize)>,
     pub inputs: Vec<InputDescriptor>,
     pub outputs: Vec<OutputDescriptor>,
+    /// `program` is left empty: an earlier deployment of the same
+    /// `DeployTasks` call carries the job's (a SQL job's program holds
+    /// every fragment, a few hundred KB, once per call instead of once
+    /// per task).
+    #[serde(default)]
+    pub program_in_call: bool,
 }
 
 pub fn attempt_ref(a: &ExecutionAttemptId) -> rpc::AttemptRef {

@@ -273,6 +273,7 @@ impl JmShared {
             key_group_range: d.key_group_range.map(|r| (r.start, r.end)),
             inputs: d.inputs.clone(),
             outputs: d.outputs.clone(),
+            program_in_call: false,
         })
     }
 
@@ -929,7 +930,14 @@ async fn deploy_batch(
     let mut deployments = Vec::with_capacity(batch.len());
     let mut attempts = Vec::with_capacity(batch.len());
     let mut failed = Vec::new();
-    for (attempt, desc) in batch {
+    let mut jobs_sent: Vec<String> = Vec::new();
+    for (attempt, mut desc) in batch {
+        if jobs_sent.contains(&desc.job_id) {
+            desc.program.args.clear();
+            desc.program_in_call = true;
+        } else {
+            jobs_sent.push(desc.job_id.clone());
+        }
         match serde_json::to_string(&desc) {
             Ok(json) => {
                 deployments.push(TaskDeployment {

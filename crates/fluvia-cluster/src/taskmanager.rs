@@ -14,7 +14,7 @@ use crate::config::{self as cfg};
 use crate::deployment::{
     TaskDeploymentDescriptor, metrics_to_proto, partition_from_proto, partition_id,
 };
-use crate::program::ProgramCatalog;
+use crate::program::{ProgramCatalog, ProgramSpec};
 use crate::rpc::job_manager_client::JobManagerClient;
 use crate::rpc::task_manager_server::{TaskManager, TaskManagerServer};
 use crate::rpc::{
@@ -132,6 +132,11 @@ impl Shared {
             staged: HashMap::new(),
         });
         Ok((Arc::clone(&job.graph), Arc::clone(&job.registry)))
+    }
+
+    /// Whether the job's graph is built here.
+    fn knows_job(&self, job_id: &str) -> bool {
+        lock(&self.jobs).contains_key(job_id)
     }
 
     fn spill_dir(&self, job_id: &str) -> Result<std::path::PathBuf> {
@@ -563,13 +568,30 @@ impl TaskManager for TmService {
         // In order, on one blocking thread: a later task's local channels
         // find the partitions of the earlier ones registered.
         let acks = tokio::task::spawn_blocking(move || {
+            // The program of each job, from the first deployment carrying it.
+            let mut programs: HashMap<String, ProgramSpec> = HashMap::new();
             deployments
                 .into_iter()
                 .map(|d| {
                     let outcome =
                         serde_json::from_str::<TaskDeploymentDescriptor>(&d.descriptor_json)
                             .map_err(|e| format!("bad deployment descriptor: {e}"))
-                            .and_then(|desc| shared.deploy(desc).map_err(|e| e.to_string()));
+                            .and_then(|mut desc| {
+                                // Built by the earlier deployment: no program needed.
+                                if desc.program_in_call && !shared.knows_job(&desc.job_id) {
+                                    desc.program =
+                                        programs.get(&desc.job_id).cloned().ok_or_else(|| {
+                                            format!(
+                                                "the deployment of job {} refers to a program \
+                                                 no earlier deployment of the call carries",
+                                                desc.job_id
+                                            )
+                                        })?;
+                                } else if !desc.program_in_call {
+                                    programs.insert(desc.job_id.clone(), desc.program.clone());
+                                }
+                                shared.deploy(desc).map_err(|e| e.to_string())
+                            });
                     match outcome {
                         Ok(()) => Ack {
                             ok: true,
