@@ -53,6 +53,11 @@ pub const MAX_MESSAGE_SIZE: usize = 512 * 1024 * 1024;
 const PING_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// An RPC to one TaskManager.
+/// How long a TaskManager may take to deploy one call's tasks: each may
+/// wait for network buffers up to
+/// `taskmanager.network.memory.exclusive-buffers-request-timeout-ms`.
+const DEPLOY_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// How long a TaskManager may take to rename a job's output files.
 const COMMIT_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -952,7 +957,7 @@ async fn deploy_batch(
         return failed;
     }
     let req = security::authorize(TaskDeployments { deployments }, secret);
-    let reply = tokio::time::timeout(Duration::from_secs(30), client.deploy_tasks(req)).await;
+    let reply = tokio::time::timeout(DEPLOY_TIMEOUT, client.deploy_tasks(req)).await;
     let n = attempts.len();
     let outcomes: Vec<Option<String>> = match reply {
         Ok(Ok(acks)) => {
@@ -980,7 +985,8 @@ async fn deploy_batch(
         ],
         Err(_) => vec![
             Some(format!(
-                "TaskManager {tm} did not answer a deployment in 30 s"
+                "TaskManager {tm} did not answer a deployment in {} s",
+                DEPLOY_TIMEOUT.as_secs()
             ));
             n
         ],

@@ -740,6 +740,9 @@ pub(crate) fn network_config(
         sort_shuffle_min_buffers: config.get(&options::SORT_SHUFFLE_MIN_BUFFERS)?.max(1),
         blocking_compression: config.get(&options::BLOCKING_SHUFFLE_COMPRESSION)?,
         batch_shuffle_read_memory: config.get(&options::BATCH_SHUFFLE_READ_MEMORY)?,
+        buffer_request_timeout: std::time::Duration::from_millis(
+            config.get(&options::BUFFER_REQUEST_TIMEOUT)?,
+        ),
     })
 }
 

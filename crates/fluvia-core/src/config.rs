@@ -162,6 +162,13 @@ pub mod options {
         description: "SQL jobs: ALL_EXCHANGES_BLOCKING (Flink's default) writes each exchange to a blocking partition its consumers read once the producer finished; ALL_EXCHANGES_PIPELINED streams it while both ends run; AUTO pipelines on the embedded mini-cluster at a fixed parallelism without speculative execution or an external shuffle service (slots for every task, nothing a blocking partition would buy), and blocks otherwise. A job with a stage whose parallelism the adaptive batch scheduler decides, or a stage that reads exchanges under the branches of a union, stays blocking.",
     };
     /// Flink's key.
+    pub const BUFFER_REQUEST_TIMEOUT: ConfigOption<u64> = ConfigOption {
+        key: "taskmanager.network.memory.exclusive-buffers-request-timeout-ms",
+        fallback_keys: &[],
+        default: 30_000,
+        description: "Milliseconds a task being deployed waits for network buffers held by running tasks to be given back before it fails with 'insufficient number of network buffers'.",
+    };
+    /// Flink's key.
     pub const REUSE_SOURCE: ConfigOption<bool> = ConfigOption {
         key: "table.optimizer.reuse-source-enabled",
         fallback_keys: &[],
@@ -404,6 +411,11 @@ pub mod options {
                 REUSE_SOURCE.description,
             ),
             (
+                BUFFER_REQUEST_TIMEOUT.key,
+                BUFFER_REQUEST_TIMEOUT.default.to_string(),
+                BUFFER_REQUEST_TIMEOUT.description,
+            ),
+            (
                 REUSE_SOURCE_MIN_SIZE.key,
                 "64 mb".to_string(),
                 REUSE_SOURCE_MIN_SIZE.description,
@@ -511,6 +523,7 @@ pub mod options {
         config.get(&BATCH_SHUFFLE_MODE)?;
         config.get(&CSV_READER)?;
         config.get(&REUSE_SOURCE)?;
+        config.get(&BUFFER_REQUEST_TIMEOUT)?;
         config.get(&REUSE_SOURCE_MIN_SIZE)?;
         config.get(&PARALLELISM)?;
         config.get(&MAX_PARALLELISM)?;

@@ -24,6 +24,12 @@ pub struct NetworkBufferPool {
     segment_size: usize,
     total: usize,
     reserved: Mutex<usize>,
+    /// Signalled when a local pool gives its reservation back.
+    released: Condvar,
+    /// How long a reservation that does not fit waits for others to be
+    /// given back before it fails (Flink's
+    /// `taskmanager.network.memory.exclusive-buffers-request-timeout-ms`).
+    request_timeout: std::time::Duration,
 }
 
 impl NetworkBufferPool {
@@ -37,7 +43,25 @@ impl NetworkBufferPool {
             segment_size,
             total: (total_bytes / segment_size as u64) as usize,
             reserved: Mutex::new(0),
+            released: Condvar::new(),
+            request_timeout: std::time::Duration::ZERO,
         }))
+    }
+
+    /// The same budget, where a reservation that does not fit waits up to
+    /// `timeout` for running tasks to give theirs back (a wave of tasks
+    /// deployed at once may need what the tasks before it still hold for a
+    /// moment).
+    pub fn with_request_timeout(
+        total_bytes: u64,
+        segment_size: usize,
+        timeout: std::time::Duration,
+    ) -> Result<Arc<Self>> {
+        let mut pool = Self::new(total_bytes, segment_size)?;
+        if let Some(p) = Arc::get_mut(&mut pool) {
+            p.request_timeout = timeout;
+        }
+        Ok(pool)
     }
 
     pub fn segment_size(&self) -> usize {
@@ -56,6 +80,18 @@ impl NetworkBufferPool {
     /// advice on which key to raise.
     pub fn create_local_pool(self: &Arc<Self>, size: usize) -> Result<Arc<LocalBufferPool>> {
         let mut reserved = lock_state(&self.reserved);
+        let deadline = std::time::Instant::now() + self.request_timeout;
+        while *reserved + size > self.total && size <= self.total {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            reserved = self
+                .released
+                .wait_timeout(reserved, left)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
         if *reserved + size > self.total {
             return Err(FluviaError::Config(format!(
                 "insufficient number of network buffers: required {}, but only {} available. \
@@ -82,6 +118,8 @@ impl NetworkBufferPool {
     fn release(&self, size: usize) {
         let mut reserved = lock_state(&self.reserved);
         *reserved = reserved.saturating_sub(size);
+        drop(reserved);
+        self.released.notify_all();
     }
 }
 
@@ -411,6 +449,32 @@ mod tests {
         assert!(err.contains("taskmanager.memory.network.size"), "{err}");
         drop(a);
         assert!(global.create_local_pool(10).is_ok());
+    }
+
+    #[test]
+    fn a_reservation_that_does_not_fit_waits_for_one_given_back_then_fails() {
+        let timeout = std::time::Duration::from_millis(300);
+        let global = NetworkBufferPool::with_request_timeout(10 * 1024, 1024, timeout).unwrap();
+        let a = global.create_local_pool(6).unwrap();
+        let g2 = Arc::clone(&global);
+        let waiter = std::thread::spawn(move || g2.create_local_pool(5).map(|p| p.max_buffers()));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!waiter.is_finished(), "waits while the budget is taken");
+        drop(a);
+        assert_eq!(waiter.join().unwrap().unwrap(), 5);
+        let _b = global.create_local_pool(8).unwrap();
+        let started = std::time::Instant::now();
+        let err = global.create_local_pool(5).unwrap_err().to_string();
+        assert!(
+            started.elapsed() >= timeout,
+            "gave up only after the timeout"
+        );
+        assert!(err.contains("taskmanager.memory.network.size"), "{err}");
+        let err = global.create_local_pool(11).unwrap_err().to_string();
+        assert!(
+            err.contains("required 11"),
+            "more than the whole budget fails at once: {err}"
+        );
     }
 
     #[test]

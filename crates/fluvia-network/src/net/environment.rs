@@ -41,6 +41,10 @@ pub struct NetworkConfig {
     /// Read buffers of all sort-merge readers
     /// (`taskmanager.memory.framework.off-heap.batch-shuffle.size`).
     pub batch_shuffle_read_memory: u64,
+    /// How long a reservation of buffers waits for running tasks to give
+    /// theirs back before it fails
+    /// (`taskmanager.network.memory.exclusive-buffers-request-timeout-ms`).
+    pub buffer_request_timeout: std::time::Duration,
 }
 
 impl Default for NetworkConfig {
@@ -56,6 +60,7 @@ impl Default for NetworkConfig {
             sort_shuffle_min_buffers: 64,
             blocking_compression: true,
             batch_shuffle_read_memory: 64 * 1024 * 1024,
+            buffer_request_timeout: std::time::Duration::from_secs(30),
         }
     }
 }
@@ -90,7 +95,11 @@ impl std::fmt::Debug for NetworkEnvironment {
 impl NetworkEnvironment {
     /// Creates the buffer budget and starts the data server on `bind`.
     pub fn start(config: NetworkConfig, bind: SocketAddr) -> Result<Arc<Self>> {
-        let global = NetworkBufferPool::new(config.total_memory, config.segment_size)?;
+        let global = NetworkBufferPool::with_request_timeout(
+            config.total_memory,
+            config.segment_size,
+            config.buffer_request_timeout,
+        )?;
         let config_for_env = config.clone();
         let partitions = Arc::new(ResultPartitionManager::default());
         let server = PartitionRequestServer::start(
