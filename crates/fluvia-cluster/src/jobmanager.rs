@@ -52,7 +52,6 @@ pub const MAX_MESSAGE_SIZE: usize = 512 * 1024 * 1024;
 /// process is usually refused at once).
 const PING_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// An RPC to one TaskManager.
 /// How long a TaskManager may take to deploy one call's tasks: each may
 /// wait for network buffers up to
 /// `taskmanager.network.memory.exclusive-buffers-request-timeout-ms`.
@@ -61,6 +60,7 @@ const DEPLOY_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a TaskManager may take to rename a job's output files.
 const COMMIT_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// An RPC to one TaskManager.
 enum TmCall {
     Deploy(ExecutionAttemptId, Box<TaskDeploymentDescriptor>),
     Cancel(crate::rpc::AttemptRef),
