@@ -19,8 +19,8 @@ use crate::rpc::job_manager_client::JobManagerClient;
 use crate::rpc::task_manager_server::{TaskManager, TaskManagerServer};
 use crate::rpc::{
     Ack, Acks, AttemptRef, CommitFilesRequest, Empty, JobRequest, RegisterTaskManagerRequest,
-    ReleasePartitionsRequest, TaskDeployment as TaskDeploymentMsg,
-    TaskDeployments as TaskDeploymentsMsg, TaskManagerHeartbeat, TaskStateUpdate,
+    ReleasePartitionsRequest, TaskDeployments as TaskDeploymentsMsg, TaskManagerHeartbeat,
+    TaskStateUpdate,
 };
 use crate::security;
 use crate::shuffle::{
@@ -134,9 +134,28 @@ impl Shared {
         Ok((Arc::clone(&job.graph), Arc::clone(&job.registry)))
     }
 
-    /// Whether the job's graph is built here.
-    fn knows_job(&self, job_id: &str) -> bool {
-        lock(&self.jobs).contains_key(job_id)
+    /// One deployment of a `DeployTasks` call. `programs` holds the program
+    /// of each job from the call's first deployment of it; the later ones
+    /// carry none and need one only if the job is not built here yet.
+    fn deploy_in_call(
+        self: &Arc<Self>,
+        json: &str,
+        programs: &mut HashMap<String, ProgramSpec>,
+    ) -> std::result::Result<(), String> {
+        let mut desc: TaskDeploymentDescriptor =
+            serde_json::from_str(json).map_err(|e| format!("bad deployment descriptor: {e}"))?;
+        if !desc.program_in_call {
+            programs.insert(desc.job_id.clone(), desc.program.clone());
+        } else if !lock(&self.jobs).contains_key(&desc.job_id) {
+            desc.program = programs.get(&desc.job_id).cloned().ok_or_else(|| {
+                format!(
+                    "the deployment of job {} refers to a program no earlier deployment of \
+                     the call carries",
+                    desc.job_id
+                )
+            })?;
+        }
+        self.deploy(desc).map_err(|e| e.to_string())
     }
 
     fn spill_dir(&self, job_id: &str) -> Result<std::path::PathBuf> {
@@ -534,30 +553,6 @@ struct TmService {
 
 #[tonic::async_trait]
 impl TaskManager for TmService {
-    async fn deploy_task(
-        &self,
-        req: Request<TaskDeploymentMsg>,
-    ) -> std::result::Result<Response<Ack>, Status> {
-        security::check_request(&self.shared.secret, &req, "DeployTask")?;
-        let desc: TaskDeploymentDescriptor =
-            serde_json::from_str(&req.into_inner().descriptor_json)
-                .map_err(|e| Status::invalid_argument(format!("bad deployment descriptor: {e}")))?;
-        let shared = Arc::clone(&self.shared);
-        let outcome = tokio::task::spawn_blocking(move || shared.deploy(desc))
-            .await
-            .map_err(|e| Status::internal(e.to_string()))?;
-        Ok(Response::new(match outcome {
-            Ok(()) => Ack {
-                ok: true,
-                message: String::new(),
-            },
-            Err(e) => Ack {
-                ok: false,
-                message: e.to_string(),
-            },
-        }))
-    }
-
     async fn deploy_tasks(
         &self,
         req: Request<TaskDeploymentsMsg>,
@@ -568,38 +563,18 @@ impl TaskManager for TmService {
         // In order, on one blocking thread: a later task's local channels
         // find the partitions of the earlier ones registered.
         let acks = tokio::task::spawn_blocking(move || {
-            // The program of each job, from the first deployment carrying it.
-            let mut programs: HashMap<String, ProgramSpec> = HashMap::new();
+            let mut programs = HashMap::new();
             deployments
-                .into_iter()
-                .map(|d| {
-                    let outcome =
-                        serde_json::from_str::<TaskDeploymentDescriptor>(&d.descriptor_json)
-                            .map_err(|e| format!("bad deployment descriptor: {e}"))
-                            .and_then(|mut desc| {
-                                // Built by the earlier deployment: no program needed.
-                                if desc.program_in_call && !shared.knows_job(&desc.job_id) {
-                                    desc.program =
-                                        programs.get(&desc.job_id).cloned().ok_or_else(|| {
-                                            format!(
-                                                "the deployment of job {} refers to a program \
-                                                 no earlier deployment of the call carries",
-                                                desc.job_id
-                                            )
-                                        })?;
-                                } else if !desc.program_in_call {
-                                    programs.insert(desc.job_id.clone(), desc.program.clone());
-                                }
-                                shared.deploy(desc).map_err(|e| e.to_string())
-                            });
-                    match outcome {
+                .iter()
+                .map(
+                    |d| match shared.deploy_in_call(&d.descriptor_json, &mut programs) {
                         Ok(()) => Ack {
                             ok: true,
                             message: String::new(),
                         },
                         Err(message) => Ack { ok: false, message },
-                    }
-                })
+                    },
+                )
                 .collect()
         })
         .await

@@ -33,7 +33,20 @@ pub struct NetworkBufferPool {
 }
 
 impl NetworkBufferPool {
+    /// A budget where a reservation that does not fit fails at once.
     pub fn new(total_bytes: u64, segment_size: usize) -> Result<Arc<Self>> {
+        Self::with_request_timeout(total_bytes, segment_size, std::time::Duration::ZERO)
+    }
+
+    /// A budget where a reservation that does not fit waits up to
+    /// `timeout` for running tasks to give theirs back (a wave of tasks
+    /// deployed at once may need what the tasks before it still hold for a
+    /// moment).
+    pub fn with_request_timeout(
+        total_bytes: u64,
+        segment_size: usize,
+        timeout: std::time::Duration,
+    ) -> Result<Arc<Self>> {
         if segment_size < 64 {
             return Err(FluviaError::Config(format!(
                 "taskmanager.memory.segment-size must be at least 64 bytes, got {segment_size}"
@@ -44,24 +57,8 @@ impl NetworkBufferPool {
             total: (total_bytes / segment_size as u64) as usize,
             reserved: Mutex::new(0),
             released: Condvar::new(),
-            request_timeout: std::time::Duration::ZERO,
+            request_timeout: timeout,
         }))
-    }
-
-    /// The same budget, where a reservation that does not fit waits up to
-    /// `timeout` for running tasks to give theirs back (a wave of tasks
-    /// deployed at once may need what the tasks before it still hold for a
-    /// moment).
-    pub fn with_request_timeout(
-        total_bytes: u64,
-        segment_size: usize,
-        timeout: std::time::Duration,
-    ) -> Result<Arc<Self>> {
-        let mut pool = Self::new(total_bytes, segment_size)?;
-        if let Some(p) = Arc::get_mut(&mut pool) {
-            p.request_timeout = timeout;
-        }
-        Ok(pool)
     }
 
     pub fn segment_size(&self) -> usize {

@@ -329,9 +329,11 @@ fn acyclic(plan: &StagePlan, groups: &[Vec<usize>]) -> bool {
 /// become leaves of one [`SharedScan`] reading the union of their columns,
 /// each under its own runtime filters and projection.
 pub fn share_scans(plans: Vec<Arc<dyn ExecutionPlan>>) -> DfResult<Vec<Arc<dyn ExecutionPlan>>> {
-    // Single-partition scans by key, in the order a post-order walk meets
-    // them (the rewrite below walks the same way).
-    let mut occurrences: BTreeMap<Vec<u8>, Vec<(usize, usize)>> = BTreeMap::new();
+    // Single-partition scans by key, with their place: (plan, how many
+    // scans come before it). Scans are leaves, met left to right by this
+    // walk and by the rewrite's alike.
+    type Places = Vec<((usize, usize), FileScanConfig)>;
+    let mut occurrences: BTreeMap<Vec<u8>, Places> = BTreeMap::new();
     for (i, plan) in plans.iter().enumerate() {
         let mut k = 0;
         plan.apply(|n| {
@@ -339,7 +341,10 @@ pub fn share_scans(plans: Vec<Arc<dyn ExecutionPlan>>) -> DfResult<Vec<Arc<dyn E
                 if n.output_partitioning().partition_count() == 1
                     && let Some(key) = scan_key(config)
                 {
-                    occurrences.entry(key).or_default().push((i, k));
+                    occurrences
+                        .entry(key)
+                        .or_default()
+                        .push(((i, k), config.clone()));
                 }
                 k += 1;
             }
@@ -348,11 +353,9 @@ pub fn share_scans(plans: Vec<Arc<dyn ExecutionPlan>>) -> DfResult<Vec<Arc<dyn E
     }
     // (plan, scan index) -> (shared scan, consumer index)
     let mut slots: BTreeMap<(usize, usize), (Arc<SharedScan>, usize)> = BTreeMap::new();
-    for places in occurrences.into_values().filter(|p| p.len() >= 2) {
-        let configs: Vec<FileScanConfig> = places
-            .iter()
-            .map(|&(i, k)| nth_scan(&plans[i], k))
-            .collect::<DfResult<_>>()?;
+    for found in occurrences.into_values().filter(|p| p.len() >= 2) {
+        let (places, configs): (Vec<(usize, usize)>, Vec<FileScanConfig>) =
+            found.into_iter().unzip();
         let mut columns = BTreeSet::new();
         for c in &configs {
             match columns_read(c) {
@@ -408,22 +411,6 @@ pub fn share_scans(plans: Vec<Arc<dyn ExecutionPlan>>) -> DfResult<Vec<Arc<dyn E
             .map(|t| t.data)
         })
         .collect()
-}
-
-fn nth_scan(plan: &Arc<dyn ExecutionPlan>, k: usize) -> DfResult<FileScanConfig> {
-    let mut seen = 0;
-    let mut found = None;
-    plan.apply(|n| {
-        if let Some(c) = shareable(n) {
-            if seen == k {
-                found = Some(c.clone());
-                return Ok(TreeNodeRecursion::Stop);
-            }
-            seen += 1;
-        }
-        Ok(TreeNodeRecursion::Continue)
-    })?;
-    found.ok_or_else(|| DataFusionError::Internal(format!("no scan number {k}")))
 }
 
 /// One occurrence of a shared scan: the shared leaf, the occurrence's
