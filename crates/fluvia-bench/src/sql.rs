@@ -32,8 +32,9 @@ pub struct Args {
     format: String,
     /// Which columns to run: datafusion, fluvia, mi-off, adaptive,
     /// build-broadcast, blocking, df-reader (Fluvia reading CSV with
-    /// DataFusion's reader), no-reuse (source reuse off) (comma-separated;
-    /// default all but df-reader and no-reuse).
+    /// DataFusion's reader), no-reuse (source reuse off), drain (inputs a
+    /// task stops needing read to the end instead of released)
+    /// (comma-separated; default all but df-reader, no-reuse and drain).
     #[arg(
         long,
         value_delimiter = ',',
@@ -211,6 +212,10 @@ pub fn run_suite(a: Args) -> Result<()> {
     );
     let df_reader = on_with(fluvia_core::config::options::CSV_READER.key, "datafusion");
     let no_reuse = on_with(fluvia_core::config::options::REUSE_SOURCE.key, "false");
+    let drain = on_with(
+        fluvia_core::config::options::RELEASE_UNREAD_INPUTS.key,
+        "false",
+    );
     // No -p: scans at p, every later stage decided from the data.
     let adaptive = SqlSettings {
         adaptive: true,
@@ -226,11 +231,12 @@ pub fn run_suite(a: Args) -> Result<()> {
             "blocking",
             "df-reader",
             "no-reuse",
+            "drain",
         ]
         .contains(&v.as_str())
         {
             bail!(
-                "unknown variant '{v}': datafusion, fluvia, mi-off, adaptive, build-broadcast, blocking, df-reader or no-reuse"
+                "unknown variant '{v}': datafusion, fluvia, mi-off, adaptive, build-broadcast, blocking, df-reader, no-reuse or drain"
             );
         }
     }
@@ -266,7 +272,7 @@ pub fn run_suite(a: Args) -> Result<()> {
         }
     }
     println!(
-        "{:<8} {:>10} {:>10} {:>7} {:>12} {:>14} {:>14} {:>10} {:>7} {:>15} {:>9} {:>9} {:>9}",
+        "{:<8} {:>10} {:>10} {:>7} {:>12} {:>14} {:>14} {:>10} {:>7} {:>15} {:>9} {:>9} {:>9} {:>9}",
         "query",
         "datafusion",
         "fluvia",
@@ -279,13 +285,15 @@ pub fn run_suite(a: Args) -> Result<()> {
         "build-broadcast",
         "blocking",
         "df-reader",
-        "no-reuse"
+        "no-reuse",
+        "drain"
     );
     if duck.is_some() {
         println!("(then per line: duckdb seconds, fluvia / duckdb)");
     }
     let (mut df_total, mut fl_total, mut off_total, mut ad_total) = (0.0, 0.0, 0.0, 0.0);
     let (mut bb_total, mut bl_total, mut dr_total, mut nr_total) = (0.0, 0.0, 0.0, 0.0);
+    let mut dn_total = 0.0;
     let (mut bytes_on, mut bytes_off) = (0u64, 0u64);
     let mut failed = Vec::new();
     let mut only_fluvia = Vec::new();
@@ -312,12 +320,13 @@ pub fn run_suite(a: Args) -> Result<()> {
             cell("blocking", &blocking, &Target::Embedded),
             cell("df-reader", &df_reader, &Target::Embedded),
             cell("no-reuse", &no_reuse, &Target::Embedded),
+            cell("drain", &drain, &Target::Embedded),
         );
-        let (d, f, o, ad, bb, bl, dr, nr) = match cells {
-            (Ok(d), Ok(f), Ok(o), Ok(ad), Ok(bb), Ok(bl), Ok(dr), Ok(nr)) => {
-                (d, f, o, ad, bb, bl, dr, nr)
+        let (d, f, o, ad, bb, bl, dr, nr, dn) = match cells {
+            (Ok(d), Ok(f), Ok(o), Ok(ad), Ok(bb), Ok(bl), Ok(dr), Ok(nr), Ok(dn)) => {
+                (d, f, o, ad, bb, bl, dr, nr, dn)
             }
-            (Err(_), Ok(f), Ok(_), Ok(_), Ok(_), Ok(_), Ok(_), Ok(_)) => {
+            (Err(_), Ok(f), Ok(_), Ok(_), Ok(_), Ok(_), Ok(_), Ok(_), Ok(_)) => {
                 println!("{name:<8} {:>10} {:>10.3}", "failed", f.secs);
                 only_fluvia.push(name);
                 continue;
@@ -340,10 +349,11 @@ pub fn run_suite(a: Args) -> Result<()> {
         add(&mut bl_total, bl.secs);
         add(&mut dr_total, dr.secs);
         add(&mut nr_total, nr.secs);
+        add(&mut dn_total, dn.secs);
         bytes_on += f.network_bytes;
         bytes_off += o.network_bytes;
         println!(
-            "{name:<8} {:>10.3} {:>10.3} {:>7.2} {:>12.3} {:>14} {:>14} {:>10.3} {:>7.2} {:>15.3} {:>9.3} {:>9.3} {:>9.3}",
+            "{name:<8} {:>10.3} {:>10.3} {:>7.2} {:>12.3} {:>14} {:>14} {:>10.3} {:>7.2} {:>15.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3}",
             d.secs,
             f.secs,
             f.secs / d.secs.max(1e-9),
@@ -355,7 +365,8 @@ pub fn run_suite(a: Args) -> Result<()> {
             bb.secs,
             bl.secs,
             dr.secs,
-            nr.secs
+            nr.secs,
+            dn.secs
         );
         if let Some(duck) = duck.as_mut() {
             match duck.measure(&sql, a.repeat) {
@@ -377,7 +388,7 @@ pub fn run_suite(a: Args) -> Result<()> {
         }
     }
     println!(
-        "{:<8} {df_total:>10.3} {fl_total:>10.3} {:>7.2} {off_total:>12.3} {bytes_on:>14} {bytes_off:>14} {ad_total:>10.3} {:>7.2} {bb_total:>15.3} {bl_total:>9.3} {dr_total:>9.3} {nr_total:>9.3}",
+        "{:<8} {df_total:>10.3} {fl_total:>10.3} {:>7.2} {off_total:>12.3} {bytes_on:>14} {bytes_off:>14} {ad_total:>10.3} {:>7.2} {bb_total:>15.3} {bl_total:>9.3} {dr_total:>9.3} {nr_total:>9.3} {dn_total:>9.3}",
         "total",
         fl_total / df_total.max(1e-9),
         ad_total / df_total.max(1e-9)

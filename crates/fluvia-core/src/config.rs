@@ -197,6 +197,14 @@ pub mod options {
         description: "SQL, with multiple input on: a broadcast join's build side that is a plain scan carrying the runtime (dynamic) filters of joins in the task that consumes it is read inside that task by each of its subtasks, so the filters, complete by then, prune the scan; false broadcasts it from its own task, where they never arrive.",
     };
 
+    /// Fluvia's key.
+    pub const RELEASE_UNREAD_INPUTS: ConfigOption<bool> = ConfigOption {
+        key: "table.exec.release-unread-inputs",
+        fallback_keys: &[],
+        default: true,
+        description: "SQL: an input a task stops needing (the probe side of a join whose build side came out empty, what follows a satisfied LIMIT, union branches a subtask does not run) is released: its pipelined producers drop what they would send there and end early once no consumer reads them. false reads such inputs to their end.",
+    };
+
     /// Flink's `BatchExecutionOptions` (with the deprecated
     /// `jobmanager.adaptive-batch-scheduler.*` spellings).
     pub const AUTO_PARALLELISM_ENABLED: ConfigOption<bool> = ConfigOption {
@@ -416,6 +424,11 @@ pub mod options {
                 BUFFER_REQUEST_TIMEOUT.description,
             ),
             (
+                RELEASE_UNREAD_INPUTS.key,
+                RELEASE_UNREAD_INPUTS.default.to_string(),
+                RELEASE_UNREAD_INPUTS.description,
+            ),
+            (
                 REUSE_SOURCE_MIN_SIZE.key,
                 "64 mb".to_string(),
                 REUSE_SOURCE_MIN_SIZE.description,
@@ -524,6 +537,7 @@ pub mod options {
         config.get(&CSV_READER)?;
         config.get(&REUSE_SOURCE)?;
         config.get(&BUFFER_REQUEST_TIMEOUT)?;
+        config.get(&RELEASE_UNREAD_INPUTS)?;
         config.get(&REUSE_SOURCE_MIN_SIZE)?;
         config.get(&PARALLELISM)?;
         config.get(&MAX_PARALLELISM)?;

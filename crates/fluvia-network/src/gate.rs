@@ -27,6 +27,10 @@ pub trait InputChannel: Send + Sync + std::fmt::Debug {
     fn failure(&self) -> Option<String> {
         None
     }
+    /// The consumer will read no more: the producer is told, so it neither
+    /// waits for this channel nor, once all its consumers are gone, keeps
+    /// producing.
+    fn release(&self) {}
 }
 
 /// One element taken from a channel.
@@ -213,10 +217,45 @@ impl InputGate {
         }
     }
 
+    /// Stops reading every channel that has not ended (Flink's
+    /// `InputGate.close`): pipelined producers drop what they would send
+    /// here instead of waiting for it, and stop once nobody reads them.
+    /// Blocking partitions keep their data. The gate reads as finished.
+    pub fn release(&mut self) {
+        for (c, finished) in self.channels.iter().zip(self.finished.iter_mut()) {
+            if !*finished {
+                c.channel.release();
+                *finished = true;
+                self.num_finished += 1;
+            }
+        }
+    }
+
+    /// Wakes a thread waiting in [`get_next_until`](Self::get_next_until)
+    /// so it checks its condition again.
+    pub fn waker(&self) -> Arc<dyn Fn() + Send + Sync> {
+        let notifier = Arc::clone(&self.notifier);
+        Arc::new(move || {
+            let _st = lock_state(&notifier.state);
+            notifier.available.notify_all();
+        })
+    }
+
     /// Waits for the next buffer or channel end; `None` once all channels ended.
     pub fn get_next(&mut self, cancel: &CancelToken) -> Result<Option<GateEvent>> {
+        self.get_next_until(cancel, &|| false)
+    }
+
+    /// [`get_next`](Self::get_next), giving up with `None` (the channels
+    /// left as they are) once `stop` holds; a [`waker`](Self::waker) call
+    /// makes a waiting thread check it at once.
+    pub fn get_next_until(
+        &mut self,
+        cancel: &CancelToken,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Option<GateEvent>> {
         loop {
-            if self.is_finished() {
+            if self.is_finished() || stop() {
                 return Ok(None);
             }
             if let Some(ev) = self.poll_next()? {
@@ -240,7 +279,9 @@ impl InputGate {
                 continue;
             }
             let mut st = lock_state(&self.notifier.state);
-            if st.queue.is_empty() {
+            // Checked under the lock a waker takes: a wake-up cannot slip in
+            // between the check and the wait.
+            if st.queue.is_empty() && !stop() {
                 st.waiting = true;
                 let (mut st, _) = self
                     .notifier
@@ -323,5 +364,63 @@ mod tests {
             Err(FluviaError::Cancelled)
         ));
         t.join().unwrap();
+    }
+
+    /// A consumer that stops reading releases its channels: the producer,
+    /// blocked on a full pool, goes on (what it writes is dropped) instead of
+    /// waiting forever, and once both consumers released the partition it
+    /// learns nobody reads it; a gate waiting on its own input wakes.
+    #[test]
+    fn released_channels_free_a_blocked_producer_and_tell_it_nobody_reads() {
+        use crate::buffer::NetworkBufferPool;
+        use crate::serialization::PartitionWriter;
+        let network = NetworkBufferPool::new(64 * 1024, 1024).unwrap();
+        let pool = network.create_local_pool(4).unwrap();
+        let p = Arc::new(ResultPartition::pipelined("a", 2, 1024));
+        let released = p.consumers_released().unwrap();
+        let channel = |sp| InputChannelSpec {
+            channel: LocalInputChannel::new(Arc::clone(&p), sp, sp).unwrap(),
+            input_index: 0,
+        };
+        let (mut first, mut second) = (
+            InputGate::new(vec![channel(0)]),
+            InputGate::new(vec![channel(1)]),
+        );
+        // A third party (another task's gate) waits on its own empty input
+        // until the partition is released.
+        let other = Arc::new(ResultPartition::pipelined("b", 1, 1024));
+        let mut waiting = InputGate::new(vec![InputChannelSpec {
+            channel: LocalInputChannel::new(Arc::clone(&other), 0, 0).unwrap(),
+            input_index: 0,
+        }]);
+        released.watch(waiting.waker());
+        let r = released.clone();
+        let waiter = std::thread::spawn(move || {
+            let started = std::time::Instant::now();
+            let got = waiting.get_next_until(&CancelToken::new(), &|| r.all());
+            (got.map(|e| e.is_none()), started.elapsed())
+        });
+        let (w, cancel, kept) = (Arc::clone(&p), CancelToken::new(), Arc::clone(&pool));
+        let producer = std::thread::spawn(move || {
+            let mut writer = PartitionWriter::new(w, pool, cancel, None);
+            // 1,000 buffers' worth into a pool of 4: only possible if the
+            // consumers drop them.
+            for i in 0..1000u32 {
+                writer.emit(crate::Target::All, &[i as u8; 1000]).unwrap();
+            }
+            writer.finish().unwrap();
+        });
+        assert!(first.get_next(&CancelToken::new()).unwrap().is_some());
+        first.release();
+        assert!(first.is_finished());
+        assert!(!released.all(), "one consumer still reads");
+        second.release();
+        producer.join().unwrap();
+        assert!(released.all());
+        assert!(p.all_consumers_released());
+        let (ended, waited) = waiter.join().unwrap();
+        assert!(ended.unwrap(), "the waiting gate gave up without an event");
+        assert!(waited < std::time::Duration::from_secs(5));
+        assert_eq!(kept.in_use(), 0, "every buffer went back to the pool");
     }
 }

@@ -35,7 +35,7 @@ pub mod view;
 pub use buffer::{Buffer, BufferBuilder, LocalBufferPool, NetworkBufferPool};
 pub use cancel::CancelToken;
 pub use gate::{GateEvent, InputChannel, InputChannelSpec, InputGate, Polled};
-pub use partition::{BufferOrEvent, Event, ResultPartition};
+pub use partition::{BufferOrEvent, ConsumersReleased, Event, ResultPartition};
 pub use partitioner::{ChannelSelector, Target};
 pub use serialization::{ChannelDeserializers, PartitionWriter, RecordDeserializer};
 pub use view::{LocalInputChannel, SubpartitionView};

@@ -25,6 +25,7 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Control events that travel with the data (they need no buffer budget).
@@ -96,6 +97,10 @@ struct SubpartitionState {
     generation: u64,
     /// Data (not counting a trailing event) written and not yet read.
     buffers_backlog: usize,
+    /// A pipelined subpartition whose consumer stopped reading (its join
+    /// found an empty build side, its LIMIT was satisfied): what is written
+    /// is dropped at once, so the producer never waits for this consumer.
+    released: bool,
 }
 
 /// One subpartition, shared between the producer and its consumer.
@@ -106,6 +111,8 @@ pub struct Subpartition {
     /// Mirror of the backlog, readable without the lock (the load-aware
     /// partitioner reads it per record).
     backlog_hint: std::sync::atomic::AtomicUsize,
+    /// The partition's record of released subpartitions (pipelined only).
+    released_count: Option<Arc<ReleaseState>>,
 }
 
 impl std::fmt::Debug for Subpartition {
@@ -117,7 +124,7 @@ impl std::fmt::Debug for Subpartition {
 }
 
 impl Subpartition {
-    fn pipelined(index: usize, segment_size: usize) -> Self {
+    fn pipelined(index: usize, segment_size: usize, released_count: Arc<ReleaseState>) -> Self {
         Subpartition {
             index,
             segment_size,
@@ -128,8 +135,10 @@ impl Subpartition {
                 listener: None,
                 generation: 0,
                 buffers_backlog: 0,
+                released: false,
             }),
             backlog_hint: Default::default(),
+            released_count: Some(released_count),
         }
     }
 
@@ -152,8 +161,10 @@ impl Subpartition {
                 listener: None,
                 generation: 0,
                 buffers_backlog: 0,
+                released: false,
             }),
             backlog_hint: Default::default(),
+            released_count: None,
         })
     }
 
@@ -198,9 +209,37 @@ impl Subpartition {
         generation
     }
 
+    /// The consumer of `generation` will read no more. A pipelined
+    /// subpartition drops what it holds and everything written from now on;
+    /// a blocking one keeps its data for other readers (a restarted or
+    /// speculative consumer reads it from the start).
+    pub fn release_consumer(&self, generation: u64) {
+        let mut st = lock_state(&self.state);
+        if st.generation != generation || st.released {
+            return;
+        }
+        let dropped = match &mut st.storage {
+            Storage::Pipelined { queue } => std::mem::take(queue),
+            Storage::Blocking { .. } => return,
+        };
+        st.released = true;
+        st.listener = None;
+        st.buffers_backlog = 0;
+        self.backlog_hint.store(0, Ordering::Relaxed);
+        drop(st);
+        if let Some(c) = &self.released_count {
+            c.one_released();
+        }
+        // The buffers go back to the producer's pool here, outside the lock.
+        drop(dropped);
+    }
+
     /// Adds a filled buffer (producer side).
     pub fn add_buffer(&self, buffer: Buffer) -> Result<()> {
         let mut st = lock_state(&self.state);
+        if st.released {
+            return Ok(());
+        }
         let notify = match &mut st.storage {
             Storage::Pipelined { queue } => {
                 queue.push_back(BufferOrEvent::Buffer(buffer));
@@ -241,6 +280,9 @@ impl Subpartition {
     /// Marks the end of data (producer side).
     pub fn finish(&self) -> Result<()> {
         let mut st = lock_state(&self.state);
+        if st.released {
+            return Ok(());
+        }
         let notify = match &mut st.storage {
             Storage::Pipelined { queue } => {
                 queue.push_back(BufferOrEvent::Event(Event::EndOfPartition));
@@ -428,6 +470,70 @@ enum PartitionKind {
     SortMerge(Arc<SortMergePartition>),
 }
 
+/// How many subpartitions of one pipelined partition their consumers
+/// released, and who to tell once all were.
+struct ReleaseState {
+    count: AtomicUsize,
+    total: usize,
+    watchers: Mutex<Vec<Arc<dyn Fn() + Send + Sync>>>,
+}
+
+impl ReleaseState {
+    fn one_released(&self) {
+        if self.count.fetch_add(1, Ordering::AcqRel) + 1 == self.total {
+            let watchers = lock_state(&self.watchers).clone();
+            for w in watchers {
+                w();
+            }
+        }
+    }
+
+    fn all(&self) -> bool {
+        self.count.load(Ordering::Acquire) >= self.total
+    }
+}
+
+/// Whether every consumer of some pipelined partitions stopped reading
+/// (all of them, for a task with several outputs), readable from any thread
+/// without a lock: a producer checks it as it runs and stops early.
+#[derive(Clone, Default)]
+pub struct ConsumersReleased {
+    partitions: Vec<Arc<ReleaseState>>,
+}
+
+impl std::fmt::Debug for ConsumersReleased {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConsumersReleased")
+            .field("all", &self.all())
+            .finish()
+    }
+}
+
+impl ConsumersReleased {
+    /// True once every subpartition of every partition was released.
+    pub fn all(&self) -> bool {
+        !self.partitions.is_empty() && self.partitions.iter().all(|p| p.all())
+    }
+
+    /// Both sets: released when both are.
+    pub fn and(mut self, other: ConsumersReleased) -> ConsumersReleased {
+        self.partitions.extend(other.partitions);
+        self
+    }
+
+    /// Calls `wake` whenever one of the partitions becomes all released
+    /// (and at once if one already is), so a thread blocked on something
+    /// else (its own inputs) can check [`all`](Self::all).
+    pub fn watch(&self, wake: Arc<dyn Fn() + Send + Sync>) {
+        for p in &self.partitions {
+            lock_state(&p.watchers).push(Arc::clone(&wake));
+            if p.all() {
+                wake();
+            }
+        }
+    }
+}
+
 /// What one producing subtask writes for one data set.
 pub struct ResultPartition {
     name: String,
@@ -435,6 +541,8 @@ pub struct ResultPartition {
     /// Empty for a sort-merge partition.
     subpartitions: Vec<Arc<Subpartition>>,
     kind: PartitionKind,
+    /// Subpartitions whose consumer released them (pipelined only).
+    released_count: Option<Arc<ReleaseState>>,
 }
 
 impl std::fmt::Debug for ResultPartition {
@@ -453,13 +561,25 @@ impl ResultPartition {
         num_subpartitions: usize,
         segment_size: usize,
     ) -> Self {
+        let released_count = Arc::new(ReleaseState {
+            count: AtomicUsize::new(0),
+            total: num_subpartitions,
+            watchers: Mutex::new(Vec::new()),
+        });
         ResultPartition {
             name: name.into(),
             num_subpartitions,
             subpartitions: (0..num_subpartitions)
-                .map(|i| Arc::new(Subpartition::pipelined(i, segment_size)))
+                .map(|i| {
+                    Arc::new(Subpartition::pipelined(
+                        i,
+                        segment_size,
+                        Arc::clone(&released_count),
+                    ))
+                })
                 .collect(),
             kind: PartitionKind::Pipelined,
+            released_count: Some(released_count),
         }
     }
 
@@ -488,6 +608,7 @@ impl ResultPartition {
             num_subpartitions,
             subpartitions,
             kind: PartitionKind::HashBlocking { spill_files },
+            released_count: None,
         })
     }
 
@@ -498,6 +619,7 @@ impl ResultPartition {
             num_subpartitions: partition.num_subpartitions(),
             subpartitions: Vec::new(),
             kind: PartitionKind::SortMerge(partition),
+            released_count: None,
         }
     }
 
@@ -561,6 +683,22 @@ impl ResultPartition {
                 listener,
                 channel,
             ),
+        })
+    }
+
+    /// Whether every consumer of this pipelined partition stopped reading:
+    /// whatever the producer writes from now on reaches nobody, so it may
+    /// stop early. Never true for a blocking partition, whose data outlives
+    /// its readers.
+    pub fn all_consumers_released(&self) -> bool {
+        self.consumers_released().is_some_and(|r| r.all())
+    }
+
+    /// A handle on [`all_consumers_released`](Self::all_consumers_released)
+    /// for another thread; `None` for a blocking partition.
+    pub fn consumers_released(&self) -> Option<ConsumersReleased> {
+        self.released_count.as_ref().map(|c| ConsumersReleased {
+            partitions: vec![Arc::clone(c)],
         })
     }
 
@@ -699,5 +837,42 @@ mod tests {
         assert!(matches!(e, BufferOrEvent::Event(Event::EndOfPartition)));
         drop(p);
         assert!(!dir.path().join("ds-1.spill").exists());
+    }
+
+    #[test]
+    fn releasing_drops_pipelined_data_but_a_blocking_partition_keeps_its_own() {
+        let p = ResultPartition::pipelined("p", 1, 1024);
+        let l = Arc::new(Count(Default::default()));
+        let generation = p.subpartition(0).set_listener(l.clone(), 0);
+        let b = Buffer::from_vec(vec![1]);
+        let held = b.clone();
+        p.subpartition(0).add_buffer(b).unwrap();
+        assert_eq!(held.ref_count(), 2);
+        // An earlier consumer's release changes nothing.
+        p.subpartition(0).release_consumer(generation + 1);
+        assert!(!p.all_consumers_released());
+        p.subpartition(0).release_consumer(generation);
+        assert!(p.all_consumers_released());
+        assert_eq!(held.ref_count(), 1, "the queued buffer was dropped");
+        assert_eq!(p.subpartition(0).backlog(), 0);
+        p.subpartition(0)
+            .add_buffer(Buffer::from_vec(vec![2]))
+            .unwrap();
+        p.finish().unwrap();
+        assert!(p.subpartition(0).poll().unwrap().is_none());
+
+        let dir = tempfile::tempdir().unwrap();
+        let b = ResultPartition::blocking("b", 1, 1024, dir.path(), "ds").unwrap();
+        let generation = b.subpartition(0).set_listener(l.clone(), 0);
+        b.subpartition(0)
+            .add_buffer(Buffer::from_vec(vec![3]))
+            .unwrap();
+        b.finish().unwrap();
+        b.subpartition(0).release_consumer(generation);
+        assert!(b.consumers_released().is_none());
+        assert!(!b.all_consumers_released());
+        b.subpartition(0).set_listener(l, 0);
+        let (a, _) = b.subpartition(0).poll().unwrap().unwrap();
+        assert_eq!(bytes(&a), vec![3], "a new reader still reads it");
     }
 }

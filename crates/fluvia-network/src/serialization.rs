@@ -147,6 +147,12 @@ impl PartitionWriter {
         self.finished
     }
 
+    /// Whether every consumer of the (pipelined) partition stopped reading,
+    /// readable from another thread; `None` for a blocking partition.
+    pub fn consumers_released(&self) -> Option<crate::ConsumersReleased> {
+        self.partition.consumers_released()
+    }
+
     pub fn num_subpartitions(&self) -> usize {
         self.builders.len()
     }

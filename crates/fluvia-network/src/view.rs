@@ -42,6 +42,10 @@ pub trait SubpartitionView: Send + Sync + std::fmt::Debug {
     fn poll(&self, credit: u32) -> Result<ViewPoll>;
     /// Data buffers still to come (Flink's backlog).
     fn backlog(&self) -> usize;
+    /// The consumer reads no more (Flink's `releaseAllResources`): a
+    /// pipelined producer stops holding data for it. A blocking partition
+    /// keeps its data.
+    fn release(&self) {}
 }
 
 /// A range over pipelined or hash-blocking subpartitions: one cursor that
@@ -165,6 +169,12 @@ impl SubpartitionView for SubpartitionRangeView {
             .map(|(s, _)| s.backlog())
             .sum()
     }
+
+    fn release(&self) {
+        for (sp, generation) in self.subpartitions.iter().zip(&self.generations) {
+            sp.release_consumer(*generation);
+        }
+    }
 }
 
 /// How many buffers a local consumer's view reads ahead from disk.
@@ -247,5 +257,11 @@ impl InputChannel for LocalInputChannel {
 
     fn failure(&self) -> Option<String> {
         lock_state(&self.failure).clone()
+    }
+
+    fn release(&self) {
+        if let Some(Ok(view)) = self.view.get() {
+            view.release();
+        }
     }
 }

@@ -400,3 +400,51 @@ fn a_data_connection_that_never_presents_the_secret_is_closed() {
     );
     producer.shutdown();
 }
+
+/// A remote consumer that stops reading (its join's build side was empty)
+/// releases its channel over the connection: the producer, blocked on its
+/// full pool, goes on, and once every consumer released it, it learns
+/// that nobody reads it any more.
+#[test]
+fn a_released_remote_channel_frees_its_producer_and_says_nobody_reads() {
+    let (a, b) = (env(false), env(false));
+    let (mut w, pool) = producer_partition(&a, pid(7), 1);
+    let released = a
+        .partitions()
+        .get(&pid(7))
+        .unwrap()
+        .consumers_released()
+        .unwrap();
+    let specs = [RemoteChannelSpec {
+        peer: a.data_address(),
+        partition: pid(7),
+        first_subpartition: 0,
+        last_subpartition: 0,
+    }];
+    let (_gate_pool, channels) = b.open_remote_channels(&specs).unwrap();
+    let writer = std::thread::spawn(move || {
+        // Far more than the pool and the credit window hold.
+        for seq in 0..20_000 {
+            w.emit(Target::One(0), &record(0, seq, 1000)).unwrap();
+        }
+        w.finish().unwrap();
+    });
+    let mut gate = InputGate::new(vec![InputChannelSpec {
+        channel: Arc::clone(&channels[0]) as Arc<dyn InputChannel>,
+        input_index: 0,
+    }]);
+    assert!(matches!(
+        gate.get_next(&CancelToken::new()).unwrap(),
+        Some(GateEvent::Buffer { .. })
+    ));
+    assert!(!released.all());
+    gate.release();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !writer.is_finished() {
+        assert!(Instant::now() < deadline, "the producer is still blocked");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    writer.join().unwrap();
+    assert!(released.all());
+    assert_eq!(pool.in_use(), 0, "every buffer went back to the pool");
+}

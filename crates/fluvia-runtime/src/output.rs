@@ -16,7 +16,7 @@
 
 use crate::record::{Data, encode_into};
 use fluvia_core::{FluviaError, Result};
-use fluvia_network::{ChannelSelector, PartitionWriter};
+use fluvia_network::{ChannelSelector, ConsumersReleased, PartitionWriter};
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -26,6 +26,14 @@ pub trait Output<T> {
     fn collect(&mut self, record: T) -> Result<()>;
     /// The upstream operator has finished: nothing more will arrive.
     fn close(&mut self) -> Result<()>;
+    /// Tells whether nothing collected here can reach anyone any more: every
+    /// consumer of every pipelined partition behind it stopped reading (a
+    /// join whose build side was empty, a satisfied LIMIT); a driver may then
+    /// end its task early. `None` where a record can have any other effect
+    /// (a sink, a chained operator, a blocking partition).
+    fn consumers_released(&self) -> Option<ConsumersReleased> {
+        None
+    }
 }
 
 thread_local! {
@@ -114,6 +122,11 @@ impl<T: Clone> Output<T> for BroadcastingOutput<T> {
         }
         Ok(())
     }
+    fn consumers_released(&self) -> Option<ConsumersReleased> {
+        let mut all = self.outputs.iter().map(|o| o.consumers_released());
+        let first = all.next()??;
+        all.try_fold(first, |acc, r| Some(acc.and(r?)))
+    }
 }
 
 /// For operators without outputs (sinks).
@@ -176,5 +189,9 @@ impl<T: Data> Output<T> for RecordWriterOutput<T> {
 
     fn close(&mut self) -> Result<()> {
         self.writer.borrow_mut().finish()
+    }
+
+    fn consumers_released(&self) -> Option<ConsumersReleased> {
+        self.writer.borrow().consumers_released()
     }
 }

@@ -26,8 +26,8 @@ use fluvia_core::{FluviaError, PartitionerKind, Result};
 use fluvia_network::gate::GateEvent;
 use fluvia_network::metrics::IoCounters;
 use fluvia_network::{
-    CancelToken, ChannelDeserializers, ChannelSelector, InputChannelSpec, InputGate,
-    PartitionWriter, Target,
+    CancelToken, ChannelDeserializers, ChannelSelector, ConsumersReleased, InputChannelSpec,
+    InputGate, PartitionWriter, Target,
 };
 use fluvia_runtime::operator::{AnyOutput, NetworkInput, downcast_output};
 use fluvia_runtime::output::{BroadcastingOutput, DiscardingOutput, Output};
@@ -217,6 +217,9 @@ impl ExecutionPlan for ExchangeReaderExec {
                 )
             })?;
         let gate = InputGate::new(inputs.take(self.stage)?);
+        if let Some(r) = inputs.released.get() {
+            r.watch(gate.waker());
+        }
         let stream = GateStream {
             deserializers: ChannelDeserializers::new(gate.num_channels()),
             gate: Some(gate),
@@ -235,6 +238,12 @@ impl ExecutionPlan for ExchangeReaderExec {
 /// readers of its fragment (each stage's channels once).
 pub struct TaskInputs {
     channels: Mutex<BTreeMap<usize, Vec<InputChannelSpec>>>,
+    /// Inputs no longer needed are released (`table.exec.release-unread-inputs`)
+    /// rather than read to their end.
+    release_unread: bool,
+    /// Set once the task knows its outputs: when every consumer of them
+    /// released its input, readers stop waiting and end.
+    released: std::sync::OnceLock<ConsumersReleased>,
     pub cancel: CancelToken,
     counters: Arc<IoCounters>,
     stats: Mutex<InputStats>,
@@ -249,11 +258,14 @@ impl fmt::Debug for TaskInputs {
 impl TaskInputs {
     pub fn new(
         channels: BTreeMap<usize, Vec<InputChannelSpec>>,
+        release_unread: bool,
         cancel: CancelToken,
         counters: Arc<IoCounters>,
     ) -> Self {
         TaskInputs {
             channels: Mutex::new(channels),
+            release_unread,
+            released: std::sync::OnceLock::new(),
             cancel,
             counters,
             stats: Mutex::new(InputStats::default()),
@@ -272,9 +284,10 @@ impl TaskInputs {
         })
     }
 
-    /// Reads to the end every input no reader took (the other branches of
-    /// a union, a side a LIMIT never needed), so producers are never left
-    /// waiting, and returns what all readers read.
+    /// Releases (or with `table.exec.release-unread-inputs` off, reads to
+    /// the end) every input no reader took (the other branches of a union,
+    /// the probe side of a join whose build side was empty), so producers
+    /// are never left waiting, and returns what all readers read.
     pub fn finish(&self) -> Result<InputStats> {
         let rest: Vec<InputChannelSpec> = match self.channels.lock() {
             Ok(mut m) => std::mem::take(&mut *m).into_values().flatten().collect(),
@@ -282,10 +295,29 @@ impl TaskInputs {
         };
         if !rest.is_empty() {
             let mut gate = InputGate::new(rest);
-            while gate.get_next(&self.cancel)?.is_some() {}
+            self.release_or_drain(&mut gate)?;
             self.add_gate(&gate);
         }
         Ok(self.stats.lock().map(|s| *s).unwrap_or_default())
+    }
+
+    /// Readers end, releasing their channels, once `released` says nobody
+    /// reads what this task produces.
+    pub fn stop_when_released(&self, released: ConsumersReleased) {
+        let _ = self.released.set(released);
+    }
+
+    fn stopped(&self) -> bool {
+        self.released.get().is_some_and(|r| r.all())
+    }
+
+    fn release_or_drain(&self, gate: &mut InputGate) -> Result<()> {
+        if self.release_unread {
+            gate.release();
+        } else {
+            while gate.get_next(&self.cancel)?.is_some() {}
+        }
+        Ok(())
     }
 
     fn add_gate(&self, gate: &InputGate) {
@@ -313,7 +345,8 @@ impl GateStream {
         let Some(gate) = self.gate.as_mut() else {
             return Ok(false);
         };
-        match gate.get_next(&self.inputs.cancel)? {
+        let inputs = &self.inputs;
+        match gate.get_next_until(&inputs.cancel, &|| inputs.stopped())? {
             Some(GateEvent::Buffer {
                 channel,
                 subpartition,
@@ -349,6 +382,10 @@ impl GateStream {
                 Ok(true)
             }
             None => {
+                if !gate.is_finished() {
+                    // Nobody reads this task's output any more.
+                    gate.release();
+                }
                 self.finish_gate();
                 Ok(false)
             }
@@ -383,11 +420,12 @@ impl Stream for GateStream {
 }
 
 impl Drop for GateStream {
-    /// A reader dropped before its end (a LIMIT was satisfied) still reads
-    /// its channels to the end so no producer waits on it.
+    /// A reader dropped before its end (a LIMIT was satisfied, a join's
+    /// build side was empty) releases (or reads to the end) its channels,
+    /// so no producer waits on it.
     fn drop(&mut self) {
         if let Some(gate) = self.gate.as_mut() {
-            while let Ok(Some(_)) = gate.get_next(&self.inputs.cancel) {}
+            let _ = self.inputs.release_or_drain(gate);
         }
         self.finish_gate();
     }
@@ -501,5 +539,9 @@ impl Output<SqlBatch> for IpcOutput {
 
     fn close(&mut self) -> Result<()> {
         Ok(())
+    }
+
+    fn consumers_released(&self) -> Option<ConsumersReleased> {
+        self.writer.borrow().consumers_released()
     }
 }

@@ -889,8 +889,13 @@ impl TaskDriver for StageDriver {
         for &p in &node_inputs {
             by_stage.entry(p).or_default();
         }
+        let release_unread = self
+            .job
+            .configuration()
+            .get(&options::RELEASE_UNREAD_INPUTS)?;
         let task_inputs = Arc::new(TaskInputs::new(
             by_stage,
+            release_unread,
             cancel.clone(),
             Arc::clone(counters),
         ));
@@ -923,6 +928,17 @@ impl TaskDriver for StageDriver {
         // Scans several fragments of this task make are read once.
         if plans.len() > 1 {
             plans = crate::reuse::share_scans(plans).map_err(df_err)?;
+        }
+        // Once every consumer stopped reading (its join's build side was
+        // empty, its LIMIT satisfied), the rest of the work reaches nobody.
+        let released = self.out.consumers_released().filter(|_| release_unread);
+        if let Some(r) = &released {
+            task_inputs.stop_when_released(r.clone());
+            plans = plans
+                .into_iter()
+                .map(|p| crate::released::end_when_released(p, r))
+                .collect::<std::result::Result<_, _>>()
+                .map_err(df_err)?;
         }
         let streams = plans
             .iter()
@@ -970,6 +986,9 @@ impl TaskDriver for StageDriver {
                     })
                     .map_err(|e| failed.take().unwrap_or_else(|| df_err(e)))?;
                 }
+            }
+            if released.as_ref().is_some_and(|r| r.all()) {
+                break;
             }
         }
         drop(batches);

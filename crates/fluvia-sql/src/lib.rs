@@ -20,6 +20,7 @@ pub mod file_sink;
 pub mod ipc;
 pub mod job;
 pub mod output;
+pub mod released;
 pub mod reuse;
 pub mod session;
 pub mod split;

@@ -391,15 +391,19 @@ impl RemoteInputChannel {
 
     /// Stops reading: cancels the request and frees the segments.
     pub fn release(&self) {
-        let segments = {
+        let (segments, received) = {
             let mut st = lock_state(&self.state);
             if st.released {
                 return;
             }
             st.released = true;
-            st.received.clear();
-            std::mem::take(&mut st.free)
+            (
+                std::mem::take(&mut st.free),
+                std::mem::take(&mut st.received),
+            )
         };
+        // Received buffers recycle into this channel: dropped unlocked.
+        drop(received);
         for s in segments {
             self.pool.give_back(s);
         }
@@ -460,6 +464,10 @@ impl InputChannel for RemoteInputChannel {
 
     fn failure(&self) -> Option<String> {
         lock_state(&self.state).error.clone()
+    }
+
+    fn release(&self) {
+        RemoteInputChannel::release(self);
     }
 }
 

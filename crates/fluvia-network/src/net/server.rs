@@ -412,9 +412,16 @@ impl ServerConnection {
                 true
             }
             Message::CancelPartitionRequest { receiver } => {
-                let mut st = lock_state(&self.state);
-                st.readers.remove(&receiver);
-                st.queued.remove(&receiver);
+                let removed = {
+                    let mut st = lock_state(&self.state);
+                    st.queued.remove(&receiver);
+                    st.readers.remove(&receiver)
+                };
+                // The consumer stopped reading: a pipelined producer stops
+                // holding data for it.
+                if let Some(r) = removed {
+                    r.view.release();
+                }
                 true
             }
             Message::CloseRequest => false,
