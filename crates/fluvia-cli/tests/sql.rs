@@ -389,10 +389,10 @@ fn source_reuse_reads_a_table_once_for_every_fragment_that_scans_it() {
 }
 
 /// `execution.batch-shuffle-mode`: AUTO pipelines a query at a fixed
-/// parallelism on the embedded mini-cluster; a union whose branches read
-/// exchanges (q76: each subtask reads only its branch's broadcasts until
-/// it ends) and Flink's ALL_EXCHANGES_BLOCKING keep blocking partitions;
-/// a bad value is an error naming the key.
+/// parallelism on the embedded mini-cluster, a union whose branches read
+/// exchanges too (q76) unless the inputs of other branches are read to the
+/// end; Flink's ALL_EXCHANGES_BLOCKING keeps blocking partitions; a bad
+/// value is an error naming the key.
 #[test]
 fn sql_exchanges_are_pipelined_where_blocking_buys_nothing() {
     let explain = |query: &str, extra: &[&str]| {
@@ -421,10 +421,21 @@ fn sql_exchanges_are_pipelined_where_blocking_buys_nothing() {
         pipelined == 0 && blocking >= 4,
         "q96 blocking: {pipelined} {blocking}"
     );
+    // Each subtask of q76's union runs one branch and releases the other
+    // branches' inputs at its start, so none waits for it: pipelined. Read
+    // to the end instead, they would deadlock, so they block.
     let (pipelined, blocking) = modes(&explain("q76", &[]));
     assert!(
-        pipelined == 0 && blocking >= 6,
+        pipelined >= 6 && blocking == 0,
         "q76: {pipelined} {blocking}"
+    );
+    let (pipelined, blocking) = modes(&explain(
+        "q76",
+        &["-D", "table.exec.release-unread-inputs=false"],
+    ));
+    assert!(
+        pipelined == 0 && blocking >= 6,
+        "q76 without release: {pipelined} {blocking}"
     );
     let o = explain("q96", &["-D", "execution.batch-shuffle-mode=SOMETIMES"]);
     assert!(!o.status.success());

@@ -202,7 +202,7 @@ pub mod options {
         key: "table.exec.release-unread-inputs",
         fallback_keys: &[],
         default: true,
-        description: "SQL: an input a task stops needing (the probe side of a join whose build side came out empty, what follows a satisfied LIMIT, union branches a subtask does not run) is released: its pipelined producers drop what they would send there and end early once no consumer reads them. false reads such inputs to their end.",
+        description: "SQL: an input a task stops needing (the probe side of a join whose build side came out empty, what follows a satisfied LIMIT, union branches a subtask does not run) is released: its pipelined producers drop what they would send there and end early once no consumer reads them, and a union whose branches read exchanges can be pipelined. false reads such inputs to their end (such a union then blocks).",
     };
 
     /// Flink's `BatchExecutionOptions` (with the deprecated

@@ -301,6 +301,33 @@ impl TaskInputs {
         Ok(self.stats.lock().map(|s| *s).unwrap_or_default())
     }
 
+    /// Releases at once the inputs of every stage not in `read` (those of
+    /// the other branches of a union, which this subtask never runs), so a
+    /// pipelined producer feeding several branches never waits for a
+    /// subtask that will not read it. Without `table.exec.release-unread-inputs`
+    /// they are left to [`finish`](Self::finish).
+    pub fn release_unread_stages(&self, read: &std::collections::BTreeSet<usize>) {
+        if !self.release_unread {
+            return;
+        }
+        let unread: Vec<InputChannelSpec> = match self.channels.lock() {
+            Ok(mut m) => {
+                let stages: Vec<usize> = m.keys().filter(|k| !read.contains(k)).copied().collect();
+                stages
+                    .into_iter()
+                    .filter_map(|k| m.remove(&k))
+                    .flatten()
+                    .collect()
+            }
+            Err(_) => Vec::new(),
+        };
+        if !unread.is_empty() {
+            let mut gate = InputGate::new(unread);
+            gate.release();
+            self.add_gate(&gate);
+        }
+    }
+
     /// Readers end, releasing their channels, once `released` says nobody
     /// reads what this task produces.
     pub fn stop_when_released(&self, released: ConsumersReleased) {

@@ -17,6 +17,7 @@ use crate::split::{self, CutPolicy, Exchange, StageInput, StagePlan};
 use base64::Engine;
 use datafusion::arrow::datatypes::{Schema, SchemaRef};
 use datafusion::arrow::ipc::writer::FileWriter;
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::error::DataFusionError;
 use datafusion::execution::context::SessionContext;
 use datafusion::execution::{SessionState, SessionStateBuilder, TaskContext};
@@ -87,9 +88,10 @@ pub struct SqlJob {
     #[serde(default)]
     pub splittable: Vec<Vec<bool>>,
     /// Some stage reads exchanges under the branches of a union: each of
-    /// its subtasks reads only its branch's inputs and the others' only
-    /// when it ends, so pipelined, a broadcast into another branch would
-    /// wait for it while that branch waits for the broadcast.
+    /// its subtasks reads only its branch's inputs. It releases the others'
+    /// at its start; read to their end instead (when it ends), a pipelined
+    /// broadcast into another branch would wait for it while that branch
+    /// waits for the broadcast, so such a job then blocks.
     #[serde(default)]
     pub branch_readers: bool,
     /// `INSERT INTO`: part files in a table's folder instead of the
@@ -662,8 +664,10 @@ impl SqlJob {
         // The adaptive batch scheduler sizes stages from the bytes their
         // producers wrote into finished partitions (as in Flink, it takes
         // blocking exchanges only).
+        // Branch readers deadlock pipelined unless the inputs of branches a
+        // subtask does not run are released at its start.
         let pipelined = ShuffleMode::of(&config)? == ShuffleMode::Pipelined
-            && !self.branch_readers
+            && !(self.branch_readers && !config.get(&options::RELEASE_UNREAD_INPUTS)?)
             && !(0..self.stages.len()).any(|k| self.is_adaptive(k));
         let mut nodes = vec![usize::MAX; self.stages.len()];
         for members in self.tasks() {
@@ -929,6 +933,19 @@ impl TaskDriver for StageDriver {
         if plans.len() > 1 {
             plans = crate::reuse::share_scans(plans).map_err(df_err)?;
         }
+        // Inputs no reader of this subtask reads (other union branches'):
+        // released now rather than when the task ends.
+        let mut read = std::collections::BTreeSet::new();
+        for p in &plans {
+            p.apply(|node| {
+                if let Some(r) = node.downcast_ref::<crate::exchange::ExchangeReaderExec>() {
+                    read.insert(r.stage());
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })
+            .map_err(df_err)?;
+        }
+        task_inputs.release_unread_stages(&read);
         // Once every consumer stopped reading (its join's build side was
         // empty, its LIMIT satisfied), the rest of the work reaches nobody.
         let released = self.out.consumers_released().filter(|_| release_unread);

@@ -13,10 +13,12 @@
 //! above make of the partial input goes to released outputs and is dropped.
 //! This module knows nothing of the network beyond that one flag.
 
-use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use crate::reuse::SharedScanExec;
+use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::Result as DfResult;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use fluvia_network::ConsumersReleased;
@@ -25,22 +27,24 @@ use std::fmt;
 use std::sync::Arc;
 
 /// `plan` with every leaf ending its stream once `released` says all
-/// consumers stopped reading.
+/// consumers stopped reading. A consumer's end of a shared scan counts as a
+/// leaf: the scan it shows as its child runs through the shared state.
 pub fn end_when_released(
     plan: Arc<dyn ExecutionPlan>,
     released: &ConsumersReleased,
 ) -> DfResult<Arc<dyn ExecutionPlan>> {
-    plan.transform_up(|p| {
-        if p.children().is_empty() {
-            Ok(Transformed::yes(Arc::new(EndWhenReleasedExec {
-                input: p,
-                released: released.clone(),
-            }) as Arc<dyn ExecutionPlan>))
-        } else {
-            Ok(Transformed::no(p))
-        }
-    })
-    .map(|t| t.data)
+    if plan.children().is_empty() || plan.is::<SharedScanExec>() {
+        return Ok(Arc::new(EndWhenReleasedExec {
+            input: plan,
+            released: released.clone(),
+        }));
+    }
+    let children = plan
+        .children()
+        .into_iter()
+        .map(|c| end_when_released(Arc::clone(c), released))
+        .collect::<DfResult<Vec<_>>>()?;
+    replace_children_if_necessary(plan, children)
 }
 
 /// A leaf's stream, ended early when its task's outputs are all released.
