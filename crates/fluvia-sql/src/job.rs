@@ -666,8 +666,9 @@ impl SqlJob {
         // blocking exchanges only).
         // Branch readers deadlock pipelined unless the inputs of branches a
         // subtask does not run are released at its start.
+        let branches_safe = !self.branch_readers || config.get(&options::RELEASE_UNREAD_INPUTS)?;
         let pipelined = ShuffleMode::of(&config)? == ShuffleMode::Pipelined
-            && !(self.branch_readers && !config.get(&options::RELEASE_UNREAD_INPUTS)?)
+            && branches_safe
             && !(0..self.stages.len()).any(|k| self.is_adaptive(k));
         let mut nodes = vec![usize::MAX; self.stages.len()];
         for members in self.tasks() {
