@@ -112,7 +112,7 @@ pub struct Subpartition {
     /// partitioner reads it per record).
     backlog_hint: std::sync::atomic::AtomicUsize,
     /// The partition's record of released subpartitions (pipelined only).
-    released_count: Option<Arc<ReleaseState>>,
+    release_state: Option<Arc<ReleaseState>>,
 }
 
 impl std::fmt::Debug for Subpartition {
@@ -124,7 +124,7 @@ impl std::fmt::Debug for Subpartition {
 }
 
 impl Subpartition {
-    fn pipelined(index: usize, segment_size: usize, released_count: Arc<ReleaseState>) -> Self {
+    fn pipelined(index: usize, segment_size: usize, release_state: Arc<ReleaseState>) -> Self {
         Subpartition {
             index,
             segment_size,
@@ -138,7 +138,7 @@ impl Subpartition {
                 released: false,
             }),
             backlog_hint: Default::default(),
-            released_count: Some(released_count),
+            release_state: Some(release_state),
         }
     }
 
@@ -164,7 +164,7 @@ impl Subpartition {
                 released: false,
             }),
             backlog_hint: Default::default(),
-            released_count: None,
+            release_state: None,
         })
     }
 
@@ -227,7 +227,7 @@ impl Subpartition {
         st.buffers_backlog = 0;
         self.backlog_hint.store(0, Ordering::Relaxed);
         drop(st);
-        if let Some(c) = &self.released_count {
+        if let Some(c) = &self.release_state {
             c.one_released();
         }
         // The buffers go back to the producer's pool here, outside the lock.
@@ -489,7 +489,9 @@ impl ReleaseState {
     }
 
     fn all(&self) -> bool {
-        self.count.load(Ordering::Acquire) >= self.total
+        // A partition nobody was ever to read (none such is built) is not
+        // "released": its producer must not take it as a reason to stop.
+        self.total > 0 && self.count.load(Ordering::Acquire) >= self.total
     }
 }
 
@@ -542,7 +544,7 @@ pub struct ResultPartition {
     subpartitions: Vec<Arc<Subpartition>>,
     kind: PartitionKind,
     /// Subpartitions whose consumer released them (pipelined only).
-    released_count: Option<Arc<ReleaseState>>,
+    release_state: Option<Arc<ReleaseState>>,
 }
 
 impl std::fmt::Debug for ResultPartition {
@@ -561,7 +563,7 @@ impl ResultPartition {
         num_subpartitions: usize,
         segment_size: usize,
     ) -> Self {
-        let released_count = Arc::new(ReleaseState {
+        let release_state = Arc::new(ReleaseState {
             count: AtomicUsize::new(0),
             total: num_subpartitions,
             watchers: Mutex::new(Vec::new()),
@@ -574,12 +576,12 @@ impl ResultPartition {
                     Arc::new(Subpartition::pipelined(
                         i,
                         segment_size,
-                        Arc::clone(&released_count),
+                        Arc::clone(&release_state),
                     ))
                 })
                 .collect(),
             kind: PartitionKind::Pipelined,
-            released_count: Some(released_count),
+            release_state: Some(release_state),
         }
     }
 
@@ -608,7 +610,7 @@ impl ResultPartition {
             num_subpartitions,
             subpartitions,
             kind: PartitionKind::HashBlocking { spill_files },
-            released_count: None,
+            release_state: None,
         })
     }
 
@@ -619,7 +621,7 @@ impl ResultPartition {
             num_subpartitions: partition.num_subpartitions(),
             subpartitions: Vec::new(),
             kind: PartitionKind::SortMerge(partition),
-            released_count: None,
+            release_state: None,
         }
     }
 
@@ -697,7 +699,7 @@ impl ResultPartition {
     /// A handle on [`all_consumers_released`](Self::all_consumers_released)
     /// for another thread; `None` for a blocking partition.
     pub fn consumers_released(&self) -> Option<ConsumersReleased> {
-        self.released_count.as_ref().map(|c| ConsumersReleased {
+        self.release_state.as_ref().map(|c| ConsumersReleased {
             partitions: vec![Arc::clone(c)],
         })
     }
