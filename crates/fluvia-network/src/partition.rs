@@ -688,16 +688,10 @@ impl ResultPartition {
         })
     }
 
-    /// Whether every consumer of this pipelined partition stopped reading:
-    /// whatever the producer writes from now on reaches nobody, so it may
-    /// stop early. Never true for a blocking partition, whose data outlives
-    /// its readers.
-    pub fn all_consumers_released(&self) -> bool {
-        self.consumers_released().is_some_and(|r| r.all())
-    }
-
-    /// A handle on [`all_consumers_released`](Self::all_consumers_released)
-    /// for another thread; `None` for a blocking partition.
+    /// Whether every consumer of this pipelined partition stopped reading,
+    /// readable from any thread: whatever the producer writes from now on
+    /// reaches nobody, so it may stop early. `None` for a blocking
+    /// partition, whose data outlives its readers.
     pub fn consumers_released(&self) -> Option<ConsumersReleased> {
         self.release_state.as_ref().map(|c| ConsumersReleased {
             partitions: vec![Arc::clone(c)],
@@ -852,9 +846,9 @@ mod tests {
         assert_eq!(held.ref_count(), 2);
         // An earlier consumer's release changes nothing.
         p.subpartition(0).release_consumer(generation + 1);
-        assert!(!p.all_consumers_released());
+        assert!(!p.consumers_released().unwrap().all());
         p.subpartition(0).release_consumer(generation);
-        assert!(p.all_consumers_released());
+        assert!(p.consumers_released().unwrap().all());
         assert_eq!(held.ref_count(), 1, "the queued buffer was dropped");
         assert_eq!(p.subpartition(0).backlog(), 0);
         p.subpartition(0)
@@ -872,7 +866,6 @@ mod tests {
         b.finish().unwrap();
         b.subpartition(0).release_consumer(generation);
         assert!(b.consumers_released().is_none());
-        assert!(!b.all_consumers_released());
         b.subpartition(0).set_listener(l, 0);
         let (a, _) = b.subpartition(0).poll().unwrap().unwrap();
         assert_eq!(bytes(&a), vec![3], "a new reader still reads it");

@@ -293,11 +293,7 @@ impl TaskInputs {
             Ok(mut m) => std::mem::take(&mut *m).into_values().flatten().collect(),
             Err(_) => Vec::new(),
         };
-        if !rest.is_empty() {
-            let mut gate = InputGate::new(rest);
-            self.release_or_drain(&mut gate)?;
-            self.add_gate(&gate);
-        }
+        self.close_unread(rest)?;
         Ok(self.stats.lock().map(|s| *s).unwrap_or_default())
     }
 
@@ -306,26 +302,33 @@ impl TaskInputs {
     /// pipelined producer feeding several branches never waits for a
     /// subtask that will not read it. Without `table.exec.release-unread-inputs`
     /// they are left to [`finish`](Self::finish).
-    pub fn release_unread_stages(&self, read: &std::collections::BTreeSet<usize>) {
+    pub fn release_unread_stages(&self, read: &std::collections::BTreeSet<usize>) -> Result<()> {
         if !self.release_unread {
-            return;
+            return Ok(());
         }
         let unread: Vec<InputChannelSpec> = match self.channels.lock() {
             Ok(mut m) => {
-                let stages: Vec<usize> = m.keys().filter(|k| !read.contains(k)).copied().collect();
-                stages
+                let (unread, kept): (BTreeMap<_, _>, BTreeMap<_, _>) = std::mem::take(&mut *m)
                     .into_iter()
-                    .filter_map(|k| m.remove(&k))
-                    .flatten()
-                    .collect()
+                    .partition(|(stage, _)| !read.contains(stage));
+                *m = kept;
+                unread.into_values().flatten().collect()
             }
             Err(_) => Vec::new(),
         };
-        if !unread.is_empty() {
-            let mut gate = InputGate::new(unread);
-            gate.release();
-            self.add_gate(&gate);
+        self.close_unread(unread)
+    }
+
+    /// Releases (or reads to the end) channels no reader took, counting
+    /// what they delivered.
+    fn close_unread(&self, channels: Vec<InputChannelSpec>) -> Result<()> {
+        if channels.is_empty() {
+            return Ok(());
         }
+        let mut gate = InputGate::new(channels);
+        self.release_or_drain(&mut gate)?;
+        self.add_gate(&gate);
+        Ok(())
     }
 
     /// Readers end, releasing their channels, once `released` says nobody

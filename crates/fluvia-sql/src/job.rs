@@ -661,12 +661,12 @@ impl SqlJob {
         let mut b = StreamGraphBuilder::new(self.name.clone());
         b.runtime_mode = RuntimeMode::Batch;
         b.chaining_enabled = config.get(&options::CHAINING_ENABLED)?;
-        // The adaptive batch scheduler sizes stages from the bytes their
-        // producers wrote into finished partitions (as in Flink, it takes
-        // blocking exchanges only).
         // Branch readers deadlock pipelined unless the inputs of branches a
         // subtask does not run are released at its start.
         let branches_safe = !self.branch_readers || config.get(&options::RELEASE_UNREAD_INPUTS)?;
+        // The adaptive batch scheduler sizes stages from the bytes their
+        // producers wrote into finished partitions (as in Flink, it takes
+        // blocking exchanges only).
         let pipelined = ShuffleMode::of(&config)? == ShuffleMode::Pipelined
             && branches_safe
             && !(0..self.stages.len()).any(|k| self.is_adaptive(k));
@@ -946,7 +946,7 @@ impl TaskDriver for StageDriver {
             })
             .map_err(df_err)?;
         }
-        task_inputs.release_unread_stages(&read);
+        task_inputs.release_unread_stages(&read)?;
         // Once every consumer stopped reading (its join's build side was
         // empty, its LIMIT satisfied), the rest of the work reaches nobody.
         let released = self.out.consumers_released().filter(|_| release_unread);
