@@ -62,7 +62,8 @@ const COMMIT_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// An RPC to one TaskManager.
 enum TmCall {
-    Deploy(ExecutionAttemptId, Box<TaskDeploymentDescriptor>),
+    /// Deployments in the order the scheduler queued them.
+    Deploy(Vec<(ExecutionAttemptId, Box<TaskDeploymentDescriptor>)>),
     Cancel(crate::rpc::AttemptRef),
     ReleasePartitions(ReleasePartitionsRequest),
     ReleaseJob(String),
@@ -147,19 +148,32 @@ impl JmShared {
     fn dispatch(self: &Arc<Self>, st: &mut JmState) {
         let mut undeliverable = Vec::new();
         let mut commits_failed = Vec::new();
+        // A TaskManager's deployments of one step go out as one call (a
+        // region's consumers behind their producers), sent before any
+        // other call to it that the step queued after them.
+        let mut deploys: BTreeMap<
+            String,
+            Vec<(ExecutionAttemptId, Box<TaskDeploymentDescriptor>)>,
+        > = BTreeMap::new();
+        let send = |st: &JmState, tm: &str, call: TmCall| {
+            if let Some(t) = st.tms.get(tm) {
+                let _ = t.queue.send(call);
+            }
+        };
         while let Some(action) = st.scheduler.poll_action() {
             let (tm, call) = match action {
                 Action::Deploy(d) => {
                     let tm = d.task_manager.clone();
                     match self.descriptor(st, &d) {
                         Some(desc) if st.tms.contains_key(&tm) => {
-                            (tm, TmCall::Deploy(d.attempt, Box::new(desc)))
+                            deploys
+                                .entry(tm)
+                                .or_default()
+                                .push((d.attempt, Box::new(desc)));
                         }
-                        _ => {
-                            undeliverable.push(d.attempt);
-                            continue;
-                        }
+                        _ => undeliverable.push(d.attempt),
                     }
+                    continue;
                 }
                 Action::CancelAttempt {
                     task_manager,
@@ -240,9 +254,13 @@ impl JmShared {
                     continue;
                 }
             };
-            if let Some(t) = st.tms.get(&tm) {
-                let _ = t.queue.send(call);
+            if let Some(batch) = deploys.remove(&tm) {
+                send(st, &tm, TmCall::Deploy(batch));
             }
+            send(st, &tm, call);
+        }
+        for (tm, batch) in deploys {
+            send(st, &tm, TmCall::Deploy(batch));
         }
         // TaskManagers the scheduler declared lost: stop their workers.
         st.tms.retain(|id, _| st.scheduler.is_registered(id));
@@ -304,13 +322,12 @@ impl JmShared {
                 let mut client = client.clone();
                 let secret = &shared.secret;
                 match call {
-                    TmCall::Deploy(attempt, desc) => {
-                        // The deployments queued behind this one go in the
+                    TmCall::Deploy(mut batch) => {
+                        // The deployments queued behind these go in the
                         // same call, in order: one round trip per wave.
-                        let mut batch = vec![(attempt, desc)];
                         loop {
                             match rx.try_recv() {
-                                Ok(TmCall::Deploy(a, d)) => batch.push((a, d)),
+                                Ok(TmCall::Deploy(more)) => batch.extend(more),
                                 Ok(other) => {
                                     held = Some(other);
                                     break;

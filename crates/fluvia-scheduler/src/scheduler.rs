@@ -16,7 +16,10 @@
 //!   subtask is deployed when every partition it reads was finished by a
 //!   producer attempt whose TaskManager is alive, and a failure re-runs only
 //!   that subtask. Within a region a consumer is deployed once its producers'
-//!   deployments were acknowledged, so their partitions exist when it asks.
+//!   deployments were acknowledged, so their partitions exist when it asks;
+//!   a producer on the consumer's own TaskManager only needs to be deploying,
+//!   since a TaskManager's deployments arrive and are created in the order
+//!   they were queued (one wave for a region on one TaskManager).
 //! - **Attempts.** An execution vertex may have several live attempts (a
 //!   failover creates a new one only when none is live; [`Event::AddAttempt`]
 //!   adds a concurrent one, as speculative execution will). The first attempt
@@ -2461,11 +2464,19 @@ impl Scheduler {
     }
 
     /// Deploys scheduled attempts whose inputs are there: blocking ones
-    /// finished, pipelined producers acknowledged.
+    /// finished, pipelined producers acknowledged (or deploying on the same
+    /// TaskManager, queued before them).
     fn deploy_ready(&mut self, id: JobId) {
+        // A pass deploys the producers of a region; the next one their
+        // consumers on the same TaskManagers, and so on down the region.
+        while self.deploy_ready_pass(id) {}
+    }
+
+    /// One pass of [`Self::deploy_ready`]; true if it deployed something.
+    fn deploy_ready_pass(&mut self, id: JobId) -> bool {
         let now = ms(self.now);
         let Some(job) = self.jobs.get(&id) else {
-            return;
+            return false;
         };
         let mut ready = Vec::new();
         let mut refused = None;
@@ -2489,7 +2500,7 @@ impl Scheduler {
         let timeout = self.config.slot_request_timeout;
         let now_d = self.now;
         let Some(job) = self.jobs.get_mut(&id) else {
-            return;
+            return false;
         };
         // A producer without a shuffle service on its host waits for one
         // (a restarted service registers again), as long as for slots.
@@ -2505,11 +2516,12 @@ impl Scheduler {
                         waited.as_millis()
                     )),
                 );
-                return;
+                return false;
             }
         } else {
             job.service_wait_since = None;
         }
+        let deployed = !ready.is_empty();
         for d in ready {
             let a = d.attempt;
             if let Some(t) = d.outputs.iter().find_map(|o| o.shuffle_service.as_ref()) {
@@ -2521,6 +2533,7 @@ impl Scheduler {
                 .transition(ExecutionState::Deploying, now);
             self.actions.push_back(Action::Deploy(Box::new(d)));
         }
+        deployed
     }
 
     /// The deployment of an attempt, if its inputs are available; an error
@@ -2582,11 +2595,12 @@ impl Scheduler {
                     producer.winner()?
                 }
                 ResultPartitionType::PipelinedBounded => producer.winner().or_else(|| {
-                    producer.attempts.iter().rev().find(|e| {
-                        matches!(
-                            e.state,
-                            ExecutionState::Initializing | ExecutionState::Running
-                        )
+                    producer.attempts.iter().rev().find(|e| match e.state {
+                        ExecutionState::Initializing | ExecutionState::Running => true,
+                        // Its deployment goes to the same TaskManager ahead
+                        // of this one: the partition is there when asked.
+                        ExecutionState::Deploying => e.task_manager.as_deref() == Some(&tm),
+                        _ => false,
                     })
                 })?,
             };

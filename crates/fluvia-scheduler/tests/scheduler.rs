@@ -433,11 +433,35 @@ fn batch_pointwise_consumer_waits_only_for_the_partitions_it_reads() {
 }
 
 #[test]
-fn streaming_deploys_producers_first_and_consumers_once_they_are_acknowledged() {
+fn streaming_deploys_a_region_on_one_task_manager_in_one_wave_producers_first() {
     use PartitionerKind::Hash;
     let mut d = Driver::with_restarts(0);
     d.tm("tm-1", 2);
-    d.tm("tm-2", 2);
+    let job = d.submit(graph(
+        false,
+        &[V("Source", 2, None), V("Map", 2, None)],
+        &[(0, 1, Hash)],
+    ));
+    assert_eq!(d.job(job).state, JobState::Running);
+    // The TaskManager creates its deployments in order: the sources'
+    // partitions exist when the maps (queued behind them) ask.
+    let acts = d.take();
+    assert_eq!(
+        deployed(&acts),
+        vec![(0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 1, 0)]
+    );
+    for dep in &deploys(&acts)[2..] {
+        assert_eq!(inputs(dep), vec![(0, 0), (1, 0)]);
+        assert!(dep.inputs.iter().all(|i| i.local));
+    }
+}
+
+#[test]
+fn streaming_deploys_a_consumer_once_its_remote_producers_are_acknowledged() {
+    use PartitionerKind::Hash;
+    let mut d = Driver::with_restarts(0);
+    d.tm("tm-1", 1);
+    d.tm("tm-2", 1);
     let job = d.submit(graph(
         false,
         &[V("Source", 2, None), V("Map", 2, None)],
@@ -452,17 +476,20 @@ fn streaming_deploys_producers_first_and_consumers_once_they_are_acknowledged() 
             ExecutionState::Scheduled
         );
     }
+    assert_eq!(d.tm_of(aid(job, 1, 0, 0)), "tm-1");
+    assert_eq!(d.tm_of(aid(job, 1, 1, 0)), "tm-2");
+    // Map 1 reads source 0 over the network (now acknowledged) and source
+    // 1 on its own TaskManager (deploying there ahead of it); map 0 still
+    // waits for source 1 on the other TaskManager.
     d.ack(aid(job, 0, 0, 0));
-    assert!(
-        deployed(&d.take()).is_empty(),
-        "each map reads both sources"
-    );
+    let acts = d.take();
+    assert_eq!(deployed(&acts), vec![(1, 1, 0)]);
+    let local: Vec<bool> = deploys(&acts)[0].inputs.iter().map(|i| i.local).collect();
+    assert_eq!(local, vec![false, true]);
     d.ack(aid(job, 0, 1, 0));
     let acts = d.take();
-    assert_eq!(deployed(&acts), vec![(1, 0, 0), (1, 1, 0)]);
-    for dep in deploys(&acts) {
-        assert_eq!(inputs(&dep), vec![(0, 0), (1, 0)]);
-    }
+    assert_eq!(deployed(&acts), vec![(1, 0, 0)]);
+    assert_eq!(inputs(&deploys(&acts)[0]), vec![(0, 0), (1, 0)]);
 }
 
 #[test]
@@ -753,8 +780,7 @@ fn a_streaming_failure_cancels_and_restarts_every_task() {
         &[V("Source", 2, None), V("Map", 2, None)],
         &[(0, 1, Hash)],
     ));
-    d.start_deploys();
-    assert_eq!(d.start_deploys().len(), 2, "the maps");
+    assert_eq!(d.start_deploys().len(), 4, "sources and maps in one wave");
     d.fail(aid(job, 1, 1, 0), "boom");
     let acts = d.take();
     assert_eq!(
@@ -772,16 +798,14 @@ fn a_streaming_failure_cancels_and_restarts_every_task() {
         d.canceled(a);
     }
     let acts = d.take();
-    assert_eq!(deployed(&acts), vec![(0, 0, 1), (0, 1, 1)]);
+    assert_eq!(
+        deployed(&acts),
+        vec![(0, 0, 1), (0, 1, 1), (1, 0, 1), (1, 1, 1)]
+    );
     assert_eq!(d.job(job).state, JobState::Running);
     assert_eq!(d.job(job).restarts, 1);
-    for a in [aid(job, 0, 0, 1), aid(job, 0, 1, 1)] {
-        d.ack(a);
-    }
-    let acts = d.take();
-    assert_eq!(deployed(&acts), vec![(1, 0, 1), (1, 1, 1)]);
-    for dep in deploys(&acts) {
-        assert_eq!(inputs(&dep), vec![(0, 1), (1, 1)], "the new sources");
+    for dep in &deploys(&acts)[2..] {
+        assert_eq!(inputs(dep), vec![(0, 1), (1, 1)], "the new sources");
     }
     // A cancelled attempt's CANCELED is not a failure.
     assert_eq!(d.job(job).restarts, 1);
@@ -798,18 +822,15 @@ fn a_streaming_attempt_that_finishes_while_cancelled_does_not_win() {
         &[(0, 1, Hash)],
     ));
     d.start_deploys();
-    d.start_deploys();
     d.fail(aid(job, 1, 0, 0), "boom");
     assert_eq!(cancels(&d.take()), vec![aid(job, 0, 0, 0)]);
     // The source ended before the cancel arrived.
     d.finish(aid(job, 0, 0, 0));
     assert_eq!(d.finished_attempt(job, 0, 0), None);
     d.let_restart_fire();
-    assert_eq!(deployed(&d.take()), vec![(0, 0, 1)]);
-    d.ack(aid(job, 0, 0, 1));
     let acts = d.take();
-    assert_eq!(deployed(&acts), vec![(1, 0, 1)]);
-    assert_eq!(inputs(&deploys(&acts)[0]), vec![(0, 1)]);
+    assert_eq!(deployed(&acts), vec![(0, 0, 1), (1, 0, 1)]);
+    assert_eq!(inputs(&deploys(&acts)[1]), vec![(0, 1)]);
 }
 
 #[test]

@@ -1342,12 +1342,15 @@ impl Sim {
                     "{a} reads {pa} from {dtm}, which was lost since it ran there"
                 );
             } else {
+                // Deploying is enough on the consumer's own TaskManager:
+                // its deployment was queued there first.
                 ensure!(
                     matches!(
                         pe.state,
                         ExecutionState::Initializing | ExecutionState::Running
-                    ) || producer.finished_attempt == Some(p.attempt),
-                    "{a} reads pipelined {pa}, which is {:?}",
+                    ) || (pe.state == ExecutionState::Deploying && ptm == *tm)
+                        || producer.finished_attempt == Some(p.attempt),
+                    "{a} reads pipelined {pa} on {ptm} from {tm}, which is {:?}",
                     pe.state
                 );
                 if reads.insert((pa, p.data_set)) {
