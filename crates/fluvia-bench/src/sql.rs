@@ -206,38 +206,38 @@ pub fn run_suite(a: Args) -> Result<()> {
         s.config.set(key, value.to_string());
         s
     };
-    let blocking = on_with(
-        fluvia_core::config::options::BATCH_SHUFFLE_MODE.key,
-        "ALL_EXCHANGES_BLOCKING",
-    );
-    let df_reader = on_with(fluvia_core::config::options::CSV_READER.key, "datafusion");
-    let no_reuse = on_with(fluvia_core::config::options::REUSE_SOURCE.key, "false");
-    let drain = on_with(
-        fluvia_core::config::options::RELEASE_UNREAD_INPUTS.key,
-        "false",
-    );
+    use fluvia_core::config::options;
+    // Fluvia with one key changed: a column each, after the others.
+    let one_key: Vec<(&str, SqlSettings)> = vec![
+        (
+            "blocking",
+            on_with(options::BATCH_SHUFFLE_MODE.key, "ALL_EXCHANGES_BLOCKING"),
+        ),
+        ("df-reader", on_with(options::CSV_READER.key, "datafusion")),
+        ("no-reuse", on_with(options::REUSE_SOURCE.key, "false")),
+        (
+            "drain",
+            on_with(options::RELEASE_UNREAD_INPUTS.key, "false"),
+        ),
+    ];
     // No -p: scans at p, every later stage decided from the data.
     let adaptive = SqlSettings {
         adaptive: true,
         ..on.clone()
     };
+    let known: Vec<&str> = [
+        "datafusion",
+        "fluvia",
+        "mi-off",
+        "adaptive",
+        "build-broadcast",
+    ]
+    .into_iter()
+    .chain(one_key.iter().map(|(n, _)| *n))
+    .collect();
     for v in &a.variants {
-        if ![
-            "datafusion",
-            "fluvia",
-            "mi-off",
-            "adaptive",
-            "build-broadcast",
-            "blocking",
-            "df-reader",
-            "no-reuse",
-            "drain",
-        ]
-        .contains(&v.as_str())
-        {
-            bail!(
-                "unknown variant '{v}': datafusion, fluvia, mi-off, adaptive, build-broadcast, blocking, df-reader, no-reuse or drain"
-            );
+        if !known.contains(&v.as_str()) {
+            bail!("unknown variant '{v}': {}", known.join(", "));
         }
     }
     let wants = |v: &str| a.variants.iter().any(|x| x == v);
@@ -271,8 +271,9 @@ pub fn run_suite(a: Args) -> Result<()> {
             }
         }
     }
+    let extra_header: String = one_key.iter().map(|(n, _)| format!(" {n:>9}")).collect();
     println!(
-        "{:<8} {:>10} {:>10} {:>7} {:>12} {:>14} {:>14} {:>10} {:>7} {:>15} {:>9} {:>9} {:>9} {:>9}",
+        "{:<8} {:>10} {:>10} {:>7} {:>12} {:>14} {:>14} {:>10} {:>7} {:>15}{extra_header}",
         "query",
         "datafusion",
         "fluvia",
@@ -283,17 +284,13 @@ pub fn run_suite(a: Args) -> Result<()> {
         "adaptive",
         "ratio",
         "build-broadcast",
-        "blocking",
-        "df-reader",
-        "no-reuse",
-        "drain"
     );
     if duck.is_some() {
         println!("(then per line: duckdb seconds, fluvia / duckdb)");
     }
     let (mut df_total, mut fl_total, mut off_total, mut ad_total) = (0.0, 0.0, 0.0, 0.0);
-    let (mut bb_total, mut bl_total, mut dr_total, mut nr_total) = (0.0, 0.0, 0.0, 0.0);
-    let mut dn_total = 0.0;
+    let mut bb_total = 0.0;
+    let mut extra_totals = vec![0.0; one_key.len()];
     let (mut bytes_on, mut bytes_off) = (0u64, 0u64);
     let mut failed = Vec::new();
     let mut only_fluvia = Vec::new();
@@ -317,16 +314,14 @@ pub fn run_suite(a: Args) -> Result<()> {
             cell("mi-off", &off, &Target::Embedded),
             cell("adaptive", &adaptive, &Target::Embedded),
             cell("build-broadcast", &build_broadcast, &Target::Embedded),
-            cell("blocking", &blocking, &Target::Embedded),
-            cell("df-reader", &df_reader, &Target::Embedded),
-            cell("no-reuse", &no_reuse, &Target::Embedded),
-            cell("drain", &drain, &Target::Embedded),
+            one_key
+                .iter()
+                .map(|(v, s)| cell(v, s, &Target::Embedded))
+                .collect::<Result<Vec<Cell>>>(),
         );
-        let (d, f, o, ad, bb, bl, dr, nr, dn) = match cells {
-            (Ok(d), Ok(f), Ok(o), Ok(ad), Ok(bb), Ok(bl), Ok(dr), Ok(nr), Ok(dn)) => {
-                (d, f, o, ad, bb, bl, dr, nr, dn)
-            }
-            (Err(_), Ok(f), Ok(_), Ok(_), Ok(_), Ok(_), Ok(_), Ok(_), Ok(_)) => {
+        let (d, f, o, ad, bb, extra) = match cells {
+            (Ok(d), Ok(f), Ok(o), Ok(ad), Ok(bb), Ok(extra)) => (d, f, o, ad, bb, extra),
+            (Err(_), Ok(f), Ok(_), Ok(_), Ok(_), Ok(_)) => {
                 println!("{name:<8} {:>10} {:>10.3}", "failed", f.secs);
                 only_fluvia.push(name);
                 continue;
@@ -346,14 +341,14 @@ pub fn run_suite(a: Args) -> Result<()> {
         add(&mut off_total, o.secs);
         add(&mut ad_total, ad.secs);
         add(&mut bb_total, bb.secs);
-        add(&mut bl_total, bl.secs);
-        add(&mut dr_total, dr.secs);
-        add(&mut nr_total, nr.secs);
-        add(&mut dn_total, dn.secs);
+        for (total, c) in extra_totals.iter_mut().zip(&extra) {
+            add(total, c.secs);
+        }
         bytes_on += f.network_bytes;
         bytes_off += o.network_bytes;
+        let extra_cells: String = extra.iter().map(|c| format!(" {:>9.3}", c.secs)).collect();
         println!(
-            "{name:<8} {:>10.3} {:>10.3} {:>7.2} {:>12.3} {:>14} {:>14} {:>10.3} {:>7.2} {:>15.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3}",
+            "{name:<8} {:>10.3} {:>10.3} {:>7.2} {:>12.3} {:>14} {:>14} {:>10.3} {:>7.2} {:>15.3}{extra_cells}",
             d.secs,
             f.secs,
             f.secs / d.secs.max(1e-9),
@@ -363,10 +358,6 @@ pub fn run_suite(a: Args) -> Result<()> {
             ad.secs,
             ad.secs / d.secs.max(1e-9),
             bb.secs,
-            bl.secs,
-            dr.secs,
-            nr.secs,
-            dn.secs
         );
         if let Some(duck) = duck.as_mut() {
             match duck.measure(&sql, a.repeat) {
@@ -387,8 +378,9 @@ pub fn run_suite(a: Args) -> Result<()> {
             }
         }
     }
+    let extra_totals: String = extra_totals.iter().map(|t| format!(" {t:>9.3}")).collect();
     println!(
-        "{:<8} {df_total:>10.3} {fl_total:>10.3} {:>7.2} {off_total:>12.3} {bytes_on:>14} {bytes_off:>14} {ad_total:>10.3} {:>7.2} {bb_total:>15.3} {bl_total:>9.3} {dr_total:>9.3} {nr_total:>9.3} {dn_total:>9.3}",
+        "{:<8} {df_total:>10.3} {fl_total:>10.3} {:>7.2} {off_total:>12.3} {bytes_on:>14} {bytes_off:>14} {ad_total:>10.3} {:>7.2} {bb_total:>15.3}{extra_totals}",
         "total",
         fl_total / df_total.max(1e-9),
         ad_total / df_total.max(1e-9)
