@@ -33,8 +33,10 @@ pub struct Args {
     /// Which columns to run: datafusion, fluvia, mi-off, adaptive,
     /// build-broadcast, blocking, df-reader (Fluvia reading CSV with
     /// DataFusion's reader), no-reuse (source reuse off), drain (inputs a
-    /// task stops needing read to the end instead of released)
-    /// (comma-separated; default all but df-reader, no-reuse and drain).
+    /// task stops needing read to the end instead of released), no-cluster
+    /// (hash join build sides not clustered by key)
+    /// (comma-separated; default all but df-reader, no-reuse, drain and
+    /// no-cluster).
     #[arg(
         long,
         value_delimiter = ',',
@@ -218,6 +220,10 @@ pub fn run_suite(a: Args) -> Result<()> {
         (
             "drain",
             on_with(options::RELEASE_UNREAD_INPUTS.key, "false"),
+        ),
+        (
+            "no-cluster",
+            on_with(options::CLUSTER_BUILD_SIDE.key, "false"),
         ),
     ];
     // No -p: scans at p, every later stage decided from the data.

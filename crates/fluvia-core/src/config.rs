@@ -205,6 +205,14 @@ pub mod options {
         description: "SQL: an input a task stops needing (the probe side of a join whose build side came out empty, what follows a satisfied LIMIT, union branches a subtask does not run) is released: its pipelined producers drop what they would send there and end early once no consumer reads them, and a union whose branches read exchanges can be pipelined. false reads such inputs to their end (such a union then blocks).",
     };
 
+    /// Fluvia's key.
+    pub const CLUSTER_BUILD_SIDE: ConfigOption<bool> = ConfigOption {
+        key: "table.exec.hash-join.cluster-build-side",
+        fallback_keys: &[],
+        default: true,
+        description: "SQL: a hash join's build side of at least 32K rows whose keys repeat (two or more rows per key in a sample) is reordered by key before the join builds its table, so the rows a probe row matches are neighbours in memory; false builds the table in arrival order.",
+    };
+
     /// Flink's `BatchExecutionOptions` (with the deprecated
     /// `jobmanager.adaptive-batch-scheduler.*` spellings).
     pub const AUTO_PARALLELISM_ENABLED: ConfigOption<bool> = ConfigOption {
@@ -427,6 +435,11 @@ pub mod options {
                 RELEASE_UNREAD_INPUTS.key,
                 RELEASE_UNREAD_INPUTS.default.to_string(),
                 RELEASE_UNREAD_INPUTS.description,
+            ),
+            (
+                CLUSTER_BUILD_SIDE.key,
+                CLUSTER_BUILD_SIDE.default.to_string(),
+                CLUSTER_BUILD_SIDE.description,
             ),
             (
                 REUSE_SOURCE_MIN_SIZE.key,

@@ -1023,6 +1023,19 @@ impl TaskDriver for StageDriver {
             }
         }
         drop(batches);
+        // Rows and time per operator, for `RUST_LOG=fluvia_sql=debug`.
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            for (plan, &stage) in plans.iter().zip(&self.stages) {
+                tracing::debug!(
+                    "stage {stage} subtask {}:\n{}",
+                    self.subtask,
+                    datafusion::physical_plan::display::DisplayableExecutionPlan::with_metrics(
+                        plan.as_ref()
+                    )
+                    .indent(true)
+                );
+            }
+        }
         self.out.close()?;
         task_inputs.finish()
     }
@@ -1107,6 +1120,11 @@ impl StageDriver {
             self.subtask
         };
         let plan = split::task_view(&plan, view).map_err(df_err)?;
+        let plan = if self.job.configuration().get(&options::CLUSTER_BUILD_SIDE)? {
+            crate::cluster::cluster_build_sides(plan).map_err(df_err)?
+        } else {
+            plan
+        };
         Ok((plan, (stage, partitioner, offset), task_ctx))
     }
 }
@@ -1212,7 +1230,16 @@ pub fn run_in_datafusion(
     rt.block_on(async {
         let df = ctx.sql(sql).await?;
         let schema = Arc::new(df.schema().as_arrow().clone());
-        let batches = df.collect().await?;
+        let task_ctx = Arc::new(df.task_ctx());
+        let plan = df.create_physical_plan().await?;
+        let batches = datafusion::physical_plan::collect(Arc::clone(&plan), task_ctx).await?;
+        tracing::debug!(
+            "DataFusion's plan:\n{}",
+            datafusion::physical_plan::display::DisplayableExecutionPlan::with_metrics(
+                plan.as_ref()
+            )
+            .indent(true)
+        );
         Ok::<_, DataFusionError>((schema, batches))
     })
     .map_err(|e| PlanError::Query(QueryError(e.to_string())))

@@ -11,6 +11,7 @@
 //! a [`fluvia_runtime::TaskDriver`] and bytes.
 
 pub mod catalog;
+pub mod cluster;
 pub mod codec;
 pub mod csv_errors;
 pub mod csv_scan;
