@@ -190,12 +190,20 @@ fn cluster(
 
 /// The hash of `keys` for every row of `batch`.
 fn hash_keys(batch: &RecordBatch, keys: &[Arc<dyn PhysicalExpr>]) -> DfResult<Vec<u64>> {
-    let columns = keys
-        .iter()
+    hash_rows(&key_columns(batch, keys)?)
+}
+
+/// `keys` evaluated on `batch`.
+fn key_columns(batch: &RecordBatch, keys: &[Arc<dyn PhysicalExpr>]) -> DfResult<Vec<ArrayRef>> {
+    keys.iter()
         .map(|k| k.evaluate(batch)?.into_array(batch.num_rows()))
-        .collect::<DfResult<Vec<ArrayRef>>>()?;
-    let mut hashes = vec![0u64; batch.num_rows()];
-    create_hashes(&columns, &RandomState::with_seed(0), &mut hashes)?;
+        .collect()
+}
+
+/// One hash per row over `columns`.
+fn hash_rows(columns: &[ArrayRef]) -> DfResult<Vec<u64>> {
+    let mut hashes = vec![0u64; columns.first().map_or(0, |c| c.len())];
+    create_hashes(columns, &RandomState::with_seed(0), &mut hashes)?;
     Ok(hashes)
 }
 
@@ -222,18 +230,11 @@ fn keys_repeat(
         if let Some(&last) = picks.last() {
             next = start + last as usize + step;
             let picks = UInt32Array::from(picks);
-            let columns = keys
+            let columns = key_columns(b, keys)?
                 .iter()
-                .map(|k| {
-                    Ok(take(
-                        &k.evaluate(b)?.into_array(b.num_rows())?,
-                        &picks,
-                        None,
-                    )?)
-                })
-                .collect::<DfResult<Vec<ArrayRef>>>()?;
-            let mut hashes = vec![0u64; picks.len()];
-            create_hashes(&columns, &RandomState::with_seed(0), &mut hashes)?;
+                .map(|c| take(c, &picks, None))
+                .collect::<std::result::Result<Vec<ArrayRef>, _>>()?;
+            let hashes = hash_rows(&columns)?;
             for h in hashes {
                 seen.insert(h);
                 sampled += 1;
@@ -273,15 +274,18 @@ mod tests {
         vec![Arc::new(Column::new("k", 0))]
     }
 
+    fn keys_of(b: &RecordBatch) -> &Int64Array {
+        b.column(0)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .expect("k")
+    }
+
     /// Rows as (key, the other columns), sorted, to compare contents.
     fn contents(batches: &[RecordBatch]) -> Vec<(i64, Vec<String>)> {
         let mut out = Vec::new();
         for b in batches {
-            let k = b
-                .column(0)
-                .as_any()
-                .downcast_ref::<Int64Array>()
-                .expect("k");
+            let k = keys_of(b);
             let others: Vec<&StringArray> = b.columns()[1..]
                 .iter()
                 .map(|c| c.as_any().downcast_ref::<StringArray>().expect("utf8"))
@@ -300,11 +304,7 @@ mod tests {
         let mut done = HashSet::new();
         let mut last = None;
         for b in batches {
-            let k = b
-                .column(0)
-                .as_any()
-                .downcast_ref::<Int64Array>()
-                .expect("k");
+            let k = keys_of(b);
             for i in 0..b.num_rows() {
                 let v = k.value(i);
                 if last != Some(v) {

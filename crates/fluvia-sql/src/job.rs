@@ -907,10 +907,9 @@ impl TaskDriver for StageDriver {
         for &p in &node_inputs {
             by_stage.entry(p).or_default();
         }
-        let release_unread = self
-            .job
-            .configuration()
-            .get(&options::RELEASE_UNREAD_INPUTS)?;
+        let configuration = self.job.configuration();
+        let release_unread = configuration.get(&options::RELEASE_UNREAD_INPUTS)?;
+        let cluster = configuration.get(&options::CLUSTER_BUILD_SIDE)?;
         let task_inputs = Arc::new(TaskInputs::new(
             by_stage,
             release_unread,
@@ -939,6 +938,11 @@ impl TaskDriver for StageDriver {
         let mut task_ctx = task_ctx;
         for &stage in &self.stages {
             let (plan, out, ctx) = self.fragment(stage, &task_ctx)?;
+            let plan = if cluster {
+                crate::cluster::cluster_build_sides(plan).map_err(df_err)?
+            } else {
+                plan
+            };
             plans.push(plan);
             outputs.push(out);
             task_ctx = ctx;
@@ -1120,11 +1124,6 @@ impl StageDriver {
             self.subtask
         };
         let plan = split::task_view(&plan, view).map_err(df_err)?;
-        let plan = if self.job.configuration().get(&options::CLUSTER_BUILD_SIDE)? {
-            crate::cluster::cluster_build_sides(plan).map_err(df_err)?
-        } else {
-            plan
-        };
         Ok((plan, (stage, partitioner, offset), task_ctx))
     }
 }
