@@ -10,7 +10,6 @@
 
 use crate::buffer::{Buffer, lock_state};
 use crate::cancel::{CANCEL_POLL, CancelToken};
-use crate::net::client::ClientConnection;
 use crate::partition::{AvailabilityListener, BufferOrEvent, Event};
 use fluvia_core::{FluviaError, Result};
 use std::collections::VecDeque;
@@ -32,11 +31,6 @@ pub trait InputChannel: Send + Sync + std::fmt::Debug {
     /// waits for this channel nor, once all its consumers are gone, keeps
     /// producing.
     fn release(&self) {}
-    /// The connection a remote channel's data arrives on: a gate whose open
-    /// channels all arrive on one connection reads it itself.
-    fn connection(&self) -> Option<Arc<ClientConnection>> {
-        None
-    }
 }
 
 /// One element taken from a channel.
@@ -119,9 +113,6 @@ pub struct InputGate {
     notifier: Arc<GateNotifier>,
     buffers_received: u64,
     bytes_received: u64,
-    /// The one connection all open channels arrive on, if there is one
-    /// (`None` until computed; recomputed when a channel ends).
-    direct: Option<Option<Arc<ClientConnection>>>,
 }
 
 impl std::fmt::Debug for InputGate {
@@ -148,33 +139,7 @@ impl InputGate {
             notifier,
             buffers_received: 0,
             bytes_received: 0,
-            direct: None,
         }
-    }
-
-    /// The connection every open channel arrives on, if they share one.
-    fn direct_connection(&mut self) -> Option<Arc<ClientConnection>> {
-        if self.direct.is_none() {
-            let mut shared: Option<Arc<ClientConnection>> = None;
-            let mut one = true;
-            for (c, _) in self
-                .channels
-                .iter()
-                .zip(&self.finished)
-                .filter(|(_, f)| !**f)
-            {
-                match (c.channel.connection(), &shared) {
-                    (Some(conn), None) => shared = Some(conn),
-                    (Some(conn), Some(s)) if Arc::ptr_eq(&conn, s) => {}
-                    _ => {
-                        one = false;
-                        break;
-                    }
-                }
-            }
-            self.direct = Some(if one { shared } else { None });
-        }
-        self.direct.clone().flatten()
     }
 
     pub fn num_channels(&self) -> usize {
@@ -246,7 +211,6 @@ impl InputGate {
                 BufferOrEvent::Event(Event::EndOfPartition) => {
                     self.finished[channel] = true;
                     self.num_finished += 1;
-                    self.direct = None;
                     GateEvent::ChannelFinished { channel }
                 }
             }));
@@ -265,7 +229,6 @@ impl InputGate {
                 self.num_finished += 1;
             }
         }
-        self.direct = None;
     }
 
     /// Wakes a thread waiting in [`get_next_until`](Self::get_next_until)
@@ -300,17 +263,6 @@ impl InputGate {
             }
             if cancel.is_cancelled() {
                 return Err(FluviaError::Cancelled);
-            }
-            if let Some(conn) = self.direct_connection() {
-                let pending = &self.notifier.pending;
-                let ready = || {
-                    pending.load(std::sync::atomic::Ordering::Acquire) > 0
-                        || stop()
-                        || cancel.is_cancelled()
-                };
-                if conn.read_until(&ready) {
-                    continue;
-                }
             }
             let mut spins = 0;
             while spins < SPINS_BEFORE_BLOCKING

@@ -27,9 +27,8 @@ use fluvia_core::{FluviaError, Result};
 use std::collections::{HashMap, VecDeque};
 use std::io::Write;
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
-use std::time::{Duration, Instant};
 
 /// Segments for the remote channels of one input gate: their exclusive
 /// segments and the floating ones they share. Its size is reserved from the
@@ -331,9 +330,7 @@ impl RemoteInputChannel {
         let announce = self.add_credit(&mut st, gained);
         self.notify(st, was_empty);
         if announce {
-            // The reading thread never writes: it must not wait on a full
-            // send buffer while the peer waits for it to read.
-            self.connection.schedule_credit(self.receiver, false);
+            self.connection.schedule_credit(self.receiver);
         }
         Ok(())
     }
@@ -369,7 +366,7 @@ impl RemoteInputChannel {
         let announce = self.add_credit(&mut st, 1);
         drop(st);
         if announce {
-            self.connection.schedule_credit(self.receiver, true);
+            self.connection.schedule_credit(self.receiver);
         }
         None
     }
@@ -435,7 +432,7 @@ impl BufferRecycler for RemoteInputChannel {
         let announce = self.add_credit(&mut st, 1);
         drop(st);
         if announce {
-            self.connection.schedule_credit(self.receiver, true);
+            self.connection.schedule_credit(self.receiver);
         }
     }
 }
@@ -472,10 +469,6 @@ impl InputChannel for RemoteInputChannel {
     fn release(&self) {
         RemoteInputChannel::release(self);
     }
-
-    fn connection(&self) -> Option<Arc<ClientConnection>> {
-        Some(Arc::clone(&self.connection))
-    }
 }
 
 impl Drop for RemoteInputChannel {
@@ -495,23 +488,6 @@ struct Outbox {
     writer_waiting: bool,
 }
 
-/// The receiving half of a connection: whoever holds it reads the socket
-/// and hands every frame to its channel.
-struct ReadSide {
-    stream: TcpStream,
-    decoder: FrameDecoder,
-}
-
-/// How long the connection's reader thread leaves the socket to consumers
-/// after one last read it themselves: a consumer that is busy with its
-/// records for longer gets its data through the reader thread again.
-const DIRECT_READ_GRACE: Duration = Duration::from_millis(2);
-
-/// A blocked read gives up after this long, so that a consumer reading the
-/// socket itself sees cancellation and its other wake-ups, and the reader
-/// thread can step aside.
-const READ_TIMEOUT: Duration = Duration::from_millis(10);
-
 /// The one connection from this TaskManager to one remote TaskManager.
 pub struct ClientConnection {
     peer: SocketAddr,
@@ -521,15 +497,6 @@ pub struct ClientConnection {
     wake: Condvar,
     next_receiver: AtomicU64,
     error: Mutex<Option<String>>,
-    read_side: Mutex<ReadSide>,
-    /// The sending half, held by whichever thread writes.
-    write_half: Mutex<TcpStream>,
-    /// Consumers waiting to read the socket themselves.
-    direct_readers: AtomicUsize,
-    /// When a consumer last read the socket itself (microseconds since
-    /// `created`).
-    last_direct_read: AtomicU64,
-    created: Instant,
 }
 
 impl std::fmt::Debug for ClientConnection {
@@ -547,26 +514,9 @@ impl ClientConnection {
             FluviaError::io(format!("connecting to TaskManager data port {peer}"), e)
         })?;
         let _ = stream.set_nodelay(true);
-        let read_half = stream
-            .try_clone()
-            .map_err(|e| FluviaError::io(format!("connection to {peer}"), e))?;
-        read_half
-            .set_read_timeout(Some(READ_TIMEOUT))
-            .map_err(|e| FluviaError::io(format!("connection to {peer}"), e))?;
-        let write_half = stream
-            .try_clone()
-            .map_err(|e| FluviaError::io(format!("connection to {peer}"), e))?;
         let conn = Arc::new(ClientConnection {
             peer,
             stream,
-            write_half: Mutex::new(write_half),
-            read_side: Mutex::new(ReadSide {
-                stream: read_half,
-                decoder: FrameDecoder::new(),
-            }),
-            direct_readers: AtomicUsize::new(0),
-            last_direct_read: AtomicU64::new(0),
-            created: Instant::now(),
             channels: Mutex::new(HashMap::new()),
             outbox: Mutex::new(Outbox {
                 messages: VecDeque::from([Message::Hello {
@@ -581,13 +531,21 @@ impl ClientConnection {
             error: Mutex::new(None),
         });
         let (r, w) = (Arc::clone(&conn), Arc::clone(&conn));
+        let read_half = conn
+            .stream
+            .try_clone()
+            .map_err(|e| FluviaError::io(format!("connection to {peer}"), e))?;
+        let write_half = conn
+            .stream
+            .try_clone()
+            .map_err(|e| FluviaError::io(format!("connection to {peer}"), e))?;
         std::thread::Builder::new()
             .name(format!("net-client-read {peer}"))
-            .spawn(move || r.read_loop())
+            .spawn(move || r.read_loop(read_half))
             .map_err(|e| FluviaError::io("starting a network thread", e))?;
         std::thread::Builder::new()
             .name(format!("net-client-write {peer}"))
-            .spawn(move || w.write_loop())
+            .spawn(move || w.write_loop(write_half))
             .map_err(|e| FluviaError::io("starting a network thread", e))?;
         Ok(conn)
     }
@@ -637,28 +595,7 @@ impl ClientConnection {
         Ok(())
     }
 
-    /// Announces a channel's unannounced credit: with `inline`, on this
-    /// thread if no other is writing (the consumer that recycled a buffer
-    /// sends the credit itself, so the credit loop wakes no writer thread),
-    /// else through the writer thread.
-    fn schedule_credit(&self, receiver: ReceiverId, inline: bool) {
-        if inline && let Ok(mut w) = self.write_half.try_lock() {
-            if self.is_closed() {
-                return;
-            }
-            if let Some(ch) = self.channel(receiver) {
-                let credit = ch.take_unannounced();
-                if credit > 0 {
-                    let mut frame = Vec::with_capacity(48);
-                    encode(&Message::AddCredit { receiver, credit }, &mut frame);
-                    if let Err(e) = w.write_all(&frame) {
-                        drop(w);
-                        self.fail_all(format!("sending to TaskManager {} failed: {e}", self.peer));
-                    }
-                }
-            }
-            return;
-        }
+    fn schedule_credit(&self, receiver: ReceiverId) {
         let mut out = lock_state(&self.outbox);
         if !out.closed {
             out.credit.push_back(receiver);
@@ -705,121 +642,47 @@ impl ClientConnection {
         self.wake.notify_all();
     }
 
-    /// The reader thread: reads the socket whenever no consumer does.
-    fn read_loop(self: Arc<Self>) {
+    fn read_loop(self: Arc<Self>, mut stream: TcpStream) {
+        let mut decoder = FrameDecoder::new();
         loop {
-            let since_direct = self
-                .micros_since_start()
-                .saturating_sub(self.last_direct_read.load(Ordering::Acquire));
-            if self.direct_readers.load(Ordering::Acquire) > 0
-                || since_direct < DIRECT_READ_GRACE.as_micros() as u64
-            {
-                std::thread::park_timeout(DIRECT_READ_GRACE);
-                continue;
-            }
-            let mut side = match self.read_side.try_lock() {
-                Ok(side) => side,
-                Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
-                Err(std::sync::TryLockError::WouldBlock) => {
-                    std::thread::park_timeout(DIRECT_READ_GRACE);
-                    continue;
+            let n = match decoder.read_from(&mut stream, 64 * 1024) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    if !self.is_closed() {
+                        self.fail_all(format!(
+                            "connection to TaskManager {} failed: {e}",
+                            self.peer
+                        ));
+                    }
+                    return;
                 }
             };
-            if !self.read_once(&mut side) {
-                return;
-            }
-        }
-    }
-
-    fn micros_since_start(&self) -> u64 {
-        self.created.elapsed().as_micros() as u64
-    }
-
-    /// A consumer whose every open channel is on this connection reads the
-    /// socket itself until `ready` holds, instead of waiting for the reader
-    /// thread to hand it each buffer (two thread wake-ups per buffer fewer
-    /// on a busy channel). Frames of other consumers' channels are handed
-    /// over as the reader thread would. False if another thread is reading
-    /// or the connection has ended: the caller then waits as usual.
-    pub(crate) fn read_until(&self, ready: &dyn Fn() -> bool) -> bool {
-        self.direct_readers.fetch_add(1, Ordering::AcqRel);
-        let read = match self.read_side.try_lock() {
-            Ok(mut side) => self.read_side_until(&mut side, ready),
-            Err(std::sync::TryLockError::Poisoned(e)) => {
-                self.read_side_until(&mut e.into_inner(), ready)
-            }
-            Err(std::sync::TryLockError::WouldBlock) => false,
-        };
-        self.last_direct_read
-            .store(self.micros_since_start(), Ordering::Release);
-        self.direct_readers.fetch_sub(1, Ordering::AcqRel);
-        read
-    }
-
-    fn read_side_until(&self, side: &mut ReadSide, ready: &dyn Fn() -> bool) -> bool {
-        while !ready() {
-            if !self.read_once(side) {
-                return false;
-            }
-        }
-        true
-    }
-
-    /// Reads once (or times out) and dispatches every complete frame; false
-    /// once the connection has ended (its channels are failed then unless it
-    /// was closed on purpose).
-    fn read_once(&self, side: &mut ReadSide) -> bool {
-        let ReadSide { stream, decoder } = side;
-        let n = match decoder.read_from(stream, 64 * 1024) {
-            Ok(n) => n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::Interrupted
-                        | std::io::ErrorKind::WouldBlock
-                        | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                return !self.has_failed();
-            }
-            Err(e) => {
+            if n == 0 {
                 if !self.is_closed() {
                     self.fail_all(format!(
-                        "connection to TaskManager {} failed: {e}",
+                        "connection to TaskManager {} closed by the peer",
                         self.peer
                     ));
                 }
-                return false;
+                return;
             }
-        };
-        if n == 0 {
-            if !self.is_closed() {
-                self.fail_all(format!(
-                    "connection to TaskManager {} closed by the peer",
-                    self.peer
-                ));
-            }
-            return false;
-        }
-        loop {
-            match decoder.next_frame() {
-                Ok(Some(frame)) => {
-                    if let Err(e) = self.dispatch(frame) {
-                        self.fail_all(e);
-                        return false;
+            loop {
+                match decoder.next_frame() {
+                    Ok(Some(frame)) => {
+                        if let Err(e) = self.dispatch(frame) {
+                            self.fail_all(e);
+                            return;
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        self.fail_all(format!("from TaskManager {}: {e}", self.peer));
+                        return;
                     }
                 }
-                Ok(None) => return true,
-                Err(e) => {
-                    self.fail_all(format!("from TaskManager {}: {e}", self.peer));
-                    return false;
-                }
             }
         }
-    }
-
-    fn has_failed(&self) -> bool {
-        lock_state(&self.error).is_some()
     }
 
     fn dispatch(&self, frame: Frame<'_>) -> std::result::Result<(), String> {
@@ -873,7 +736,8 @@ impl ClientConnection {
         }
     }
 
-    fn write_loop(self: Arc<Self>) {
+    fn write_loop(self: Arc<Self>, stream: TcpStream) {
+        let mut w = std::io::BufWriter::with_capacity(64 * 1024, stream);
         let mut frame = Vec::with_capacity(256);
         loop {
             let (messages, credit, closed) = {
@@ -907,8 +771,7 @@ impl ClientConnection {
                     }
                 }
             }
-            let written = lock_state(&self.write_half).write_all(&frame);
-            if let Err(e) = written {
+            if let Err(e) = w.write_all(&frame).and_then(|_| w.flush()) {
                 if !closed {
                     self.fail_all(format!("sending to TaskManager {} failed: {e}", self.peer));
                 }

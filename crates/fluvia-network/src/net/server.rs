@@ -195,22 +195,7 @@ struct ServerConnection {
     me: Weak<ServerConnection>,
     /// Readers queued plus control messages, readable without the lock.
     work_hint: AtomicU64,
-    /// The sending half. Whoever holds it takes elements off the queue and
-    /// writes them, so each receiver's buffers go out in sequence order
-    /// whichever thread sends them.
-    write_side: Mutex<WriteSide>,
 }
-
-struct WriteSide {
-    w: std::io::BufWriter<TcpStream>,
-    header: Vec<u8>,
-}
-
-/// Elements a thread other than the writer sends before it leaves the rest
-/// to the writer: a producer that found the connection idle sends its own
-/// buffer (still in its cache) instead of waking the writer for it, but
-/// does not become the connection's writer.
-const INLINE_SEND_LIMIT: usize = 8;
 
 /// Tells the connection that a reader's subpartition has data.
 struct ReaderListener {
@@ -221,7 +206,8 @@ struct ReaderListener {
 impl AvailabilityListener for ReaderListener {
     fn notify_available(&self, _channel: usize) {
         if let Some(c) = self.connection.upgrade() {
-            c.enqueue_and_send(self.receiver);
+            let mut st = lock_state(&c.state);
+            c.enqueue(&mut st, self.receiver);
         }
     }
 }
@@ -260,12 +246,7 @@ impl ServerConnection {
         let write_half = stream
             .try_clone()
             .map_err(|e| FluviaError::io(format!("connection from {peer}"), e))?;
-        let write_side = Mutex::new(WriteSide {
-            w: std::io::BufWriter::with_capacity(256 * 1024, write_half),
-            header: Vec::with_capacity(64),
-        });
         let conn = Arc::new_cyclic(|me| ServerConnection {
-            write_side,
             peer,
             stream,
             partitions,
@@ -283,7 +264,7 @@ impl ServerConnection {
             .map_err(|e| FluviaError::io("starting a network thread", e))?;
         std::thread::Builder::new()
             .name(format!("net-server-write {peer}"))
-            .spawn(move || w.write_loop())
+            .spawn(move || w.write_loop(write_half))
             .map_err(|e| FluviaError::io("starting a network thread", e))?;
         Ok(conn)
     }
@@ -293,41 +274,6 @@ impl ServerConnection {
             st.available.push_back(receiver);
             self.work_hint
                 .store(st.available.len() as u64, Ordering::Release);
-            if st.writer_waiting {
-                self.wake.notify_one();
-            }
-        }
-    }
-
-    /// Queues `receiver` (it has data, or credit) and, if no thread is
-    /// sending, sends what is ready on this thread instead of waking the
-    /// writer: the data was just written or the credit just read here.
-    fn enqueue_and_send(&self, receiver: ReceiverId) {
-        let mut side = match self.write_side.try_lock() {
-            Ok(side) => side,
-            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => {
-                // A sender is at work; it or the writer takes this one.
-                let mut st = lock_state(&self.state);
-                self.enqueue(&mut st, receiver);
-                return;
-            }
-        };
-        {
-            let mut st = lock_state(&self.state);
-            if st.readers.contains_key(&receiver) && st.queued.insert(receiver) {
-                st.available.push_back(receiver);
-                self.work_hint.store(
-                    (st.available.len() + st.control.len()) as u64,
-                    Ordering::Release,
-                );
-            }
-        }
-        let more = self.send_ready(&mut side, INLINE_SEND_LIMIT);
-        drop(side);
-        if more {
-            // Left to the writer.
-            let st = lock_state(&self.state);
             if st.writer_waiting {
                 self.wake.notify_one();
             }
@@ -458,18 +404,10 @@ impl ServerConnection {
                 true
             }
             Message::AddCredit { receiver, credit } => {
-                let known = {
-                    let mut st = lock_state(&self.state);
-                    match st.readers.get_mut(&receiver) {
-                        Some(r) => {
-                            r.credit = r.credit.saturating_add(credit);
-                            true
-                        }
-                        None => false,
-                    }
-                };
-                if known {
-                    self.enqueue_and_send(receiver);
+                let mut st = lock_state(&self.state);
+                if let Some(r) = st.readers.get_mut(&receiver) {
+                    r.credit = r.credit.saturating_add(credit);
+                    self.enqueue(&mut st, receiver);
                 }
                 true
             }
@@ -498,52 +436,41 @@ impl ServerConnection {
         }
     }
 
-    /// Waits until something may be ready to send; false once the
-    /// connection is closed.
-    fn wait_for_work(&self) -> bool {
+    /// Takes the next thing to send, waiting if there is none; `None` when
+    /// the connection is closed. `idle` is called (unlocked) before waiting.
+    fn next_outgoing(&self, idle: &mut dyn FnMut()) -> Result<Option<Outgoing>> {
         let mut st = lock_state(&self.state);
         loop {
             if st.closed {
-                return false;
-            }
-            if !st.available.is_empty() || !st.control.is_empty() {
-                return true;
-            }
-            drop(st);
-            // Data or credit usually arrives within a few yields; a
-            // blocked writer costs the waker a system call.
-            for _ in 0..crate::gate::SPINS_BEFORE_BLOCKING {
-                std::thread::yield_now();
-                if self.work_hint.load(Ordering::Acquire) > 0 {
-                    break;
-                }
-            }
-            st = lock_state(&self.state);
-            if st.available.is_empty() && st.control.is_empty() && !st.closed {
-                st.writer_waiting = true;
-                st = self.wake.wait(st).unwrap_or_else(|e| e.into_inner());
-                st.writer_waiting = false;
-            }
-        }
-    }
-
-    /// Takes the next element to send, if one is ready. Called only with
-    /// the write side held, so that elements go out in the order taken.
-    fn pop_outgoing(&self) -> Option<Outgoing> {
-        let mut st = lock_state(&self.state);
-        loop {
-            if st.closed {
-                return None;
+                return Ok(None);
             }
             if let Some(m) = st.control.pop_front() {
-                return Some(Outgoing::Control(m));
+                return Ok(Some(Outgoing::Control(m)));
             }
             let popped = st.available.pop_front();
             self.work_hint.store(
                 (st.available.len() + st.control.len()) as u64,
                 Ordering::Release,
             );
-            let receiver = popped?;
+            let Some(receiver) = popped else {
+                drop(st);
+                idle();
+                // Data or credit usually arrives within a few yields; a
+                // blocked writer costs the waker a system call.
+                for _ in 0..crate::gate::SPINS_BEFORE_BLOCKING {
+                    std::thread::yield_now();
+                    if self.work_hint.load(Ordering::Acquire) > 0 {
+                        break;
+                    }
+                }
+                st = lock_state(&self.state);
+                if st.available.is_empty() && st.control.is_empty() && !st.closed {
+                    st.writer_waiting = true;
+                    st = self.wake.wait(st).unwrap_or_else(|e| e.into_inner());
+                    st.writer_waiting = false;
+                }
+                continue;
+            };
             st.queued.remove(&receiver);
             let Some(reader) = st.readers.get_mut(&receiver) else {
                 continue;
@@ -562,10 +489,10 @@ impl ServerConnection {
                     // connection's other channels go on.
                     let partition = reader.partition;
                     st.readers.remove(&receiver);
-                    return Some(Outgoing::Control(Message::ErrorResponse {
+                    return Ok(Some(Outgoing::Control(Message::ErrorResponse {
                         receiver: Some(receiver),
                         message: format!("reading partition {partition}: {e}"),
-                    }));
+                    })));
                 }
             };
             let sequence = reader.sequence;
@@ -579,14 +506,8 @@ impl ServerConnection {
                         NextKind::Data => reader.credit > 0,
                         NextKind::Nothing => false,
                     };
-                    if resend && st.queued.insert(receiver) {
-                        // The thread sending now goes on with it, or
-                        // wakes the writer when it stops.
-                        st.available.push_back(receiver);
-                        self.work_hint.store(
-                            (st.available.len() + st.control.len()) as u64,
-                            Ordering::Release,
-                        );
+                    if resend {
+                        self.enqueue(&mut st, receiver);
                     }
                     Outgoing::Data {
                         receiver,
@@ -607,113 +528,119 @@ impl ServerConnection {
                     }
                 }
             };
-            return Some(out);
+            return Ok(Some(out));
         }
     }
 
-    /// Sends up to `limit` ready elements and flushes; true if more are
-    /// ready. A failed write closes the connection.
-    fn send_ready(&self, side: &mut WriteSide, limit: usize) -> bool {
-        for _ in 0..limit {
-            let Some(next) = self.pop_outgoing() else {
-                self.flush_side(side);
-                return false;
+    fn write_loop(self: Arc<Self>, stream: TcpStream) {
+        let mut w = std::io::BufWriter::with_capacity(256 * 1024, stream);
+        let mut header = Vec::with_capacity(64);
+        let mut flush_error: Option<std::io::Error> = None;
+        loop {
+            let mut idle = || {
+                if let Err(e) = w.flush() {
+                    flush_error.get_or_insert(e);
+                }
             };
-            if let Err(e) = self.write_one(side, next) {
-                tracing::debug!("data connection to {} closed: {e}", self.peer);
+            let next = match self.next_outgoing(&mut idle) {
+                Ok(Some(n)) => n,
+                Ok(None) => {
+                    let _ = w.flush();
+                    return;
+                }
+                Err(e) => {
+                    tracing::error!("reading a partition for {} failed: {e}", self.peer);
+                    header.clear();
+                    encode(
+                        &Message::ErrorResponse {
+                            receiver: None,
+                            message: e.to_string(),
+                        },
+                        &mut header,
+                    );
+                    let _ = w.write_all(&header).and_then(|_| w.flush());
+                    self.close();
+                    return;
+                }
+            };
+            if flush_error.is_some() {
                 self.close();
-                return false;
+                return;
             }
-        }
-        self.flush_side(side) && self.work_hint.load(Ordering::Acquire) > 0
-    }
-
-    fn flush_side(&self, side: &mut WriteSide) -> bool {
-        match side.w.flush() {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::debug!("data connection to {} closed: {e}", self.peer);
-                self.close();
-                false
-            }
-        }
-    }
-
-    fn write_one(&self, side: &mut WriteSide, next: Outgoing) -> std::io::Result<()> {
-        let WriteSide { w, header } = side;
-        header.clear();
-        match next {
-            Outgoing::Data {
-                receiver,
-                subpartition,
-                sequence,
-                backlog,
-                buffer,
-            } => {
-                let compressed = if self.config.compression {
-                    let c = super::compress(buffer.as_slice());
-                    (c.len() < buffer.len()).then_some(c)
-                } else {
-                    None
-                };
-                let payload: &[u8] = compressed.as_deref().unwrap_or(buffer.as_slice());
-                encode_buffer_response_header(
-                    header,
+            header.clear();
+            let result = match next {
+                Outgoing::Data {
                     receiver,
                     subpartition,
                     sequence,
                     backlog,
-                    DataType::Data,
-                    compressed.is_some(),
-                    payload.len(),
-                );
-                self.metrics.buffers_sent.fetch_add(1, Ordering::Relaxed);
-                self.metrics
-                    .bytes_sent
-                    .fetch_add(payload.len() as u64, Ordering::Relaxed);
-                // Control frames buffered before this one go first.
-                if !w.buffer().is_empty() {
-                    w.flush()?;
+                    buffer,
+                } => {
+                    let compressed = if self.config.compression {
+                        let c = super::compress(buffer.as_slice());
+                        (c.len() < buffer.len()).then_some(c)
+                    } else {
+                        None
+                    };
+                    let payload: &[u8] = compressed.as_deref().unwrap_or(buffer.as_slice());
+                    encode_buffer_response_header(
+                        &mut header,
+                        receiver,
+                        subpartition,
+                        sequence,
+                        backlog,
+                        DataType::Data,
+                        compressed.is_some(),
+                        payload.len(),
+                    );
+                    self.metrics.buffers_sent.fetch_add(1, Ordering::Relaxed);
+                    self.metrics
+                        .bytes_sent
+                        .fetch_add(payload.len() as u64, Ordering::Relaxed);
+                    // Control frames buffered before this one go first.
+                    let flushed = if w.buffer().is_empty() {
+                        Ok(())
+                    } else {
+                        w.flush()
+                    };
+                    flushed.and_then(|_| {
+                        super::write_all_vectored(
+                            w.get_mut(),
+                            &mut [
+                                std::io::IoSlice::new(&header),
+                                std::io::IoSlice::new(payload),
+                            ],
+                        )
+                    })
+                    // `buffer` drops here: the segment returns to its producer.
                 }
-                super::write_all_vectored(
-                    w.get_mut(),
-                    &mut [
-                        std::io::IoSlice::new(header),
-                        std::io::IoSlice::new(payload),
-                    ],
-                )
-                // `buffer` drops here: the segment returns to its producer.
-            }
-            Outgoing::End {
-                receiver,
-                subpartition,
-                sequence,
-            } => {
-                encode_buffer_response_header(
-                    header,
+                Outgoing::End {
                     receiver,
                     subpartition,
                     sequence,
-                    0,
-                    DataType::EndOfPartition,
-                    false,
-                    0,
-                );
-                w.write_all(header)
-            }
-            Outgoing::Control(m) => {
-                encode(&m, header);
-                w.write_all(header)
+                } => {
+                    encode_buffer_response_header(
+                        &mut header,
+                        receiver,
+                        subpartition,
+                        sequence,
+                        0,
+                        DataType::EndOfPartition,
+                        false,
+                        0,
+                    );
+                    w.write_all(&header)
+                }
+                Outgoing::Control(m) => {
+                    encode(&m, &mut header);
+                    w.write_all(&header)
+                }
+            };
+            if let Err(e) = result {
+                tracing::debug!("data connection to {} closed: {e}", self.peer);
+                self.close();
+                return;
             }
         }
-    }
-
-    /// The writer thread: sends whatever no other thread sends.
-    fn write_loop(self: Arc<Self>) {
-        while self.wait_for_work() {
-            let mut side = lock_state(&self.write_side);
-            while self.send_ready(&mut side, usize::MAX) {}
-        }
-        let _ = lock_state(&self.write_side).w.flush();
     }
 }
