@@ -212,6 +212,7 @@ pub fn run_with(
     };
     let (graph, registry) = job.build()?;
     fluvia_runtime::validate_job(&graph, &registry)?;
+    let planned_in = started.elapsed();
     let mut progress = crate::progress::Progress::new(name);
     let active = progress.active();
     let mut watch = |s: &JobStatus| progress.update(s);
@@ -259,8 +260,16 @@ pub fn run_with(
             status: Some(status),
         });
     }
+    let ran_in = started.elapsed();
     let batches = fluvia_sql::job::read_result(Path::new(&job.result_path))?;
     let schema = planned.physical.schema();
+    // Where a statement's fixed cost goes (`RUST_LOG=fluvia_cli=debug`).
+    tracing::debug!(
+        "{name}: job planned at {:.1} ms, finished at {:.1} ms, result read at {:.1} ms",
+        planned_in.as_secs_f64() * 1e3,
+        ran_in.as_secs_f64() * 1e3,
+        started.elapsed().as_secs_f64() * 1e3
+    );
     Ok(QueryRun {
         batches,
         schema,

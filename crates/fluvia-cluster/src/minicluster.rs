@@ -86,7 +86,9 @@ pub async fn run_job_watching(
         options::TMP_DIRS.key,
         spill.path().to_string_lossy().to_string(),
     );
+    let began = std::time::Instant::now();
     let jm = crate::jobmanager::start(c.clone()).await?;
+    let jm_started = began.elapsed();
     let address = jm.rpc_address.to_string();
     let mut tms = Vec::new();
     let mut started = Ok(());
@@ -99,6 +101,7 @@ pub async fn run_job_watching(
             }
         }
     }
+    let tms_started = began.elapsed();
     let outcome = match started {
         Err(e) => Err(e),
         Ok(()) => {
@@ -113,9 +116,17 @@ pub async fn run_job_watching(
             .await
         }
     };
+    let ran = began.elapsed();
     for tm in &tms {
         tm.shutdown();
     }
     jm.abort();
+    tracing::debug!(
+        "mini-cluster: JobManager up at {:.1} ms, TaskManagers at {:.1} ms, job done at {:.1} ms, shut down at {:.1} ms",
+        jm_started.as_secs_f64() * 1e3,
+        tms_started.as_secs_f64() * 1e3,
+        ran.as_secs_f64() * 1e3,
+        began.elapsed().as_secs_f64() * 1e3
+    );
     outcome
 }

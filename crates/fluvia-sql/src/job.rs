@@ -213,10 +213,12 @@ pub fn cut_policy(config: &Configuration) -> Result<CutPolicy> {
 /// Plans `req.sql` into a job. Errors in the query come back as
 /// [`QueryError`] inside `FluviaError::Plan`.
 pub fn plan(req: &PlanRequest) -> std::result::Result<PlannedQuery, PlanError> {
+    let started = std::time::Instant::now();
     let rt = planning_runtime()?;
     let options = datafusion_options(req.parallelism, &req.config)?;
     let ctx = planning_context(&options)?;
     rt.block_on(req.catalog.register(&ctx))?;
+    let registered = started.elapsed();
     let physical = rt
         .block_on(async {
             let df = ctx.sql(&req.sql).await?;
@@ -227,6 +229,7 @@ pub fn plan(req: &PlanRequest) -> std::result::Result<PlannedQuery, PlanError> {
             df.create_physical_plan().await
         })
         .map_err(|e| PlanError::Query(QueryError(e.to_string())))?;
+    let planned = started.elapsed();
     let policy = cut_policy(&req.config)?;
     let filtered_build_in_task = req.config.get(&options::FILTERED_BUILD_IN_TASK)?;
     let mut stage_plan = split::split(Arc::clone(&physical), policy, filtered_build_in_task)
@@ -272,6 +275,13 @@ pub fn plan(req: &PlanRequest) -> std::result::Result<PlannedQuery, PlanError> {
             schema: schema.encode_to_vec(),
         });
     }
+    tracing::debug!(
+        "{}: tables registered at {:.1} ms, physical plan at {:.1} ms, stages encoded at {:.1} ms",
+        req.name,
+        registered.as_secs_f64() * 1e3,
+        planned.as_secs_f64() * 1e3,
+        started.elapsed().as_secs_f64() * 1e3
+    );
     let config = req
         .config
         .iter()
@@ -1224,14 +1234,23 @@ pub fn run_in_datafusion(
     // DataFusion alone reads CSV with its own reader.
     let config =
         session_config(&options)?.with_extension(Arc::new(crate::csv_scan::CsvReader::DataFusion));
+    let started = std::time::Instant::now();
     let ctx = SessionContext::new_with_config(config);
     rt.block_on(catalog.register(&ctx))?;
+    let registered = started.elapsed();
     rt.block_on(async {
         let df = ctx.sql(sql).await?;
         let schema = Arc::new(df.schema().as_arrow().clone());
         let task_ctx = Arc::new(df.task_ctx());
         let plan = df.create_physical_plan().await?;
+        let planned = started.elapsed();
         let batches = datafusion::physical_plan::collect(Arc::clone(&plan), task_ctx).await?;
+        tracing::debug!(
+            "DataFusion: tables registered at {:.1} ms, physical plan at {:.1} ms, executed at {:.1} ms",
+            registered.as_secs_f64() * 1e3,
+            planned.as_secs_f64() * 1e3,
+            started.elapsed().as_secs_f64() * 1e3
+        );
         tracing::debug!(
             "DataFusion's plan:\n{}",
             datafusion::physical_plan::display::DisplayableExecutionPlan::with_metrics(
