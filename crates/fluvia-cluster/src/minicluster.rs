@@ -36,6 +36,10 @@ pub async fn run_job_until(
     run_job_watching(config, catalog, program, graph, cancel, None).await
 }
 
+/// How long an embedded run waits, after its job ended, for the
+/// TaskManagers' cancelled tasks to stop.
+const TASK_STOP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// [`run_job_until`], showing `watch` the job's status while it runs.
 pub async fn run_job_watching(
     config: &Configuration,
@@ -121,6 +125,14 @@ pub async fn run_job_watching(
         tm.shutdown();
     }
     jm.abort();
+    // A job that failed or was cancelled ends before its other tasks have
+    // stopped; they remove what they staged as they stop. The caller sees
+    // the output as the job left it once they have (bounded: a task that
+    // ignores cancellation does not hold the caller forever).
+    let deadline = std::time::Instant::now() + TASK_STOP_TIMEOUT;
+    while tms.iter().any(|tm| tm.task_threads() > 0) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
     tracing::debug!(
         "mini-cluster: JobManager up at {:.1} ms, TaskManagers at {:.1} ms, job done at {:.1} ms, shut down at {:.1} ms",
         jm_started.as_secs_f64() * 1e3,

@@ -85,6 +85,8 @@ struct Shared {
     released: Mutex<std::collections::HashSet<String>>,
     flush_epoch: Arc<AtomicU64>,
     stopped: AtomicBool,
+    /// Task threads alive (running, or cleaning up after cancellation).
+    task_threads: Arc<std::sync::atomic::AtomicUsize>,
     /// Where this TaskManager's jobs spill, one directory per job.
     workdir: crate::workdir::WorkDir,
     internal_shuffle: InternalShuffleEnvironment,
@@ -286,9 +288,11 @@ impl Shared {
         };
         let running = update("RUNNING");
         let mut last = update("FINISHED");
+        let alive = TaskThread::start(&self.task_threads);
         let spawned = std::thread::Builder::new()
             .name(name.clone())
             .spawn(move || {
+                let _alive = alive;
                 tracing::info!("task {name} attempt {} started", desc.attempt);
                 // RUNNING is a hint (the scheduler also learns it from
                 // heartbeats): sent without waiting.
@@ -665,7 +669,30 @@ pub struct TaskManagerHandle {
     task: tokio::task::JoinHandle<Result<()>>,
 }
 
+/// Counts a task thread as alive until it ends (also if it panics, and if
+/// it never started: the guard drops with the closure).
+struct TaskThread(Arc<std::sync::atomic::AtomicUsize>);
+
+impl TaskThread {
+    fn start(count: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::AcqRel);
+        TaskThread(Arc::clone(count))
+    }
+}
+
+impl Drop for TaskThread {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 impl TaskManagerHandle {
+    /// Task threads still alive: a cancelled task removes the files it
+    /// staged (in-progress part files) before its thread ends.
+    pub fn task_threads(&self) -> usize {
+        self.shared.task_threads.load(Ordering::Acquire)
+    }
+
     /// Cancels every attempt it runs, closes its network and stops it.
     pub fn shutdown(&self) {
         self.shared.stopped.store(true, Ordering::Release);
@@ -785,6 +812,7 @@ async fn run_inner(
         released: Mutex::new(std::collections::HashSet::new()),
         flush_epoch: Arc::new(AtomicU64::new(0)),
         stopped: AtomicBool::new(false),
+        task_threads: Arc::default(),
         workdir: crate::workdir::WorkDir::claim(&crate::workdir::tmp_base(&config)?, "tm", &id)?,
         internal_shuffle: InternalShuffleEnvironment::new(Arc::clone(&env)),
         external_shuffle: ExternalShuffleEnvironment::new(
