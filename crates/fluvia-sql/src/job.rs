@@ -1217,6 +1217,8 @@ pub fn run_in_datafusion(
     config: &Configuration,
 ) -> std::result::Result<(SchemaRef, Vec<datafusion::arrow::record_batch::RecordBatch>), PlanError>
 {
+    // Timed from the same point as `plan`: its runtime's start included.
+    let started = std::time::Instant::now();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(parallelism.max(1))
         .enable_all()
@@ -1234,7 +1236,6 @@ pub fn run_in_datafusion(
     // DataFusion alone reads CSV with its own reader.
     let config =
         session_config(&options)?.with_extension(Arc::new(crate::csv_scan::CsvReader::DataFusion));
-    let started = std::time::Instant::now();
     let ctx = SessionContext::new_with_config(config);
     rt.block_on(catalog.register(&ctx))?;
     let registered = started.elapsed();
