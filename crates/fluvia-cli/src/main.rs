@@ -709,6 +709,11 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        // By default a log line that cannot be written is reported with
+        // `eprintln!`, which panics when stderr is a closed pipe (`2>&1 |
+        // head`); a panic on a task or JobManager thread would leave the job
+        // waiting for an answer that never comes. Lost log lines are fine.
+        .log_internal_errors(false)
         .init();
     let cli = Cli::parse();
     let outcome = match cli.command {

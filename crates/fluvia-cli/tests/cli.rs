@@ -176,3 +176,39 @@ fn pipeline_reports_throughput() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("Running Count: 100000 records"), "{stderr}");
 }
+
+#[test]
+fn a_closed_stderr_does_not_stop_a_job() {
+    use std::io::Read;
+    use std::process::Stdio;
+    // Logging on every thread (JobManager, TaskManager, tasks) into a pipe
+    // nobody reads any more, as `fluvia sql ... 2>&1 | head -1` leaves it.
+    let mut child = fluvia()
+        .args(["sql", "-p", "2", "-e", "SELECT 40 + 2 AS answer"])
+        .env("RUST_LOG", "debug")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stderr.take());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the job did not end within 120 s with stderr closed");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let mut stdout = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .unwrap();
+    assert!(status.success(), "{status}: {stdout}");
+    assert!(stdout.contains("42"), "{stdout}");
+}
