@@ -80,7 +80,9 @@ fn measure(dir: &Path, a: &Args, strategy: &str) -> Result<Outcome> {
         "table.optimizer.skewed-join-optimization.skewed-threshold",
         "1mb",
     );
-    let settings = SqlSettings::new(dir.to_path_buf(), TableFormat::Csv, None, config)?;
+    let mut settings = SqlSettings::new(dir.to_path_buf(), TableFormat::Csv, None, config)?;
+    // The join's subtasks' times come from the job's details.
+    settings.job_details = true;
     let r = match run(&settings, QUERY, "skewed join", &Target::Embedded) {
         Ok(r) => r,
         Err(e) => bail!("{e}"),

@@ -198,6 +198,7 @@ pub fn run_suite(a: Args) -> Result<()> {
             parallelism: a.parallelism,
             adaptive: false,
             config,
+            job_details: false,
         }
     };
     let (on, off) = (settings(true, true), settings(false, true));

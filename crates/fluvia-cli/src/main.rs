@@ -266,6 +266,7 @@ fn run_embedded(example: Example) -> Result<()> {
         &graph,
         std::future::pending(),
         progress_watch(&mut watch, active),
+        true,
     ))??;
     progress.finish();
     report(&status, &graph, Some(&example))

@@ -64,6 +64,12 @@ pub struct SqlSettings {
     /// only what the scans are planned with.
     pub adaptive: bool,
     pub config: Configuration,
+    /// Whether a run's status carries the job's details (`details_json`:
+    /// every vertex and subtask, as the REST API shows them). Off by
+    /// default: the JobManager writes them in milliseconds a small
+    /// statement would wait for, and the exchanged bytes come from the
+    /// subtasks' results.
+    pub job_details: bool,
 }
 
 impl SqlSettings {
@@ -93,6 +99,7 @@ impl SqlSettings {
             parallelism,
             adaptive,
             config,
+            job_details: false,
         })
     }
 }
@@ -224,11 +231,13 @@ pub fn run_with(
             &graph,
             cancel.cancelled(),
             progress_watch(&mut watch, active),
+            s.job_details,
         ))??,
         Target::Cluster(jm) => {
             let secret = cluster_config::cluster_secret(&graph.config)?;
             block_on(async {
                 let mut client = ClusterClient::connect(jm, secret).await?;
+                client.set_details(s.job_details);
                 let id = client
                     .submit(&spec, &graph, &crate::catalog::ExampleCatalog.fingerprint())
                     .await?;
@@ -301,22 +310,29 @@ pub fn rows_written(status: &JobStatus) -> u64 {
 }
 
 /// Bytes and batches sent over each network edge, from a finished job's
-/// status: `(producer, consumer, ship strategy, bytes, batches)`.
+/// status (the winning attempts' reports): `(producer, consumer, ship
+/// strategy, bytes, batches)`.
 pub fn edge_stats(graph: &JobGraph, status: &JobStatus) -> Vec<(String, String, String, u64, u64)> {
-    let details: serde_json::Value = serde_json::from_str(&status.details_json).unwrap_or_default();
+    let mut written = vec![(0u64, 0u64); graph.vertices.len()];
+    for r in &status.results {
+        if let (Some(w), Some(m)) = (written.get_mut(r.vertex_index as usize), &r.metrics) {
+            w.0 += m.bytes_out;
+            w.1 += m.records_out;
+        }
+    }
     let mut out = Vec::new();
     for consumer in &graph.vertices {
         for e in &consumer.inputs {
             let Some(pi) = graph.vertex_index(e.source_vertex) else {
                 continue;
             };
-            let m = &details["vertices"][pi]["metrics"];
+            let (bytes, batches) = written[pi];
             out.push((
                 graph.vertices[pi].name.clone(),
                 consumer.name.clone(),
                 e.ship_strategy_name().to_string(),
-                m["write-bytes"].as_u64().unwrap_or(0),
-                m["write-records"].as_u64().unwrap_or(0),
+                bytes,
+                batches,
             ));
         }
     }

@@ -18,6 +18,8 @@ pub struct ClusterClient {
     address: String,
     /// The JobManager's REST address, learned when submitting.
     rest_address: Option<String>,
+    /// Whether a job's status comes with its details (every vertex's JSON).
+    details: bool,
 }
 
 fn rpc_error(address: &str, e: tonic::Status) -> FluviaError {
@@ -47,7 +49,16 @@ impl ClusterClient {
             secret,
             address: address.to_string(),
             rest_address: None,
+            details: true,
         })
+    }
+
+    /// With `false`, the statuses this client reads leave `details_json`
+    /// empty unless a watcher is shown them: a caller that only needs the
+    /// end (and the subtasks' results) does not wait for the JobManager to
+    /// write the JSON of every vertex.
+    pub fn set_details(&mut self, details: bool) {
+        self.details = details;
     }
 
     /// Submits a job; it runs only on TaskManagers whose program
@@ -94,14 +105,21 @@ impl ClusterClient {
     }
 
     pub async fn status(&mut self, job_id: &str) -> Result<JobStatus> {
-        self.status_after(job_id, Duration::ZERO).await
+        self.status_after(job_id, Duration::ZERO, self.details)
+            .await
     }
 
     /// The job's status once it has ended, or after at most `wait`.
-    async fn status_after(&mut self, job_id: &str, wait: Duration) -> Result<JobStatus> {
+    async fn status_after(
+        &mut self,
+        job_id: &str,
+        wait: Duration,
+        details: bool,
+    ) -> Result<JobStatus> {
         let req = JobRequest {
             job_id: job_id.into(),
             wait_ms: wait.as_millis() as u64,
+            omit_details: !details,
         };
         Ok(self
             .client
@@ -116,7 +134,9 @@ impl ClusterClient {
     /// so the end is seen within a round trip, not a polling interval.
     pub async fn wait(&mut self, job_id: &str) -> Result<JobStatus> {
         loop {
-            let s = self.status_after(job_id, Duration::from_secs(1)).await?;
+            let s = self
+                .status_after(job_id, Duration::from_secs(1), self.details)
+                .await?;
             if matches!(s.state.as_str(), "FINISHED" | "FAILED" | "CANCELED") {
                 return Ok(s);
             }
@@ -146,10 +166,12 @@ impl ClusterClient {
         } else {
             Duration::from_secs(1)
         };
+        // A progress display reads the details of every status it is shown.
+        let details = self.details || watch.is_some();
         tokio::pin!(cancel);
         loop {
             let s = tokio::select! {
-                s = self.status_after(job_id, poll) => s?,
+                s = self.status_after(job_id, poll, details) => s?,
                 () = &mut cancel => break,
             };
             if matches!(s.state.as_str(), "FINISHED" | "FAILED" | "CANCELED") {
@@ -178,7 +200,7 @@ impl ClusterClient {
     pub async fn cancel(&mut self, job_id: &str) -> Result<()> {
         let req = JobRequest {
             job_id: job_id.into(),
-            wait_ms: 0,
+            ..Default::default()
         };
         self.client
             .cancel_job(security::authorize(req, &self.secret))

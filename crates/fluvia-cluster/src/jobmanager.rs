@@ -233,7 +233,7 @@ impl JmShared {
                 Action::ReleaseShuffleJob { service, job } => {
                     let req = JobRequest {
                         job_id: job.to_string(),
-                        wait_ms: 0,
+                        ..Default::default()
                     };
                     if let Some(c) = st.shuffle_services.get(&service) {
                         let (mut c, req) = (c.clone(), security::authorize(req, &self.secret));
@@ -363,7 +363,7 @@ impl JmShared {
                         let req = security::authorize(
                             JobRequest {
                                 job_id: job,
-                                wait_ms: 0,
+                                ..Default::default()
                             },
                             secret,
                         );
@@ -447,7 +447,9 @@ impl JmShared {
         crate::details::View::new(st, meta, job, now_millis(), self.clock().as_millis() as u64)
     }
 
-    fn status_of(&self, st: &JmState, meta: &JobMeta, job: &Job) -> JobStatus {
+    /// The job's status; with `details`, the JSON of every vertex too (a
+    /// few milliseconds for a job of twenty tasks: only on request).
+    fn status_of(&self, st: &JmState, meta: &JobMeta, job: &Job, details: bool) -> JobStatus {
         let mut results = Vec::new();
         if job.state == JobState::Finished {
             for (v, ejv) in job.eg.vertices.iter().enumerate() {
@@ -468,7 +470,11 @@ impl JmShared {
             name: job.graph.name.clone(),
             state: job.state.name().into(),
             error: job.failure_cause.clone().unwrap_or_default(),
-            details_json: self.job_details(st, meta, job).to_string(),
+            details_json: if details {
+                self.job_details(st, meta, job).to_string()
+            } else {
+                String::new()
+            },
             results,
         }
     }
@@ -780,7 +786,10 @@ impl JobManager for JmService {
                     return Err(Status::not_found(format!("no job {id}")));
                 };
                 if job.state.is_terminal() || tokio::time::Instant::now() >= deadline {
-                    return Ok(Response::new(self.shared.status_of(&st, meta, job)));
+                    let details = !req.omit_details;
+                    return Ok(Response::new(
+                        self.shared.status_of(&st, meta, job, details),
+                    ));
                 }
             }
             // The timeout only bounds a missed signal; ends are signalled.

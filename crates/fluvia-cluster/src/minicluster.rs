@@ -33,14 +33,16 @@ pub async fn run_job_until(
     graph: &JobGraph,
     cancel: impl std::future::Future<Output = ()>,
 ) -> Result<JobStatus> {
-    run_job_watching(config, catalog, program, graph, cancel, None).await
+    run_job_watching(config, catalog, program, graph, cancel, None, true).await
 }
 
 /// How long an embedded run waits, after its job ended, for the
 /// TaskManagers' cancelled tasks to stop.
 const TASK_STOP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// [`run_job_until`], showing `watch` the job's status while it runs.
+/// [`run_job_until`], showing `watch` the job's status while it runs;
+/// without `details` the final status has no `details_json` (see
+/// [`ClusterClient::set_details`]).
 pub async fn run_job_watching(
     config: &Configuration,
     catalog: Arc<dyn ProgramCatalog>,
@@ -48,6 +50,7 @@ pub async fn run_job_watching(
     graph: &JobGraph,
     cancel: impl std::future::Future<Output = ()>,
     watch: Option<&mut (dyn FnMut(&JobStatus) + Send)>,
+    details: bool,
 ) -> Result<JobStatus> {
     let task_managers = config.get(&options::LOCAL_TASK_MANAGERS)?.max(1);
     let slots = graph.required_slots().max(1).div_ceil(task_managers);
@@ -112,6 +115,7 @@ pub async fn run_job_watching(
             async {
                 let secret = cfg::cluster_secret(&c)?;
                 let mut client = ClusterClient::connect(&address, secret).await?;
+                client.set_details(details);
                 let id = client
                     .submit(program, graph, &catalog.fingerprint())
                     .await?;

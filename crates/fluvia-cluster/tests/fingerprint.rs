@@ -82,6 +82,13 @@ async fn a_job_runs_only_where_its_program_is_and_fails_clearly_when_nowhere() {
         }
     }
 
+    // A client that only waits for the end can do without the details.
+    let mut bare = ClusterClient::connect(&address, None).await.unwrap();
+    bare.set_details(false);
+    let status = bare.status(&id).await.unwrap();
+    assert_eq!(status.state, "FAILED");
+    assert!(status.details_json.is_empty(), "{}", status.details_json);
+
     // A crafted graph is refused with the reason, not a panic.
     let mut bad = graph();
     bad.vertices[1].parallelism = 0;

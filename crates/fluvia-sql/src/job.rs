@@ -850,9 +850,11 @@ struct StageFactory {
     /// The stages this task runs (several: a reuse group).
     stages: Vec<usize>,
     schema: SchemaRef,
-    /// DataFusion's functions and runtime, built once per process and job:
-    /// building a session costs more than running a small fragment.
-    session: Arc<OnceLock<SessionState>>,
+    /// DataFusion's functions and runtime, built once per process and job
+    /// and shared by its tasks: building a session (or cloning one, with
+    /// its maps of every function) costs more than running a small
+    /// fragment.
+    session: Arc<OnceLock<Arc<SessionState>>>,
 }
 
 impl OperatorFactory for StageFactory {
@@ -860,15 +862,20 @@ impl OperatorFactory for StageFactory {
         let state = match self.session.get() {
             Some(s) => s,
             None => {
-                let state = SessionStateBuilder::new()
-                    .with_config(session_config(&self.job.options)?)
-                    .with_default_features()
-                    .build();
-                self.session.get_or_init(|| state)
+                // Tasks starting together wait for one build.
+                let config = session_config(&self.job.options)?;
+                self.session.get_or_init(|| {
+                    Arc::new(
+                        SessionStateBuilder::new()
+                            .with_config(config)
+                            .with_default_features()
+                            .build(),
+                    )
+                })
             }
         };
         Ok(OperatorInstance::Driver(Box::new(StageDriver {
-            state: state.clone(),
+            state: Arc::clone(state),
             job: Arc::clone(&self.job),
             stages: self.stages.clone(),
             subtask: ctx.subtask_index,
@@ -888,7 +895,7 @@ impl OperatorFactory for StageFactory {
 /// Runs partition `subtask` of one fragment (or of each fragment of a
 /// reuse group) on a current-thread runtime.
 struct StageDriver {
-    state: SessionState,
+    state: Arc<SessionState>,
     job: Arc<SqlJob>,
     stages: Vec<usize>,
     subtask: usize,
@@ -905,6 +912,7 @@ impl TaskDriver for StageDriver {
         counters: &Arc<IoCounters>,
         cancel: &CancelToken,
     ) -> Result<InputStats> {
+        let began = std::time::Instant::now();
         let node_inputs = self.job.task_inputs(&self.stages);
         let mut by_stage: BTreeMap<usize, Vec<InputChannelSpec>> = BTreeMap::new();
         for c in inputs {
@@ -941,8 +949,10 @@ impl TaskDriver for StageDriver {
             self.state.window_functions().clone(),
             Arc::clone(self.state.runtime_env()),
         ));
+        let context_at = began.elapsed();
         let rt = current_thread_runtime()?;
         let _enter = rt.enter();
+        let runtime_at = began.elapsed();
         let mut plans = Vec::with_capacity(self.stages.len());
         let mut outputs = Vec::with_capacity(self.stages.len());
         let mut task_ctx = task_ctx;
@@ -985,6 +995,7 @@ impl TaskDriver for StageDriver {
                 .collect::<std::result::Result<_, _>>()
                 .map_err(df_err)?;
         }
+        let plans_at = began.elapsed();
         let streams = plans
             .iter()
             .enumerate()
@@ -994,6 +1005,7 @@ impl TaskDriver for StageDriver {
             })
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(df_err)?;
+        let streams_at = began.elapsed();
         let mut batches = futures::stream::select_all(streams);
         while let Some((i, next)) = rt.block_on(batches.next()) {
             let batch = next.map_err(|e| {
@@ -1039,6 +1051,18 @@ impl TaskDriver for StageDriver {
         drop(batches);
         // Rows and time per operator, for `RUST_LOG=fluvia_sql=debug`.
         if tracing::enabled!(tracing::Level::DEBUG) {
+            let us = |d: std::time::Duration| d.as_micros();
+            tracing::debug!(
+                "stages {:?} subtask {}: context at {} µs, runtime at {} µs, plans at {} µs, \
+                 streams at {} µs, ran at {} µs",
+                self.stages,
+                self.subtask,
+                us(context_at),
+                us(runtime_at),
+                us(plans_at),
+                us(streams_at),
+                us(began.elapsed())
+            );
             for (plan, &stage) in plans.iter().zip(&self.stages) {
                 tracing::debug!(
                     "stage {stage} subtask {}:\n{}",
