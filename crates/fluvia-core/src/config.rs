@@ -198,6 +198,14 @@ pub mod options {
     };
 
     /// Fluvia's key.
+    pub const SMALL_BUILD_IN_TASK_MAX_SIZE: ConfigOption<u64> = ConfigOption {
+        key: "table.optimizer.small-build-side-in-task.max-size",
+        fallback_keys: &[],
+        default: 0,
+        description: "SQL, with multiple input on: a broadcast join's build side that is a plain scan pipeline over at most this many bytes of files is read inside the join's task by each of its subtasks instead of in a task of its own that broadcasts it; 0 never.",
+    };
+
+    /// Fluvia's key.
     pub const RELEASE_UNREAD_INPUTS: ConfigOption<bool> = ConfigOption {
         key: "table.exec.release-unread-inputs",
         fallback_keys: &[],
@@ -417,6 +425,11 @@ pub mod options {
                 FILTERED_BUILD_IN_TASK.description,
             ),
             (
+                SMALL_BUILD_IN_TASK_MAX_SIZE.key,
+                SMALL_BUILD_IN_TASK_MAX_SIZE.default.to_string(),
+                SMALL_BUILD_IN_TASK_MAX_SIZE.description,
+            ),
+            (
                 CSV_READER.key,
                 CSV_READER.default.to_string(),
                 CSV_READER.description,
@@ -546,6 +559,7 @@ pub mod options {
         config.get(&BROADCAST_THRESHOLD)?;
         config.get(&MULTIPLE_INPUT)?;
         config.get(&FILTERED_BUILD_IN_TASK)?;
+        config.get(&SMALL_BUILD_IN_TASK_MAX_SIZE)?;
         config.get(&BATCH_SHUFFLE_MODE)?;
         config.get(&CSV_READER)?;
         config.get(&REUSE_SOURCE)?;

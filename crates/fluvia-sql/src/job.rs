@@ -232,8 +232,14 @@ pub fn plan(req: &PlanRequest) -> std::result::Result<PlannedQuery, PlanError> {
     let planned = started.elapsed();
     let policy = cut_policy(&req.config)?;
     let filtered_build_in_task = req.config.get(&options::FILTERED_BUILD_IN_TASK)?;
-    let mut stage_plan = split::split(Arc::clone(&physical), policy, filtered_build_in_task)
-        .map_err(|e| PlanError::Query(QueryError(e.to_string())))?;
+    let small_build_bytes = req.config.get(&options::SMALL_BUILD_IN_TASK_MAX_SIZE)?;
+    let mut stage_plan = split::split(
+        Arc::clone(&physical),
+        policy,
+        filtered_build_in_task,
+        small_build_bytes,
+    )
+    .map_err(|e| PlanError::Query(QueryError(e.to_string())))?;
     if req.insert.is_some() {
         // Every subtask of the last fragment writes its own part file:
         // the sink runs beside it, chained.

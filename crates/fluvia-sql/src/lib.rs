@@ -16,6 +16,7 @@ pub mod codec;
 pub mod csv_errors;
 pub mod csv_scan;
 pub mod csv_stats;
+pub mod deferred;
 pub mod exchange;
 pub mod file_sink;
 pub mod ipc;

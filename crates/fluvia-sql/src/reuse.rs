@@ -129,7 +129,7 @@ fn columns_read(config: &FileScanConfig) -> Option<BTreeSet<usize>> {
 // ---------------------------------------------------------------- planning
 
 /// Bytes of files a scan reads (its byte ranges where it has them).
-fn scan_bytes(config: &FileScanConfig) -> u64 {
+pub(crate) fn scan_bytes(config: &FileScanConfig) -> u64 {
     config
         .file_groups
         .iter()

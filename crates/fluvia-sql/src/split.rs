@@ -135,6 +135,9 @@ struct Splitter {
     /// Keep a build side that carries runtime filters of the joins above it
     /// in their fragment (see [`split`]).
     filtered_build_in_task: bool,
+    /// Keep a build side that is a plain scan pipeline over at most this
+    /// many bytes of files in its join's fragment (0: never).
+    small_build_bytes: u64,
     /// Ids of the dynamic filters produced by the joins on the path from
     /// the current fragment's root to the node being visited.
     filters_above: Vec<u64>,
@@ -157,6 +160,18 @@ fn dynamic_filter_ids(plan: &Arc<dyn ExecutionPlan>) -> Vec<u64> {
         Ok(TreeNodeRecursion::Continue)
     });
     ids
+}
+
+/// Bytes of files the scans of `plan` read; None if a leaf is not a file
+/// scan.
+fn file_bytes(plan: &Arc<dyn ExecutionPlan>) -> Option<u64> {
+    let children = plan.children();
+    if children.is_empty() {
+        let ds = plan.downcast_ref::<DataSourceExec>()?;
+        let config = ds.data_source().downcast_ref::<FileScanConfig>()?;
+        return Some(crate::reuse::scan_bytes(config));
+    }
+    children.into_iter().map(file_bytes).sum()
 }
 
 /// Whether `plan` runs entirely in one task: no exchange and no join
@@ -232,9 +247,10 @@ impl Splitter {
             None => return false,
         };
         is_plain_pipeline(scan)
-            && dynamic_filter_ids(scan)
+            && (dynamic_filter_ids(scan)
                 .iter()
                 .any(|id| self.filters_above.contains(id))
+                || file_bytes(scan).is_some_and(|b| b <= self.small_build_bytes))
     }
 
     fn visit(&mut self, plan: Arc<dyn ExecutionPlan>) -> DfResult<Arc<dyn ExecutionPlan>> {
@@ -373,11 +389,13 @@ pub fn split(
     plan: Arc<dyn ExecutionPlan>,
     policy: CutPolicy,
     filtered_build_in_task: bool,
+    small_build_bytes: u64,
 ) -> DfResult<StagePlan> {
     let mut s = Splitter {
         stages: Vec::new(),
         policy,
         filtered_build_in_task,
+        small_build_bytes,
         filters_above: Vec::new(),
     };
     let root = s.visit(plan)?;
@@ -857,8 +875,12 @@ pub fn task_view(plan: &Arc<dyn ExecutionPlan>, p: usize) -> DfResult<Arc<dyn Ex
     if let Some(c) = plan.downcast_ref::<CoalescePartitionsExec>()
         && is_plain_pipeline(c.input())
     {
-        // A build side kept in its consumer's fragment: read whole here.
-        return Ok(Arc::clone(plan));
+        // A build side kept in its consumer's fragment: read whole here,
+        // once its join asks for it (the filters of the joins above are
+        // complete by then).
+        return Ok(Arc::new(crate::deferred::DeferredExec::new(Arc::clone(
+            plan,
+        ))));
     }
     let collect_left = is_collect_left(plan);
     let children = plan

@@ -1,0 +1,189 @@
+//! Starting an operator at the first poll of its stream instead of at
+//! `execute`.
+//!
+//! DataFusion builds a whole plan's streams at once: a hash join's `execute`
+//! executes its build side there and then, and a `CoalescePartitionsExec`
+//! spawns the reading of every input partition as soon as it is executed.
+//! A build side kept in its join's task is such a gather over a scan whose
+//! predicate holds the dynamic filters of the joins above it; spawned at
+//! `execute`, its scan opens its files as soon as the task first waits (for
+//! another build side), before those joins built their tables, and prunes
+//! nothing. Deferred, it starts when its join first asks for the build
+//! side: after every join above has built its table, as the join order
+//! promises. This module knows DataFusion only.
+
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::metrics::MetricsSet;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
+use futures::StreamExt;
+use std::fmt;
+use std::sync::Arc;
+
+/// Its input, executed at the first poll of its stream.
+#[derive(Debug)]
+pub struct DeferredExec {
+    input: Arc<dyn ExecutionPlan>,
+}
+
+impl DeferredExec {
+    pub fn new(input: Arc<dyn ExecutionPlan>) -> Self {
+        DeferredExec { input }
+    }
+}
+
+impl DisplayAs for DeferredExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "DeferredExec")
+    }
+}
+
+impl ExecutionPlan for DeferredExec {
+    fn name(&self) -> &str {
+        "DeferredExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.input.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+    ) -> DfResult<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        match children.pop() {
+            Some(input) if children.is_empty() => Ok(Arc::new(DeferredExec { input })),
+            _ => Err(DataFusionError::Internal(
+                "DeferredExec takes one child".into(),
+            )),
+        }
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        None
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        ctx: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        let input = Arc::clone(&self.input);
+        let schema = input.schema();
+        let stream = futures::stream::once(async move { input.execute(partition, ctx) })
+            .map(|started| match started {
+                Ok(s) => s.left_stream(),
+                Err(e) => futures::stream::once(async move { Err(e) }).right_stream(),
+            })
+            .flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::Int32Array;
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::arrow::record_batch::RecordBatch;
+    use datafusion::datasource::memory::MemorySourceConfig;
+    use datafusion::physical_expr::EquivalenceProperties;
+    use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+    use datafusion::physical_plan::common::collect;
+    use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+    use datafusion::physical_plan::{Partitioning, PlanProperties};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A one-partition leaf that counts its `execute` calls.
+    #[derive(Debug)]
+    struct Counting {
+        executed: Arc<AtomicUsize>,
+        inner: Arc<dyn ExecutionPlan>,
+        props: Arc<PlanProperties>,
+    }
+
+    impl DisplayAs for Counting {
+        fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+            write!(f, "Counting")
+        }
+    }
+
+    impl ExecutionPlan for Counting {
+        fn name(&self) -> &str {
+            "Counting"
+        }
+        fn properties(&self) -> &Arc<PlanProperties> {
+            &self.props
+        }
+        fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+            vec![]
+        }
+        fn apply_expressions(
+            &self,
+            _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+        ) -> DfResult<TreeNodeRecursion> {
+            Ok(TreeNodeRecursion::Continue)
+        }
+        fn with_new_children(
+            self: Arc<Self>,
+            _children: Vec<Arc<dyn ExecutionPlan>>,
+        ) -> DfResult<Arc<dyn ExecutionPlan>> {
+            Ok(self)
+        }
+        fn execute(
+            &self,
+            partition: usize,
+            ctx: Arc<TaskContext>,
+        ) -> DfResult<SendableRecordBatchStream> {
+            self.executed.fetch_add(1, Ordering::SeqCst);
+            self.inner.execute(partition, ctx)
+        }
+    }
+
+    #[test]
+    fn the_input_starts_at_the_first_poll_and_yields_all_rows() -> DfResult<()> {
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int32, false)]));
+        let batch = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![Arc::new(Int32Array::from(vec![1, 2, 3]))],
+        )?;
+        let memory = MemorySourceConfig::try_new_exec(&[vec![batch]], Arc::clone(&schema), None)?;
+        let executed = Arc::new(AtomicUsize::new(0));
+        let leaf: Arc<dyn ExecutionPlan> = Arc::new(Counting {
+            executed: Arc::clone(&executed),
+            inner: memory,
+            props: Arc::new(PlanProperties::new(
+                EquivalenceProperties::new(Arc::clone(&schema)),
+                Partitioning::UnknownPartitioning(1),
+                EmissionType::Incremental,
+                Boundedness::Bounded,
+            )),
+        });
+        let gather: Arc<dyn ExecutionPlan> = Arc::new(CoalescePartitionsExec::new(leaf));
+        let deferred = DeferredExec::new(gather);
+        let stream = deferred.execute(0, Arc::new(TaskContext::default()))?;
+        assert_eq!(executed.load(Ordering::SeqCst), 0, "executed before a poll");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        let batches = rt.block_on(collect(stream))?;
+        assert_eq!(executed.load(Ordering::SeqCst), 1);
+        let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+        assert_eq!(rows, 3);
+        Ok(())
+    }
+}
