@@ -875,9 +875,13 @@ pub fn task_view(plan: &Arc<dyn ExecutionPlan>, p: usize) -> DfResult<Arc<dyn Ex
     if let Some(c) = plan.downcast_ref::<CoalescePartitionsExec>()
         && is_plain_pipeline(c.input())
     {
-        // A build side kept in its consumer's fragment: read whole here,
-        // once its join asks for it (the filters of the joins above are
-        // complete by then).
+        // A build side kept in its consumer's fragment: read whole here.
+        // One that reads runtime filters of the joins above starts once its
+        // join asks for it, when those filters are complete; others start
+        // at once, beside the task's other inputs.
+        if dynamic_filter_ids(c.input()).is_empty() {
+            return Ok(Arc::clone(plan));
+        }
         return Ok(Arc::new(crate::deferred::DeferredExec::new(Arc::clone(
             plan,
         ))));
