@@ -385,6 +385,44 @@ fn small_build_sides_are_read_in_the_joins_task() {
     assert_eq!(rows_on, rows_off);
 }
 
+/// A left semi join whose rows only feed a GROUP BY is broadcast (its
+/// small build side to every subtask of the big probe side, which is then
+/// read where it is and not shuffled): a build row that two subtasks both
+/// matched is emitted twice and makes the same group. Counted instead of
+/// grouped, it stays partitioned. Both answer as one subtask does.
+#[test]
+fn a_semi_join_feeding_only_a_group_by_is_broadcast() {
+    const EXISTS: &str = "EXISTS (SELECT 1 FROM store_sales \
+        WHERE ss_item_sk = i_item_sk AND ss_quantity > 95)";
+    let grouped = format!("SELECT i_brand FROM item WHERE {EXISTS} GROUP BY i_brand");
+    let counted = format!("SELECT count(*) AS n FROM item WHERE {EXISTS}");
+    let tables = tpcds_data().to_string_lossy().to_string();
+    let run = |statement: &str, p: &str, extra: &[&str]| {
+        let mut a = vec!["--tables", &tables, "-p", p, "-e", statement];
+        a.extend(extra);
+        let o = sql(&a);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let mut lines: Vec<String> = String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(String::from)
+            .collect();
+        lines.sort();
+        lines
+    };
+    let plan = run(&grouped, "2", &["--explain"]).join("\n");
+    assert!(
+        plan.contains("HashJoin[LeftSemi, CollectLeft]") && plan.contains("BROADCAST"),
+        "{plan}"
+    );
+    let plan = run(&counted, "2", &["--explain"]).join("\n");
+    assert!(plan.contains("HashJoin[LeftSemi, Partitioned]"), "{plan}");
+    for statement in [&grouped, &counted] {
+        let two = run(statement, "2", &[]);
+        assert!(two.len() > 1, "{two:?}");
+        assert_eq!(two, run(statement, "1", &[]), "{statement}");
+    }
+}
+
 /// On CSV, Fluvia's reader takes the runtime filters of the joins above a
 /// scan and drops rows while it parses, so q72's `catalog_sales` is read in
 /// the task of the joins that filter it, as on Parquet; DataFusion's reader

@@ -723,6 +723,73 @@ fn broadcast_is_cheaper(hj: &HashJoinExec, parallelism: usize) -> bool {
     }
 }
 
+/// Whether a row of `plan`'s child counts only for whether it exists, not
+/// how often: under an aggregate without aggregate functions (a GROUP BY
+/// or DISTINCT, whose final phase merges equal groups of every subtask),
+/// through operators that keep or drop rows one by one.
+fn child_duplicates_vanish(plan: &Arc<dyn ExecutionPlan>, duplicates_vanish: bool) -> bool {
+    use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+    use datafusion::physical_plan::filter::FilterExec;
+    use datafusion::physical_plan::projection::ProjectionExec;
+    if let Some(a) = plan.downcast_ref::<AggregateExec>() {
+        return a.aggr_expr().is_empty()
+            && matches!(
+                a.mode(),
+                AggregateMode::Partial | AggregateMode::Single | AggregateMode::SinglePartitioned
+            );
+    }
+    duplicates_vanish && (plan.is::<ProjectionExec>() || plan.is::<FilterExec>())
+}
+
+/// [`BroadcastSafety`] below `plan`; `duplicates_vanish`: the rows `plan`
+/// emits count only for whether they exist.
+fn broadcast_safety(
+    plan: Arc<dyn ExecutionPlan>,
+    duplicates_vanish: bool,
+    parallelism: usize,
+    on_estimates: bool,
+) -> DfResult<Arc<dyn ExecutionPlan>> {
+    let below = child_duplicates_vanish(&plan, duplicates_vanish);
+    let children = plan
+        .children()
+        .into_iter()
+        .map(|c| broadcast_safety(Arc::clone(c), below, parallelism, on_estimates))
+        .collect::<DfResult<Vec<_>>>()?;
+    let node = replace_children_if_necessary(plan, children)?;
+    if let Some(hj) = node.downcast_ref::<HashJoinExec>() {
+        // A left semi join broadcast emits the build rows each subtask's
+        // probe rows matched: a build row once per subtask that matched
+        // it, which an aggregate of groups only merges into one.
+        let safe = broadcast_safe(hj.join_type())
+            || (duplicates_vanish && *hj.join_type() == JoinType::LeftSemi);
+        if *hj.partition_mode() == PartitionMode::Partitioned
+            && on_estimates
+            && safe
+            && broadcast_is_cheaper(hj, parallelism)
+        {
+            return hj
+                .builder()
+                .with_partition_mode(PartitionMode::CollectLeft)
+                .build_exec();
+        }
+        if *hj.partition_mode() == PartitionMode::CollectLeft && !safe {
+            return hj
+                .builder()
+                .with_partition_mode(PartitionMode::Partitioned)
+                .build_exec();
+        }
+    } else if let Some(nlj) = node.downcast_ref::<NestedLoopJoinExec>()
+        && !broadcast_safe(nlj.join_type())
+        && partitions(nlj.right()) > 1
+    {
+        let right: Arc<dyn ExecutionPlan> =
+            Arc::new(CoalescePartitionsExec::new(Arc::clone(nlj.right())));
+        let children = vec![Arc::clone(nlj.left()), right];
+        return replace_children_if_necessary(Arc::clone(&node), children);
+    }
+    Ok(node)
+}
+
 /// Chooses broadcast joins by cost and keeps them only where they are
 /// correct.
 ///
@@ -735,8 +802,11 @@ fn broadcast_is_cheaper(hj: &HashJoinExec, parallelism: usize) -> bool {
 /// build side and one "matched" bitmap. Distributed, every probe subtask
 /// has its own copy, so a join that emits build rows depending on whether
 /// any probe row matched (left, left semi/anti/mark, full) would emit them
-/// once per subtask. Such hash joins are planned partitioned instead; a
-/// nested-loop join of that kind gathers its probe side into one task.
+/// once per subtask. Such hash joins are planned partitioned instead,
+/// except a left semi join whose rows only feed an aggregate of groups
+/// (DataFusion's plan of `GROUP BY` over `EXISTS`/`IN`, as in TPC-DS q37
+/// and q82), where a row emitted twice makes the same group; a nested-loop
+/// join of that kind gathers its probe side into one task.
 /// Runs after DataFusion's join selection and before it enforces
 /// distributions, so the exchanges that follow are planned by DataFusion.
 #[derive(Debug, Default)]
@@ -759,48 +829,11 @@ impl PhysicalOptimizerRule for BroadcastSafety {
         plan: Arc<dyn ExecutionPlan>,
         config: &ConfigOptions,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        use datafusion::common::tree_node::{Transformed, TreeNode};
         let parallelism = config.execution.target_partitions;
         // A broadcast threshold of 0 (or RUNTIME_ONLY): nothing is broadcast
         // on estimates, by size or by cost.
         let on_estimates = config.optimizer.hash_join_single_partition_threshold > 0;
-        plan.transform_up(|node| {
-            if let Some(hj) = node.downcast_ref::<HashJoinExec>() {
-                if *hj.partition_mode() == PartitionMode::Partitioned
-                    && on_estimates
-                    && broadcast_safe(hj.join_type())
-                    && broadcast_is_cheaper(hj, parallelism)
-                {
-                    let rebuilt = hj
-                        .builder()
-                        .with_partition_mode(PartitionMode::CollectLeft)
-                        .build_exec()?;
-                    return Ok(Transformed::yes(rebuilt));
-                }
-                if *hj.partition_mode() == PartitionMode::CollectLeft
-                    && !broadcast_safe(hj.join_type())
-                {
-                    let rebuilt = hj
-                        .builder()
-                        .with_partition_mode(PartitionMode::Partitioned)
-                        .build_exec()?;
-                    return Ok(Transformed::yes(rebuilt));
-                }
-            } else if let Some(nlj) = node.downcast_ref::<NestedLoopJoinExec>()
-                && !broadcast_safe(nlj.join_type())
-                && partitions(nlj.right()) > 1
-            {
-                let right: Arc<dyn ExecutionPlan> =
-                    Arc::new(CoalescePartitionsExec::new(Arc::clone(nlj.right())));
-                let children = vec![Arc::clone(nlj.left()), right];
-                return Ok(Transformed::yes(replace_children_if_necessary(
-                    Arc::clone(&node),
-                    children,
-                )?));
-            }
-            Ok(Transformed::no(node))
-        })
-        .map(|t| t.data)
+        broadcast_safety(plan, false, parallelism, on_estimates)
     }
 
     fn name(&self) -> &str {
