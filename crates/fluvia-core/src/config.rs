@@ -214,6 +214,14 @@ pub mod options {
     };
 
     /// Fluvia's key.
+    pub const END_JOIN_ON_EMPTY_PROBE: ConfigOption<bool> = ConfigOption {
+        key: "table.exec.hash-join.end-on-empty-probe",
+        fallback_keys: &[],
+        default: true,
+        description: "SQL: a hash join whose output an empty probe side empties (inner, right, semi, right anti) polls its probe side while it collects its build side and ends as soon as the probe side ends without a row, without waiting for the build side; its task then ends and releases its inputs. Not for a probe side whose scans read runtime filters of this join or a join above it. false always collects the build side first.",
+    };
+
+    /// Fluvia's key.
     pub const CLUSTER_BUILD_SIDE: ConfigOption<bool> = ConfigOption {
         key: "table.exec.hash-join.cluster-build-side",
         fallback_keys: &[],
@@ -450,6 +458,11 @@ pub mod options {
                 RELEASE_UNREAD_INPUTS.description,
             ),
             (
+                END_JOIN_ON_EMPTY_PROBE.key,
+                END_JOIN_ON_EMPTY_PROBE.default.to_string(),
+                END_JOIN_ON_EMPTY_PROBE.description,
+            ),
+            (
                 CLUSTER_BUILD_SIDE.key,
                 CLUSTER_BUILD_SIDE.default.to_string(),
                 CLUSTER_BUILD_SIDE.description,
@@ -565,6 +578,7 @@ pub mod options {
         config.get(&REUSE_SOURCE)?;
         config.get(&BUFFER_REQUEST_TIMEOUT)?;
         config.get(&RELEASE_UNREAD_INPUTS)?;
+        config.get(&END_JOIN_ON_EMPTY_PROBE)?;
         config.get(&REUSE_SOURCE_MIN_SIZE)?;
         config.get(&PARALLELISM)?;
         config.get(&MAX_PARALLELISM)?;

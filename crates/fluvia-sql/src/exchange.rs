@@ -110,6 +110,57 @@ pub struct ExchangeReaderExec {
     partitions: usize,
     facts: ReaderFacts,
     props: Arc<PlanProperties>,
+    /// Signals that end this reader early (task-local, never encoded).
+    stops: Vec<Arc<ReaderStop>>,
+}
+
+/// A signal that ends the exchange readers it was given to: a waiting
+/// reader wakes, releases its channels and ends its stream. Set by an
+/// operator that learnt it needs no more of those inputs while they were
+/// still being read (a join whose probe side came out empty stops the
+/// readers of its build side).
+#[derive(Default)]
+pub struct ReaderStop {
+    stopped: std::sync::atomic::AtomicBool,
+    wakers: Mutex<Vec<Arc<dyn Fn() + Send + Sync>>>,
+}
+
+impl fmt::Debug for ReaderStop {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReaderStop")
+            .field("stopped", &self.is_stopped())
+            .finish()
+    }
+}
+
+impl ReaderStop {
+    pub fn is_stopped(&self) -> bool {
+        self.stopped.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Ends every reader given this signal, waking those that wait.
+    pub fn stop(&self) {
+        self.stopped
+            .store(true, std::sync::atomic::Ordering::Release);
+        let wakers = match self.wakers.lock() {
+            Ok(w) => w.clone(),
+            Err(p) => p.into_inner().clone(),
+        };
+        for wake in wakers {
+            wake();
+        }
+    }
+
+    /// Calls `wake` when the signal is set (at once if it is).
+    pub fn watch(&self, wake: Arc<dyn Fn() + Send + Sync>) {
+        match self.wakers.lock() {
+            Ok(mut w) => w.push(Arc::clone(&wake)),
+            Err(p) => p.into_inner().push(Arc::clone(&wake)),
+        }
+        if self.is_stopped() {
+            wake();
+        }
+    }
 }
 
 impl ExchangeReaderExec {
@@ -150,7 +201,22 @@ impl ExchangeReaderExec {
             partitions,
             facts,
             props: Arc::new(props),
+            stops: Vec::new(),
         })
+    }
+
+    /// This reader, also ended by `stop`.
+    pub fn with_stop(&self, stop: Arc<ReaderStop>) -> Self {
+        let mut stops = self.stops.clone();
+        stops.push(stop);
+        ExchangeReaderExec {
+            stage: self.stage,
+            schema: Arc::clone(&self.schema),
+            partitions: self.partitions,
+            facts: self.facts.clone(),
+            props: Arc::clone(&self.props),
+            stops,
+        }
     }
 
     pub fn stage(&self) -> usize {
@@ -220,7 +286,11 @@ impl ExecutionPlan for ExchangeReaderExec {
         if let Some(r) = inputs.released.get() {
             r.watch(gate.waker());
         }
+        for stop in &self.stops {
+            stop.watch(gate.waker());
+        }
         let stream = GateStream {
+            stops: self.stops.clone(),
             deserializers: ChannelDeserializers::new(gate.num_channels()),
             gate: Some(gate),
             pending: VecDeque::new(),
@@ -360,6 +430,7 @@ impl TaskInputs {
 
 struct GateStream {
     gate: Option<InputGate>,
+    stops: Vec<Arc<ReaderStop>>,
     deserializers: ChannelDeserializers,
     pending: VecDeque<RecordBatch>,
     schema: SchemaRef,
@@ -375,8 +446,9 @@ impl GateStream {
         let Some(gate) = self.gate.as_mut() else {
             return Ok(false);
         };
-        let inputs = &self.inputs;
-        match gate.get_next_until(&inputs.cancel, &|| inputs.stopped())? {
+        let (inputs, stops) = (&self.inputs, &self.stops);
+        let stopped = || inputs.stopped() || stops.iter().any(|s| s.is_stopped());
+        match gate.get_next_until(&inputs.cancel, &stopped)? {
             Some(GateEvent::Buffer {
                 channel,
                 subpartition,

@@ -934,6 +934,7 @@ impl TaskDriver for StageDriver {
         let configuration = self.job.configuration();
         let release_unread = configuration.get(&options::RELEASE_UNREAD_INPUTS)?;
         let cluster = configuration.get(&options::CLUSTER_BUILD_SIDE)?;
+        let end_on_empty_probe = configuration.get(&options::END_JOIN_ON_EMPTY_PROBE)?;
         let task_inputs = Arc::new(TaskInputs::new(
             by_stage,
             release_unread,
@@ -966,6 +967,11 @@ impl TaskDriver for StageDriver {
             let (plan, out, ctx) = self.fragment(stage, &task_ctx)?;
             let plan = if cluster {
                 crate::cluster::cluster_build_sides(plan).map_err(df_err)?
+            } else {
+                plan
+            };
+            let plan = if end_on_empty_probe {
+                crate::empty_probe::end_joins_on_empty_probe(plan).map_err(df_err)?
             } else {
                 plan
             };
