@@ -218,7 +218,7 @@ pub mod options {
         key: "table.exec.hash-join.end-on-empty-probe",
         fallback_keys: &[],
         default: true,
-        description: "SQL: a hash join whose output an empty probe side empties (inner, right, semi, right anti) polls its probe side while it collects its build side and ends as soon as the probe side ends without a row, without waiting for the build side; its task then ends and releases its inputs. Not for a probe side whose scans read runtime filters of this join or a join above it. false always collects the build side first.",
+        description: "SQL: a hash join whose output an empty probe side empties (inner, right, semi, right anti) and whose probe side reads exchanges under projections, filters and aggregates reads that probe side on a thread of its own once its build side delivered a row, and ends as soon as the probe side ends without a row: its build side's readers stop, its task ends and releases its inputs. false always collects the build side first.",
     };
 
     /// Fluvia's key.
