@@ -27,6 +27,7 @@
 //! wrapped plan is executed once (it is a task's).
 
 use crate::exchange::{ExchangeReaderExec, ReaderStop};
+use crate::released::EndSignal;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::JoinType;
@@ -319,10 +320,7 @@ fn stop_leaves(
     let leaf: Arc<dyn ExecutionPlan> = if let Some(r) = plan.downcast_ref::<ExchangeReaderExec>() {
         Arc::new(r.with_stop(Arc::clone(stop)))
     } else if plan.children().is_empty() {
-        Arc::new(EndOnStopExec {
-            input: plan,
-            stop: Arc::clone(stop),
-        })
+        crate::released::end_leaf_when(plan, EndSignal::Stopped(Arc::clone(stop)))
     } else {
         let children = plan
             .children()
@@ -426,120 +424,6 @@ impl Drop for EndOnEmptyProbeStream {
 }
 
 impl RecordBatchStream for EndOnEmptyProbeStream {
-    fn schema(&self) -> SchemaRef {
-        Arc::clone(&self.schema)
-    }
-}
-
-/// A leaf (a scan) whose stream ends once its stop signal is set.
-#[derive(Debug)]
-struct EndOnStopExec {
-    input: Arc<dyn ExecutionPlan>,
-    stop: Arc<ReaderStop>,
-}
-
-impl DisplayAs for EndOnStopExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "EndOnStopExec")
-    }
-}
-
-impl ExecutionPlan for EndOnStopExec {
-    fn name(&self) -> &str {
-        "EndOnStopExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        self.input.properties()
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
-    ) -> DfResult<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        mut children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        match children.pop() {
-            Some(input) if children.is_empty() => Ok(Arc::new(EndOnStopExec {
-                input,
-                stop: Arc::clone(&self.stop),
-            })),
-            _ => Err(DataFusionError::Internal(
-                "EndOnStopExec takes one child".into(),
-            )),
-        }
-    }
-
-    fn metrics(&self) -> Option<MetricsSet> {
-        None
-    }
-
-    fn execute(
-        &self,
-        partition: usize,
-        ctx: Arc<TaskContext>,
-    ) -> DfResult<SendableRecordBatchStream> {
-        let input = self.input.execute(partition, ctx)?;
-        Ok(Box::pin(StopStream {
-            schema: input.schema(),
-            input,
-            stop: Arc::clone(&self.stop),
-            waker: Arc::new(Mutex::new(None)),
-            watching: false,
-        }))
-    }
-}
-
-/// A leaf's stream that ends once its stop signal is set, also while it
-/// waits for its input.
-struct StopStream {
-    input: SendableRecordBatchStream,
-    stop: Arc<ReaderStop>,
-    /// The waker of the last poll that found nothing, for the signal.
-    waker: Arc<Mutex<Option<std::task::Waker>>>,
-    watching: bool,
-    schema: SchemaRef,
-}
-
-impl Stream for StopStream {
-    type Item = DfResult<RecordBatch>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        if self.stop.is_stopped() {
-            return Poll::Ready(None);
-        }
-        match self.input.poll_next_unpin(cx) {
-            Poll::Pending => {
-                *lock(&self.waker) = Some(cx.waker().clone());
-                if !self.watching {
-                    self.watching = true;
-                    let cell = Arc::clone(&self.waker);
-                    self.stop.watch(Arc::new(move || {
-                        if let Some(w) = lock(&cell).take() {
-                            w.wake();
-                        }
-                    }));
-                }
-                if self.stop.is_stopped() {
-                    return Poll::Ready(None);
-                }
-                Poll::Pending
-            }
-            ready => ready,
-        }
-    }
-}
-
-impl RecordBatchStream for StopStream {
     fn schema(&self) -> SchemaRef {
         Arc::clone(&self.schema)
     }

@@ -11,8 +11,11 @@
 //! selective filter coalescing its output into full batches), so only the
 //! leaves see every step. A released leaf ends its stream; what the operators
 //! above make of the partial input goes to released outputs and is dropped.
-//! This module knows nothing of the network beyond that one flag.
+//! The same leaf wrapper ends the leaves a join stops reading because its
+//! probe side came out empty ([`EndSignal::Stopped`], the `empty_probe`
+//! module). This module knows nothing of the network beyond those flags.
 
+use crate::exchange::ReaderStop;
 use crate::reuse::SharedScanExec;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::Result as DfResult;
@@ -24,7 +27,8 @@ use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, Pla
 use fluvia_network::ConsumersReleased;
 use futures::StreamExt;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::task::{Poll, Waker};
 
 /// `plan` with every leaf ending its stream once `released` says all
 /// consumers stopped reading. A consumer's end of a shared scan counts as a
@@ -34,10 +38,7 @@ pub fn end_when_released(
     released: &ConsumersReleased,
 ) -> DfResult<Arc<dyn ExecutionPlan>> {
     if plan.children().is_empty() || plan.is::<SharedScanExec>() {
-        return Ok(Arc::new(EndWhenReleasedExec {
-            input: plan,
-            released: released.clone(),
-        }));
+        return Ok(end_leaf_when(plan, EndSignal::Released(released.clone())));
     }
     let children = plan
         .children()
@@ -47,22 +48,55 @@ pub fn end_when_released(
     replace_children_if_necessary(plan, children)
 }
 
-/// A leaf's stream, ended early when its task's outputs are all released.
-#[derive(Debug)]
-struct EndWhenReleasedExec {
-    input: Arc<dyn ExecutionPlan>,
-    released: ConsumersReleased,
+/// What ends a leaf's stream early.
+#[derive(Debug, Clone)]
+pub enum EndSignal {
+    /// Every consumer of every output of the task released it. Checked at
+    /// each poll: such leaves are scans, which reach their next batch soon,
+    /// and exchange readers, which their gate wakes.
+    Released(ConsumersReleased),
+    /// A join needs no more of this input ([`ReaderStop`]); a leaf waiting
+    /// for its input is woken to end as well.
+    Stopped(Arc<ReaderStop>),
 }
 
-impl DisplayAs for EndWhenReleasedExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "EndWhenReleasedExec")
+impl EndSignal {
+    fn is_set(&self) -> bool {
+        match self {
+            EndSignal::Released(r) => r.all(),
+            EndSignal::Stopped(s) => s.is_stopped(),
+        }
     }
 }
 
-impl ExecutionPlan for EndWhenReleasedExec {
+/// `leaf`, its stream ended (and dropped at once, so an exchange reader
+/// releases its own inputs in turn) once `signal` is set.
+pub fn end_leaf_when(leaf: Arc<dyn ExecutionPlan>, signal: EndSignal) -> Arc<dyn ExecutionPlan> {
+    Arc::new(EndWhenExec {
+        input: leaf,
+        signal,
+    })
+}
+
+/// A leaf's stream, ended early when its signal is set.
+#[derive(Debug)]
+struct EndWhenExec {
+    input: Arc<dyn ExecutionPlan>,
+    signal: EndSignal,
+}
+
+impl DisplayAs for EndWhenExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "{}", self.name())
+    }
+}
+
+impl ExecutionPlan for EndWhenExec {
     fn name(&self) -> &str {
-        "EndWhenReleasedExec"
+        match self.signal {
+            EndSignal::Released(_) => "EndWhenReleasedExec",
+            EndSignal::Stopped(_) => "EndOnStopExec",
+        }
     }
 
     fn properties(&self) -> &Arc<PlanProperties> {
@@ -85,13 +119,14 @@ impl ExecutionPlan for EndWhenReleasedExec {
         mut children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
         match children.pop() {
-            Some(input) if children.is_empty() => Ok(Arc::new(EndWhenReleasedExec {
+            Some(input) if children.is_empty() => Ok(Arc::new(EndWhenExec {
                 input,
-                released: self.released.clone(),
+                signal: self.signal.clone(),
             })),
-            _ => Err(datafusion::error::DataFusionError::Internal(
-                "EndWhenReleasedExec takes one child".into(),
-            )),
+            _ => Err(datafusion::error::DataFusionError::Internal(format!(
+                "{} takes one child",
+                self.name()
+            ))),
         }
     }
 
@@ -102,19 +137,42 @@ impl ExecutionPlan for EndWhenReleasedExec {
     ) -> DfResult<SendableRecordBatchStream> {
         let inner = self.input.execute(partition, ctx)?;
         let schema = inner.schema();
-        let released = self.released.clone();
+        let signal = self.signal.clone();
         let mut inner = Some(inner);
+        // The waker of the last poll that found nothing, for a stop signal.
+        let waker: Arc<Mutex<Option<Waker>>> = Arc::new(Mutex::new(None));
+        let mut watching = false;
         let stream = futures::stream::poll_fn(move |cx| {
-            if released.all() {
-                // Dropped at once, so an exchange reader releases its own
-                // inputs in turn.
+            if signal.is_set() {
                 inner = None;
             }
-            match inner.as_mut() {
-                Some(s) => s.poll_next_unpin(cx),
-                None => std::task::Poll::Ready(None),
+            let Some(s) = inner.as_mut() else {
+                return Poll::Ready(None);
+            };
+            let next = s.poll_next_unpin(cx);
+            if let (Poll::Pending, EndSignal::Stopped(stop)) = (&next, &signal) {
+                *lock(&waker) = Some(cx.waker().clone());
+                if !watching {
+                    watching = true;
+                    let cell = Arc::clone(&waker);
+                    stop.watch(Arc::new(move || {
+                        if let Some(w) = lock(&cell).take() {
+                            w.wake();
+                        }
+                    }));
+                }
+                if stop.is_stopped() {
+                    inner = None;
+                    return Poll::Ready(None);
+                }
             }
+            next
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Poisoned only if a poll panicked, which already failed the task.
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
