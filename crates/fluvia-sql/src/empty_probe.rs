@@ -26,7 +26,7 @@
 //! hold no scan that could wait for a runtime filter of this join. A
 //! wrapped plan is executed once (it is a task's).
 
-use crate::exchange::{ExchangeReaderExec, ReaderStop};
+use crate::exchange::{ExchangeReaderExec, ReaderStop, lock};
 use crate::released::EndSignal;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
@@ -94,11 +94,6 @@ impl Watch {
             *lock(&self.thread) = Some(handle);
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Poisoned only if a poll panicked, which already failed the task.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Reads the probe side up to its first row; if it ends (or fails) first,

@@ -142,10 +142,7 @@ impl ReaderStop {
     pub fn stop(&self) {
         self.stopped
             .store(true, std::sync::atomic::Ordering::Release);
-        let wakers = match self.wakers.lock() {
-            Ok(w) => w.clone(),
-            Err(p) => p.into_inner().clone(),
-        };
+        let wakers = lock(&self.wakers).clone();
         for wake in wakers {
             wake();
         }
@@ -153,14 +150,17 @@ impl ReaderStop {
 
     /// Calls `wake` when the signal is set (at once if it is).
     pub fn watch(&self, wake: Arc<dyn Fn() + Send + Sync>) {
-        match self.wakers.lock() {
-            Ok(mut w) => w.push(Arc::clone(&wake)),
-            Err(p) => p.into_inner().push(Arc::clone(&wake)),
-        }
+        lock(&self.wakers).push(Arc::clone(&wake));
         if self.is_stopped() {
             wake();
         }
     }
+}
+
+/// A mutex's guard, poisoned or not: poisoned only if a poll panicked,
+/// which already failed the task.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl ExchangeReaderExec {

@@ -15,7 +15,7 @@
 //! probe side came out empty ([`EndSignal::Stopped`], the `empty_probe`
 //! module). This module knows nothing of the network beyond those flags.
 
-use crate::exchange::ReaderStop;
+use crate::exchange::{ReaderStop, lock};
 use crate::reuse::SharedScanExec;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::Result as DfResult;
@@ -170,9 +170,4 @@ impl ExecutionPlan for EndWhenExec {
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Poisoned only if a poll panicked, which already failed the task.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
