@@ -918,6 +918,33 @@ fn a_declared_csv_schema_is_used_and_a_row_that_does_not_fit_is_named() {
     );
 }
 
+/// `fluvia sql` arguments running `query` over the SF 0.1 tables at
+/// parallelism 2 with every join partitioned (no broadcast) and the bytes
+/// exchanged printed, then `extra`.
+fn partitioned_join_args(data: &str, query: &str, extra: &[&str]) -> Vec<String> {
+    let mut a: Vec<String> = [
+        "--tables",
+        data,
+        "-p",
+        "2",
+        "--stats",
+        "-D",
+        "table.optimizer.join.broadcast-threshold=0",
+        "-e",
+        query,
+    ]
+    .map(String::from)
+    .to_vec();
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+/// Runs an `--explain` variant of such arguments (without `--stats`).
+fn explain_without_stats(mut args: Vec<String>) -> Output {
+    args.retain(|a| a != "--stats");
+    sql(&args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
 /// A hash join whose build side comes out empty never reads its probe
 /// side. With `table.exec.release-unread-inputs` (the default) the join
 /// releases that input, and the scan feeding it ends early instead of
@@ -929,28 +956,10 @@ fn a_join_whose_build_side_is_empty_releases_its_probe_input_and_the_scan_ends_e
     let data = tpcds_data().to_string_lossy().to_string();
     let q = "select count(*), sum(ss_net_paid) from store_sales join item \
              on ss_item_sk = i_item_sk where i_category = 'No such category'";
-    let args = |extra: &[&str]| {
-        let mut a: Vec<String> = [
-            "--tables",
-            &data,
-            "-p",
-            "2",
-            "--stats",
-            "-D",
-            "table.optimizer.join.broadcast-threshold=0",
-            "-e",
-            q,
-        ]
-        .map(String::from)
-        .to_vec();
-        a.extend(extra.iter().map(|s| s.to_string()));
-        a
-    };
+    let args = |extra: &[&str]| partitioned_join_args(&data, q, extra);
     // Both sides hash-partitioned: store_sales reaches the join through an
     // exchange of its own.
-    let mut explain = args(&["--explain"]);
-    explain.retain(|a| a != "--stats");
-    let o = sql(&explain.iter().map(String::as_str).collect::<Vec<_>>());
+    let o = explain_without_stats(args(&["--explain"]));
     let plan = String::from_utf8_lossy(&o.stdout).to_string();
     assert!(plan.contains("] Source: store_sales\n"), "{plan}");
     assert_eq!(
@@ -1007,29 +1016,12 @@ fn a_join_whose_probe_side_is_empty_stops_reading_its_build_side() {
              + ss_coupon_amt + ss_list_price) from store_sales join \
              (select i_item_sk, count(*) c from item group by i_item_sk having count(*) > 1) t \
              on ss_item_sk = t.i_item_sk";
+    // The join keeps the order written: store_sales builds.
     let args = |extra: &[&str]| {
-        let mut a: Vec<String> = [
-            "--tables",
-            &data,
-            "-p",
-            "2",
-            "--stats",
-            "-D",
-            "table.optimizer.join.broadcast-threshold=0",
-            // The join keeps the order written: store_sales builds.
-            "-D",
-            "datafusion.optimizer.join_reordering=false",
-            "-e",
-            q,
-        ]
-        .map(String::from)
-        .to_vec();
-        a.extend(extra.iter().map(|s| s.to_string()));
-        a
+        let keep_order = ["-D", "datafusion.optimizer.join_reordering=false"];
+        partitioned_join_args(&data, q, &[&keep_order[..], extra].concat())
     };
-    let mut explain = args(&["--explain"]);
-    explain.retain(|a| a != "--stats");
-    let o = sql(&explain.iter().map(String::as_str).collect::<Vec<_>>());
+    let o = explain_without_stats(args(&["--explain"]));
     let plan = String::from_utf8_lossy(&o.stdout).to_string();
     // The first input of the join's task (its build side) is store_sales.
     let source = plan
