@@ -221,6 +221,29 @@ pub mod options {
         description: "SQL: a hash join whose output an empty probe side empties (inner, right, semi, right anti) and whose probe side reads exchanges under projections, filters and aggregates reads that probe side on a thread of its own once its build side delivered a row, and ends as soon as the probe side ends without a row: its build side's readers stop, its task ends and releases its inputs. false always collects the build side first.",
     };
 
+    /// Flink's key; Fluvia's default is on (Flink's off), see
+    /// `RUNTIME_FILTER_MIN_PROBE_SIZE`.
+    pub const RUNTIME_FILTER_ENABLED: ConfigOption<bool> = ConfigOption {
+        key: "table.optimizer.runtime-filter.enabled",
+        fallback_keys: &[],
+        default: true,
+        description: "SQL, with multiple input on: a hash join whose build side is a small filtered scan pipeline and whose probe key comes, through an exchange, from a scan in another task gets a runtime filter there: every subtask of that task reads the small side and keeps only the scan's rows whose key it holds, its row groups and pages skipped by the key's bounds, before the rows are shuffled.",
+    };
+    /// Flink's key and default.
+    pub const RUNTIME_FILTER_MAX_BUILD_SIZE: ConfigOption<u64> = ConfigOption {
+        key: "table.optimizer.runtime-filter.max-build-data-size",
+        fallback_keys: &[],
+        default: 10 * 1024 * 1024,
+        description: "SQL, runtime filters: the build side's files are at most this many bytes (each subtask of the scan's task reads them whole).",
+    };
+    /// Flink's key; Flink's default is 10 GB, sized for its cost model.
+    pub const RUNTIME_FILTER_MIN_PROBE_SIZE: ConfigOption<u64> = ConfigOption {
+        key: "table.optimizer.runtime-filter.min-probe-data-size",
+        fallback_keys: &[],
+        default: 32 * 1024 * 1024,
+        description: "SQL, runtime filters: the filtered scan reads at least this many bytes of files (below, reading the build side again costs more than it saves).",
+    };
+
     /// Fluvia's key.
     pub const CLUSTER_BUILD_SIDE: ConfigOption<bool> = ConfigOption {
         key: "table.exec.hash-join.cluster-build-side",
@@ -463,6 +486,21 @@ pub mod options {
                 END_JOIN_ON_EMPTY_PROBE.description,
             ),
             (
+                RUNTIME_FILTER_ENABLED.key,
+                RUNTIME_FILTER_ENABLED.default.to_string(),
+                RUNTIME_FILTER_ENABLED.description,
+            ),
+            (
+                RUNTIME_FILTER_MAX_BUILD_SIZE.key,
+                RUNTIME_FILTER_MAX_BUILD_SIZE.default.to_string(),
+                RUNTIME_FILTER_MAX_BUILD_SIZE.description,
+            ),
+            (
+                RUNTIME_FILTER_MIN_PROBE_SIZE.key,
+                RUNTIME_FILTER_MIN_PROBE_SIZE.default.to_string(),
+                RUNTIME_FILTER_MIN_PROBE_SIZE.description,
+            ),
+            (
                 CLUSTER_BUILD_SIDE.key,
                 CLUSTER_BUILD_SIDE.default.to_string(),
                 CLUSTER_BUILD_SIDE.description,
@@ -579,6 +617,9 @@ pub mod options {
         config.get(&BUFFER_REQUEST_TIMEOUT)?;
         config.get(&RELEASE_UNREAD_INPUTS)?;
         config.get(&END_JOIN_ON_EMPTY_PROBE)?;
+        config.get(&RUNTIME_FILTER_ENABLED)?;
+        config.get(&RUNTIME_FILTER_MAX_BUILD_SIZE)?;
+        config.get(&RUNTIME_FILTER_MIN_PROBE_SIZE)?;
         config.get(&REUSE_SOURCE_MIN_SIZE)?;
         config.get(&PARALLELISM)?;
         config.get(&MAX_PARALLELISM)?;

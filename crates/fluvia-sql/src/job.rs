@@ -240,6 +240,21 @@ pub fn plan(req: &PlanRequest) -> std::result::Result<PlannedQuery, PlanError> {
         small_build_bytes,
     )
     .map_err(|e| PlanError::Query(QueryError(e.to_string())))?;
+    if policy == CutPolicy::Exchanges && req.config.get(&options::RUNTIME_FILTER_ENABLED)? {
+        let filters = crate::runtime_filter::RuntimeFilterOptions {
+            max_build_bytes: req.config.get(&options::RUNTIME_FILTER_MAX_BUILD_SIZE)?,
+            min_probe_bytes: req.config.get(&options::RUNTIME_FILTER_MIN_PROBE_SIZE)?,
+        };
+        let planted = crate::runtime_filter::plant_runtime_filters(
+            &mut stage_plan,
+            filters,
+            ctx.state().config_options(),
+        )
+        .map_err(|e| PlanError::Query(QueryError(e.to_string())))?;
+        if planted > 0 {
+            tracing::debug!("{}: {planted} runtime filters planted", req.name);
+        }
+    }
     if req.insert.is_some() {
         // Every subtask of the last fragment writes its own part file:
         // the sink runs beside it, chained.

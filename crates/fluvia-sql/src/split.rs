@@ -145,7 +145,7 @@ struct Splitter {
 
 /// Ids of the dynamic filters (DataFusion's runtime filters) that `plan`'s
 /// operators hold, its scans' predicates among them.
-fn dynamic_filter_ids(plan: &Arc<dyn ExecutionPlan>) -> Vec<u64> {
+pub(crate) fn dynamic_filter_ids(plan: &Arc<dyn ExecutionPlan>) -> Vec<u64> {
     use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
     let mut ids = Vec::new();
     let _ = plan.apply(|node| {
@@ -164,7 +164,7 @@ fn dynamic_filter_ids(plan: &Arc<dyn ExecutionPlan>) -> Vec<u64> {
 
 /// Bytes of files the scans of `plan` read; None if a leaf is not a file
 /// scan.
-fn file_bytes(plan: &Arc<dyn ExecutionPlan>) -> Option<u64> {
+pub(crate) fn file_bytes(plan: &Arc<dyn ExecutionPlan>) -> Option<u64> {
     let children = plan.children();
     if children.is_empty() {
         let ds = plan.downcast_ref::<DataSourceExec>()?;
@@ -176,7 +176,7 @@ fn file_bytes(plan: &Arc<dyn ExecutionPlan>) -> Option<u64> {
 
 /// Whether `plan` runs entirely in one task: no exchange and no join
 /// (which could want one) anywhere in it.
-fn is_plain_pipeline(plan: &Arc<dyn ExecutionPlan>) -> bool {
+pub(crate) fn is_plain_pipeline(plan: &Arc<dyn ExecutionPlan>) -> bool {
     !(plan.is::<RepartitionExec>()
         || plan.is::<CoalescePartitionsExec>()
         || plan.is::<SortPreservingMergeExec>()
