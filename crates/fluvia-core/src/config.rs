@@ -221,8 +221,7 @@ pub mod options {
         description: "SQL: a hash join whose output an empty probe side empties (inner, right, semi, right anti) and whose probe side reads exchanges under projections, filters and aggregates reads that probe side on a thread of its own once its build side delivered a row, and ends as soon as the probe side ends without a row: its build side's readers stop, its task ends and releases its inputs. false always collects the build side first.",
     };
 
-    /// Flink's key; Fluvia's default is on (Flink's off), see
-    /// `RUNTIME_FILTER_MIN_PROBE_SIZE`.
+    /// Flink's key; Fluvia's default is on (Flink's is off).
     pub const RUNTIME_FILTER_ENABLED: ConfigOption<bool> = ConfigOption {
         key: "table.optimizer.runtime-filter.enabled",
         fallback_keys: &[],
@@ -236,12 +235,15 @@ pub mod options {
         default: 10 * 1024 * 1024,
         description: "SQL, runtime filters: the build side's files are at most this many bytes (each subtask of the scan's task reads them whole).",
     };
-    /// Flink's key; Flink's default is 10 GB, sized for its cost model.
+    /// Flink's key; Flink's default is 10 GB, sized for its own filter
+    /// (a Bloom filter built once and shipped); here the filtered task
+    /// re-reads a side of at most `max-build-data-size`, which measured
+    /// cheaper than what it saves down to single-megabyte tasks.
     pub const RUNTIME_FILTER_MIN_PROBE_SIZE: ConfigOption<u64> = ConfigOption {
         key: "table.optimizer.runtime-filter.min-probe-data-size",
         fallback_keys: &[],
-        default: 32 * 1024 * 1024,
-        description: "SQL, runtime filters: the filtered scan reads at least this many bytes of files (below, reading the build side again costs more than it saves).",
+        default: 1024 * 1024,
+        description: "SQL, runtime filters: the task of the filtered scan reads at least this many bytes of files in all (its other scans gain too: the joins the dropped rows no longer reach prune them).",
     };
 
     /// Fluvia's key.

@@ -76,6 +76,14 @@ pub fn plant_runtime_filters(
         collect_joins(&plan.stages[consumer].plan, &mut joins);
         for join in joins {
             if let Some((origin, build, keys)) = candidate(plan, consumer, &join, options) {
+                tracing::debug!(
+                    "runtime filter: a join of stage {consumer} filters the scan of {} in stage {} ({} build bytes)",
+                    node_at(&plan.stages[origin.stage].plan, &origin.path)
+                        .and_then(|s| crate::split::scan_table(&s))
+                        .unwrap_or_default(),
+                    origin.stage,
+                    file_bytes(&build).unwrap_or_default(),
+                );
                 let stage = &mut plan.stages[origin.stage];
                 stage.plan = plant(&stage.plan, &origin.path, &build, &keys, config)?;
                 planted += 1;
@@ -139,12 +147,7 @@ fn candidate(
         // DataFusion's own filter reaches a scan of the join's fragment.
         return None;
     }
-    let scan = node_at(&plan.stages[target.stage].plan, &target.path)?;
-    let config = scan
-        .downcast_ref::<DataSourceExec>()?
-        .data_source()
-        .downcast_ref::<FileScanConfig>()?;
-    if crate::reuse::scan_bytes(config) < options.min_probe_bytes {
+    if scanned_bytes(&plan.stages[target.stage].plan) < options.min_probe_bytes {
         return None;
     }
     Some((target, build, keys))
@@ -275,6 +278,18 @@ fn trace(
     None
 }
 
+/// Bytes of files the scans of a fragment read: the work a filter on one of
+/// them may save, since the fragment's other scans are pruned by the joins
+/// the filtered rows no longer reach (q2's `date_dim`, filtered to a year's
+/// weeks, narrows the join that reads `web_sales`).
+fn scanned_bytes(plan: &Arc<dyn ExecutionPlan>) -> u64 {
+    let own = plan
+        .downcast_ref::<DataSourceExec>()
+        .and_then(|ds| ds.data_source().downcast_ref::<FileScanConfig>())
+        .map_or(0, crate::reuse::scan_bytes);
+    own + plan.children().into_iter().map(scanned_bytes).sum::<u64>()
+}
+
 fn node_at(plan: &Arc<dyn ExecutionPlan>, path: &[usize]) -> Option<Arc<dyn ExecutionPlan>> {
     let mut node = Arc::clone(plan);
     for &i in path {
@@ -323,4 +338,261 @@ fn plant(
     };
     *child = plant(child, rest, build, keys, config)?;
     replace_children_if_necessary(Arc::clone(plan), children)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exchange::ReaderFacts;
+    use crate::split::Stage;
+    use datafusion::arrow::array::{Array, Int64Array, RecordBatch};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+    use datafusion::datasource::listing::PartitionedFile;
+    use datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder, ParquetSource};
+    use datafusion::execution::object_store::ObjectStoreUrl;
+    use datafusion::logical_expr::Operator;
+    use datafusion::parquet::arrow::ArrowWriter;
+    use datafusion::physical_expr::expressions::{BinaryExpr, lit};
+    use datafusion::physical_plan::collect;
+    use datafusion::prelude::SessionContext;
+
+    fn schema(key: &str) -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new(key, DataType::Int64, false),
+            Field::new("v", DataType::Int64, false),
+        ]))
+    }
+
+    /// A Parquet file of `(key, v)` rows in `dir`; its path and size.
+    fn table(dir: &std::path::Path, name: &str, rows: &[(i64, i64)]) -> (String, u64) {
+        let schema = schema(name);
+        let batch = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))),
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.1))),
+            ],
+        )
+        .unwrap();
+        let path = dir.join(format!("{name}.parquet"));
+        let mut w =
+            ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), schema, None).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        let size = std::fs::metadata(&path).unwrap().len();
+        (path.to_string_lossy().into_owned(), size)
+    }
+
+    fn scan(name: &str, file: &(String, u64)) -> Arc<dyn ExecutionPlan> {
+        let source = ParquetSource::new(schema(name));
+        let config =
+            FileScanConfigBuilder::new(ObjectStoreUrl::local_filesystem(), Arc::new(source))
+                .with_file_groups(vec![FileGroup::new(vec![PartitionedFile::new(
+                    file.0.clone(),
+                    file.1,
+                )])])
+                .build();
+        DataSourceExec::from_data_source(config)
+    }
+
+    /// `v = 1` over a `(key, v)` input.
+    fn v_is_one(input: Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
+        let pred = Arc::new(BinaryExpr::new(
+            Arc::new(Column::new("v", 1)),
+            Operator::Eq,
+            lit(1i64),
+        ));
+        Arc::new(FilterExec::try_new(pred, input).unwrap())
+    }
+
+    struct Shape {
+        join_type: JoinType,
+        filtered_build: bool,
+        limit_on_probe: bool,
+    }
+
+    const INNER: Shape = Shape {
+        join_type: JoinType::Inner,
+        filtered_build: true,
+        limit_on_probe: false,
+    };
+
+    /// Stage 0 broadcasts `dim` (maybe filtered), stage 1 hashes `fact`,
+    /// stage 2 joins them on `dim.dim = fact.fact`: the join's probe side
+    /// reads the scan of another fragment.
+    fn stages(dir: &std::path::Path, shape: Shape) -> StagePlan {
+        // dim: keys 0..10, v = 1 for keys 3 and 7.
+        let dim = table(
+            dir,
+            "dim",
+            &(0..10)
+                .map(|k| (k, i64::from(k == 3 || k == 7)))
+                .collect::<Vec<_>>(),
+        );
+        // fact: 100 rows, keys 0..10 round robin.
+        let fact = table(
+            dir,
+            "fact",
+            &(0..100).map(|i| (i % 10, i)).collect::<Vec<_>>(),
+        );
+        let build = if shape.filtered_build {
+            v_is_one(scan("dim", &dim))
+        } else {
+            scan("dim", &dim)
+        };
+        let mut probe = scan("fact", &fact);
+        if shape.limit_on_probe {
+            probe = Arc::new(datafusion::physical_plan::limit::GlobalLimitExec::new(
+                probe,
+                0,
+                Some(50),
+            ));
+        }
+        let reader = |stage: usize, plan: &Arc<dyn ExecutionPlan>| -> Arc<dyn ExecutionPlan> {
+            Arc::new(
+                ExchangeReaderExec::new(stage, plan.schema(), 1, ReaderFacts::of(plan, None))
+                    .unwrap(),
+            )
+        };
+        let join: Arc<dyn ExecutionPlan> = Arc::new(
+            HashJoinExec::try_new(
+                reader(0, &build),
+                reader(1, &probe),
+                vec![(
+                    Arc::new(Column::new("dim", 0)) as Arc<dyn PhysicalExpr>,
+                    Arc::new(Column::new("fact", 0)) as Arc<dyn PhysicalExpr>,
+                )],
+                None,
+                &shape.join_type,
+                None,
+                PartitionMode::CollectLeft,
+                NullEquality::NullEqualsNothing,
+                false,
+            )
+            .unwrap(),
+        );
+        let stage = |plan: Arc<dyn ExecutionPlan>, exchange, consumer, inputs| Stage {
+            plan,
+            parallelism: 1,
+            exchange,
+            hash_exprs: Vec::new(),
+            consumer,
+            inputs,
+        };
+        StagePlan {
+            stages: vec![
+                stage(build, Exchange::Broadcast, Some(2), vec![]),
+                stage(
+                    probe,
+                    Exchange::Hash {
+                        partitions: 1,
+                        offset: 0,
+                    },
+                    Some(2),
+                    vec![],
+                ),
+                stage(join, Exchange::Forward { offset: 0 }, None, vec![0, 1]),
+            ],
+        }
+    }
+
+    const ANY_SIZE: RuntimeFilterOptions = RuntimeFilterOptions {
+        max_build_bytes: u64::MAX,
+        min_probe_bytes: 0,
+    };
+
+    fn plant_in(plan: &mut StagePlan, options: RuntimeFilterOptions) -> usize {
+        plant_runtime_filters(plan, options, &ConfigOptions::new()).unwrap()
+    }
+
+    fn fact_keys(plan: &Arc<dyn ExecutionPlan>) -> Vec<i64> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let batches = rt
+            .block_on(collect(Arc::clone(plan), SessionContext::new().task_ctx()))
+            .unwrap();
+        let mut keys: Vec<i64> = batches
+            .iter()
+            .flat_map(|b| {
+                let a = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+                (0..a.len()).map(|i| a.value(i)).collect::<Vec<_>>()
+            })
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        keys
+    }
+
+    #[test]
+    fn a_join_across_an_exchange_filters_the_probe_scan_of_the_other_fragment() {
+        let dir = tempfile_dir();
+        let mut plan = stages(&dir, INNER);
+        assert_eq!(plant_in(&mut plan, ANY_SIZE), 1);
+        let producer = &plan.stages[1].plan;
+        let semi = producer
+            .downcast_ref::<HashJoinExec>()
+            .expect("a semi join over the scan");
+        assert_eq!(*semi.join_type(), JoinType::RightSemi);
+        assert_eq!(producer.schema(), schema("fact"));
+        // The semi join's own dynamic filter reaches the scan.
+        assert_eq!(dynamic_filter_ids(semi.right()).len(), 1, "{producer:?}");
+        // The fragment now emits only the rows whose key the filtered
+        // build side holds.
+        assert_eq!(fact_keys(producer), vec![3, 7]);
+        // The join's fragment and the build side's are untouched.
+        assert!(plan.stages[2].plan.is::<HashJoinExec>());
+        assert!(plan.stages[0].plan.is::<FilterExec>());
+    }
+
+    #[test]
+    fn joins_that_keep_unmatched_probe_rows_or_read_a_limit_or_an_unfiltered_side_are_left_alone() {
+        let dir = tempfile_dir();
+        for shape in [
+            Shape {
+                join_type: JoinType::Right,
+                ..INNER
+            },
+            Shape {
+                join_type: JoinType::RightAnti,
+                ..INNER
+            },
+            Shape {
+                filtered_build: false,
+                ..INNER
+            },
+            Shape {
+                limit_on_probe: true,
+                ..INNER
+            },
+        ] {
+            let mut plan = stages(&dir, shape);
+            assert_eq!(plant_in(&mut plan, ANY_SIZE), 0);
+            assert!(
+                plan.stages[1].plan.is::<DataSourceExec>() || plan.stages[1].plan.fetch().is_some()
+            );
+        }
+    }
+
+    #[test]
+    fn the_sizes_bound_which_joins_get_a_filter() {
+        let dir = tempfile_dir();
+        let small_build = RuntimeFilterOptions {
+            max_build_bytes: 1,
+            ..ANY_SIZE
+        };
+        assert_eq!(plant_in(&mut stages(&dir, INNER), small_build), 0);
+        let large_probe = RuntimeFilterOptions {
+            min_probe_bytes: 1 << 30,
+            ..ANY_SIZE
+        };
+        assert_eq!(plant_in(&mut stages(&dir, INNER), large_probe), 0);
+    }
+
+    fn tempfile_dir() -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("fluvia-rf-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
 }
