@@ -34,9 +34,9 @@ pub struct Args {
     /// build-broadcast, blocking, df-reader (Fluvia reading CSV with
     /// DataFusion's reader), no-reuse (source reuse off), drain (inputs a
     /// task stops needing read to the end instead of released), no-cluster
-    /// (hash join build sides not clustered by key)
-    /// (comma-separated; default all but df-reader, no-reuse, drain and
-    /// no-cluster).
+    /// (hash join build sides not clustered by key), no-rf (no runtime
+    /// filters across tasks) (comma-separated; default all but df-reader,
+    /// no-reuse, drain, no-cluster and no-rf).
     #[arg(
         long,
         value_delimiter = ',',
@@ -225,6 +225,10 @@ pub fn run_suite(a: Args) -> Result<()> {
         (
             "no-cluster",
             on_with(options::CLUSTER_BUILD_SIDE.key, "false"),
+        ),
+        (
+            "no-rf",
+            on_with(options::RUNTIME_FILTER_ENABLED.key, "false"),
         ),
     ];
     // No -p: scans at p, every later stage decided from the data.
