@@ -590,9 +590,25 @@ mod tests {
         assert_eq!(plant_in(&mut stages(&dir, INNER), large_probe), 0);
     }
 
-    fn tempfile_dir() -> std::path::PathBuf {
+    /// A directory of its own, removed when the test is done with it.
+    struct TempDir(std::path::PathBuf);
+
+    impl std::ops::Deref for TempDir {
+        type Target = std::path::Path;
+        fn deref(&self) -> &std::path::Path {
+            &self.0
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn tempfile_dir() -> TempDir {
         let dir = std::env::temp_dir().join(format!("fluvia-rf-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).unwrap();
-        dir
+        TempDir(dir)
     }
 }
