@@ -49,14 +49,15 @@ pub struct RuntimeFilterOptions {
     /// The build side's files at most this many bytes: every subtask of the
     /// scan's fragment reads them whole.
     pub max_build_bytes: u64,
-    /// The probe side's scan at least this many bytes of files: below, what
-    /// it could skip costs less than reading the build side again.
+    /// The filtered scan's fragment reads at least this many bytes of files
+    /// in all its scans (see [`scanned_bytes`]): below, what it could skip
+    /// costs less than reading the build side again.
     pub min_probe_bytes: u64,
 }
 
 /// Where a column of a stage's plan comes from unchanged: a file scan's
 /// column, reached through the children at `path`, in stage `stage`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 struct Origin {
     stage: usize,
     path: Vec<usize>,
