@@ -731,7 +731,9 @@ mod tests {
         ]))
     }
 
-    fn file(rows: usize, bad_row: Option<usize>) -> (String, u64) {
+    /// A CSV file of `rows` rows in a directory of its own (removed when
+    /// the returned guard drops); its path and size.
+    fn file(rows: usize, bad_row: Option<usize>) -> (tempfile::TempDir, String, u64) {
         let mut text = String::from("id,a,b\n");
         for i in 0..rows {
             if bad_row == Some(i) {
@@ -740,11 +742,14 @@ mod tests {
                 text.push_str(&format!("{i},{},b{i}\n", i * 7));
             }
         }
-        let dir = std::env::temp_dir().join(format!("fluvia-reuse-{}", uuid::Uuid::new_v4()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("t.csv");
+        let dir = tempfile::Builder::new()
+            .prefix("fluvia-reuse-")
+            .tempdir()
+            .unwrap();
+        let path = dir.path().join("t.csv");
         std::fs::write(&path, &text).unwrap();
-        (path.to_string_lossy().into_owned(), text.len() as u64)
+        let path = path.to_string_lossy().into_owned();
+        (dir, path, text.len() as u64)
     }
 
     /// A one-partition scan of `path` by Fluvia's reader, keeping
@@ -821,7 +826,7 @@ mod tests {
 
     #[test]
     fn consumers_of_one_scan_get_what_their_own_scans_give_and_the_file_is_read_once() {
-        let (path, size) = file(20_000, None);
+        let (_dir, path, size) = file(20_000, None);
         let plans = vec![
             every_third(scan(&path, size, vec![0]), 0),
             every_third(scan(&path, size, vec![0, 1]), 1),
@@ -883,7 +888,7 @@ mod tests {
 
     #[test]
     fn the_shared_scan_keeps_what_any_consumer_keeps_and_each_applies_its_own_filter() {
-        let (path, size) = file(9_000, None);
+        let (_dir, path, size) = file(9_000, None);
         let plans = vec![
             filtered_scan(&path, size, vec![1], 0),
             filtered_scan(&path, size, vec![2], 1),
@@ -905,7 +910,7 @@ mod tests {
 
     #[test]
     fn values_are_the_same_through_a_shared_scan() {
-        let (path, size) = file(5_000, None);
+        let (_dir, path, size) = file(5_000, None);
         let plans = vec![scan(&path, size, vec![1]), scan(&path, size, vec![1, 0])];
         let shared = share_scans(plans).unwrap();
         let ctx = SessionContext::new().task_ctx();
@@ -930,7 +935,7 @@ mod tests {
 
     #[test]
     fn a_consumer_that_stops_early_holds_up_no_other() {
-        let (path, size) = file(50_000, None);
+        let (_dir, path, size) = file(50_000, None);
         let limited: Arc<dyn ExecutionPlan> = Arc::new(GlobalLimitExec::new(
             scan(&path, size, vec![0]),
             0,
@@ -948,7 +953,7 @@ mod tests {
 
     #[test]
     fn a_bad_row_fails_every_consumer_with_the_readers_message() {
-        let (path, size) = file(30_000, Some(25_000));
+        let (_dir, path, size) = file(30_000, Some(25_000));
         let plans = vec![scan(&path, size, vec![1]), scan(&path, size, vec![0, 1])];
         let shared = share_scans(plans).unwrap();
         for r in run_together(&shared) {
@@ -970,8 +975,8 @@ mod tests {
 
     #[test]
     fn stages_that_feed_each_other_are_never_one_task() {
-        let (path, size) = file(100, None);
-        let (other, other_size) = file(100, None);
+        let (_dir, path, size) = file(100, None);
+        let (_other_dir, other, other_size) = file(100, None);
         // 0 -> 1 -> 4 (root), 2 -> 4, 3 -> 4: 0, 1 and 2 scan `path`, 3
         // another file. 1 reads 0's output, so only one of them joins 2.
         let plan = StagePlan {

@@ -529,7 +529,7 @@ mod tests {
     #[test]
     fn a_join_across_an_exchange_filters_the_probe_scan_of_the_other_fragment() {
         let dir = tempfile_dir();
-        let mut plan = stages(&dir, INNER);
+        let mut plan = stages(dir.path(), INNER);
         assert_eq!(plant_in(&mut plan, ANY_SIZE), 1);
         let producer = &plan.stages[1].plan;
         let semi = producer
@@ -568,7 +568,7 @@ mod tests {
                 ..INNER
             },
         ] {
-            let mut plan = stages(&dir, shape);
+            let mut plan = stages(dir.path(), shape);
             assert_eq!(plant_in(&mut plan, ANY_SIZE), 0);
             assert!(
                 plan.stages[1].plan.is::<DataSourceExec>() || plan.stages[1].plan.fetch().is_some()
@@ -583,33 +583,19 @@ mod tests {
             max_build_bytes: 1,
             ..ANY_SIZE
         };
-        assert_eq!(plant_in(&mut stages(&dir, INNER), small_build), 0);
+        assert_eq!(plant_in(&mut stages(dir.path(), INNER), small_build), 0);
         let large_probe = RuntimeFilterOptions {
             min_probe_bytes: 1 << 30,
             ..ANY_SIZE
         };
-        assert_eq!(plant_in(&mut stages(&dir, INNER), large_probe), 0);
+        assert_eq!(plant_in(&mut stages(dir.path(), INNER), large_probe), 0);
     }
 
     /// A directory of its own, removed when the test is done with it.
-    struct TempDir(std::path::PathBuf);
-
-    impl std::ops::Deref for TempDir {
-        type Target = std::path::Path;
-        fn deref(&self) -> &std::path::Path {
-            &self.0
-        }
-    }
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-
-    fn tempfile_dir() -> TempDir {
-        let dir = std::env::temp_dir().join(format!("fluvia-rf-{}", uuid::Uuid::new_v4()));
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
+    fn tempfile_dir() -> tempfile::TempDir {
+        tempfile::Builder::new()
+            .prefix("fluvia-rf-")
+            .tempdir()
+            .unwrap()
     }
 }

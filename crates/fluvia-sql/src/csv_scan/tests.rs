@@ -143,12 +143,17 @@ fn text(rows: usize, quotes: bool) -> String {
     s
 }
 
-fn write(name: &str, text: &str) -> (String, u64) {
-    let dir = std::env::temp_dir().join(format!("fluvia-csv-scan-{}", uuid::Uuid::new_v4()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(name);
+/// `text` as file `name` in a directory of its own (removed when the
+/// returned guard drops); its path and size.
+fn write(name: &str, text: &str) -> (tempfile::TempDir, String, u64) {
+    let dir = tempfile::Builder::new()
+        .prefix("fluvia-csv-scan-")
+        .tempdir()
+        .unwrap();
+    let path = dir.path().join(name);
     std::fs::write(&path, text).unwrap();
-    (path.to_string_lossy().into_owned(), text.len() as u64)
+    let path = path.to_string_lossy().into_owned();
+    (dir, path, text.len() as u64)
 }
 
 /// The file read in `ranges` byte ranges, once by DataFusion's scan and
@@ -233,7 +238,7 @@ fn read(plan: Arc<dyn ExecutionPlan>) -> Result<RecordBatch> {
 #[test]
 fn reads_what_datafusion_reads_in_any_ranges_and_projection() {
     for quotes in [false, true] {
-        let (path, size) = write("t.csv", &text(3000, quotes));
+        let (_dir, path, size) = write("t.csv", &text(3000, quotes));
         // A batch size that does not divide the rows.
         for ranges in [1, 2, 7] {
             for projection in [None, Some(vec![6, 0, 2]), Some(vec![1, 3]), Some(vec![])] {
@@ -250,7 +255,7 @@ fn reads_what_datafusion_reads_in_any_ranges_and_projection() {
 #[test]
 fn quoted_line_ends_stay_in_their_field_when_the_file_is_read_whole() {
     let text = "id,name,price,day,big,note,ratio\n1,\"two\nlines\",1.00,,,\"x\r\ny\",1\n2,b,,,,,\n";
-    let (path, size) = write("q.csv", text);
+    let (_dir, path, size) = write("q.csv", text);
     let (theirs, ours) = scans(&path, size, 1, None, None);
     let (a, b) = (read(theirs).unwrap(), read(ours).unwrap());
     assert_eq!(a, b);
@@ -259,7 +264,7 @@ fn quoted_line_ends_stay_in_their_field_when_the_file_is_read_whole() {
 
 #[test]
 fn bad_rows_fail_with_arrow_csv_wording() {
-    let (path, size) = write(
+    let (_dir, path, size) = write(
         "bad.csv",
         "id,name,price,day,big,note,ratio\n1,a,1.00,,,,\n2,b\n",
     );
@@ -269,7 +274,7 @@ fn bad_rows_fail_with_arrow_csv_wording() {
         e.contains("incorrect number of fields for line 2, expected 7 got 2"),
         "{e}"
     );
-    let (path, size) = write(
+    let (_dir, path, size) = write(
         "bad.csv",
         "id,name,price,day,big,note,ratio\n1,a,1.0x,,,,\n",
     );
@@ -277,7 +282,7 @@ fn bad_rows_fail_with_arrow_csv_wording() {
     let e = read(ours).unwrap_err().to_string();
     assert!(e.contains("Error while parsing value '1.0x'"), "{e}");
     assert!(e.contains("Decimal128(7, 2)"), "{e}");
-    let (path, size) = write("bad.csv", "id,name,price,day,big,note,ratio\n1,\"a,,,,,,\n");
+    let (_dir, path, size) = write("bad.csv", "id,name,price,day,big,note,ratio\n1,\"a,,,,,,\n");
     let (_, ours) = scans(&path, size, 1, None, None);
     let e = read(ours).unwrap_err().to_string();
     assert!(e.contains("unterminated quoted field"), "{e}");
@@ -293,7 +298,7 @@ fn a_runtime_filter_drops_rows_before_the_other_columns_are_parsed() {
         let price = if i % 10 == 0 { "1.00" } else { "oops" };
         text.push_str(&format!("{i},n{i},{price},,,,\n"));
     }
-    let (path, size) = write("f.csv", &text);
+    let (_dir, path, size) = write("f.csv", &text);
     let keep: Arc<dyn PhysicalExpr> = Arc::new(BinaryExpr::new(
         Arc::new(BinaryExpr::new(
             Arc::new(Col::new("id", 0)),
