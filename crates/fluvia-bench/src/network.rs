@@ -6,7 +6,10 @@
 //! - local channel (pipelined subpartition read in place) vs a memcpy loop;
 //! - a keyed exchange of small records: the `count` pipeline job with its
 //!   exchange local (one TaskManager), over TCP between two TaskManagers in
-//!   one process, and the same record stream between two processes.
+//!   one process, and the same record stream between two processes;
+//! - a SQL exchange of Arrow batches through a local channel, header and
+//!   body written as parts and gathered records read in place, against the
+//!   same with the record copied whole on each side.
 
 use anyhow::{Context, Result, anyhow};
 use fluvia_cli::examples::pipeline::{self, PipelineJob};
@@ -189,6 +192,80 @@ fn local_channel(bytes: u64) -> Result<Duration> {
     pump(writer, &mut gate, bytes)
 }
 
+/// `batches` Arrow batches of 8192 TPC-DS-like rows (a key, a decimal, a
+/// string view) encoded, written into a pipelined partition of 32 KiB
+/// buffers, read back and decoded, in one thread. `in_place`: the header
+/// and body are written as two parts and a record gathered from several
+/// buffers is decoded in place; otherwise each is copied whole once more on
+/// either side, as before.
+fn arrow_exchange(batches: usize, in_place: bool) -> Result<Duration> {
+    use fluvia_network::{BufferOrEvent, RecordDeserializer};
+    use fluvia_sql::datafusion::arrow::array::{Decimal128Array, Int64Array, StringViewArray};
+    use fluvia_sql::datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use fluvia_sql::datafusion::arrow::record_batch::RecordBatch;
+    use fluvia_sql::ipc;
+    let rows = 8192i64;
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, true),
+        Field::new("m", DataType::Decimal128(7, 2), true),
+        Field::new("s", DataType::Utf8View, true),
+    ]));
+    let batch = RecordBatch::try_new(
+        Arc::clone(&schema),
+        vec![
+            Arc::new(Int64Array::from_iter_values(0..rows)),
+            Arc::new(
+                Decimal128Array::from_iter_values((0..rows).map(|i| i as i128 * 37 % 100_000))
+                    .with_precision_and_scale(7, 2)?,
+            ),
+            Arc::new(StringViewArray::from_iter_values(
+                (0..rows).map(|i| format!("AAAAAAAA{:08}", i * 7919 % 100_000)),
+            )),
+        ],
+    )?;
+    let global = fluvia_network::NetworkBufferPool::new(64 << 20, SEGMENT)?;
+    let partition = Arc::new(ResultPartition::pipelined("bench", 1, SEGMENT));
+    let mut writer = PartitionWriter::new(
+        Arc::clone(&partition),
+        global.create_local_pool(1024)?,
+        CancelToken::new(),
+        None,
+    );
+    let mut encoder = ipc::IpcEncoder::default();
+    let mut reader = RecordDeserializer::new();
+    let mut rows_read = 0usize;
+    let started = Instant::now();
+    for _ in 0..batches {
+        if in_place {
+            let parts = encoder.encode_parts(&batch)?;
+            writer.emit_parts(Target::One(0), &parts)?;
+        } else {
+            writer.emit(Target::One(0), encoder.encode(&batch)?)?;
+        }
+        writer.flush_all()?;
+        while let Some((b, _)) = partition.subpartition(0).poll()? {
+            let BufferOrEvent::Buffer(b) = b else { break };
+            reader.feed_records(b.as_slice(), in_place, |r| {
+                let decoded = if in_place {
+                    ipc::decode_record(r, &schema)
+                } else {
+                    ipc::decode(r.as_slice(), &schema)
+                };
+                rows_read += decoded
+                    .map_err(|e| fluvia_core::FluviaError::Serialization(e.to_string()))?
+                    .num_rows();
+                Ok(())
+            })?;
+        }
+    }
+    let t = started.elapsed();
+    anyhow::ensure!(
+        rows_read == batches * rows as usize,
+        "rows lost: {rows_read}"
+    );
+    Ok(t)
+}
+
 /// The copy the local channel cannot avoid: each whole-buffer record into
 /// the next of the partition's 10 segments, round robin, as the producer
 /// writes it. Nothing else runs meanwhile, so it bounds the channel.
@@ -331,6 +408,29 @@ pub fn run(args: Args) -> Result<()> {
         println!(
             "| local channel, 32 KiB buffers | {t:.3} | {local:.2} GB/s | {:.2} of memcpy |",
             local / mc
+        );
+    }
+    if want("arrow") {
+        // Alternated, each pair in one breath, as the remote channel's.
+        let batches = (b / (1 << 20)).max(16) as usize;
+        let (mut copied, mut in_place, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..runs {
+            let c = arrow_exchange(batches, false)?.as_secs_f64();
+            let p = arrow_exchange(batches, true)?.as_secs_f64();
+            copied.push(c);
+            in_place.push(p);
+            ratios.push(c / p);
+        }
+        let rate = |t: f64| batches as f64 * 8192.0 / t / 1e6;
+        let (c, p) = (median(copied), median(in_place));
+        println!(
+            "| SQL exchange, Arrow batches through a local channel, copied whole | {c:.3} | {:.2} M rows/s | 1.00 |",
+            rate(c)
+        );
+        println!(
+            "| SQL exchange, written in parts, gathered records read in place | {p:.3} | {:.2} M rows/s | {:.2}× (paired runs) |",
+            rate(p),
+            median(ratios)
         );
     }
     if !want("keyed") {

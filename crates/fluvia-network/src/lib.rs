@@ -37,5 +37,7 @@ pub use cancel::CancelToken;
 pub use gate::{GateEvent, InputChannel, InputChannelSpec, InputGate, Polled};
 pub use partition::{BufferOrEvent, ConsumersReleased, Event, ResultPartition};
 pub use partitioner::{ChannelSelector, Target};
-pub use serialization::{ChannelDeserializers, PartitionWriter, RecordDeserializer};
+pub use serialization::{
+    ChannelDeserializers, PartitionWriter, RECORD_HEADER, RecordBytes, RecordDeserializer,
+};
 pub use view::{LocalInputChannel, SubpartitionView};

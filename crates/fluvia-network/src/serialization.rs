@@ -194,28 +194,38 @@ impl PartitionWriter {
     /// Writes one encoded record to `target`.
     #[inline]
     pub fn emit(&mut self, target: Target, record: &[u8]) -> Result<()> {
+        self.emit_parts(target, &[record])
+    }
+
+    /// Writes one record made of `parts`, one after another, to `target`:
+    /// a record encoded in pieces (a header, then a body) goes into the
+    /// network buffers without first being copied into one slice.
+    #[inline]
+    pub fn emit_parts(&mut self, target: Target, parts: &[&[u8]]) -> Result<()> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
         if self.finished {
             return Err(FluviaError::Internal(format!(
                 "record written to finished partition {}",
                 self.partition.name()
             )));
         }
-        if record.len() > MAX_RECORD_SIZE {
+        if len > MAX_RECORD_SIZE {
             return Err(FluviaError::Serialization(format!(
-                "record of {} bytes exceeds the maximum record size {}",
-                record.len(),
-                MAX_RECORD_SIZE
+                "record of {len} bytes exceeds the maximum record size {MAX_RECORD_SIZE}"
             )));
         }
         if self.sort_merge.is_some() {
-            return self.emit_sorted(target, record);
+            return match parts {
+                [record] => self.emit_sorted(target, record),
+                _ => self.emit_sorted(target, &parts.concat()),
+            };
         }
         match target {
             Target::One(sp) => {
                 if self.broadcast.is_some() {
                     self.hand_over_broadcast()?;
                 }
-                self.write_record(sp, record)?;
+                self.write_record(sp, len, parts)?;
                 self.subpartition_records[sp] += 1;
             }
             Target::All => {
@@ -224,7 +234,7 @@ impl PartitionWriter {
                         self.hand_over(sp)?;
                     }
                 }
-                self.write_broadcast(record)?;
+                self.write_broadcast(len, parts)?;
                 self.broadcast_records += 1;
             }
         }
@@ -239,16 +249,20 @@ impl PartitionWriter {
         Ok(())
     }
 
-    fn write_record(&mut self, sp: usize, record: &[u8]) -> Result<()> {
-        let header = (record.len() as u32).to_le_bytes();
+    fn write_record(&mut self, sp: usize, len: usize, parts: &[&[u8]]) -> Result<()> {
+        let header = (len as u32).to_le_bytes();
         if let Some(b) = &mut self.builders[sp]
-            && b.remaining() >= HEADER + record.len()
+            && b.remaining() >= HEADER + len
         {
             b.append(&header);
-            b.append(record);
+            for part in parts {
+                b.append(part);
+            }
         } else {
             self.write_spanning(sp, &header)?;
-            self.write_spanning(sp, record)?;
+            for part in parts {
+                self.write_spanning(sp, part)?;
+            }
         }
         if self.builders[sp]
             .as_ref()
@@ -275,9 +289,9 @@ impl PartitionWriter {
     }
 
     /// Writes a record once into the shared broadcast buffer.
-    fn write_broadcast(&mut self, record: &[u8]) -> Result<()> {
-        let header = (record.len() as u32).to_le_bytes();
-        for mut bytes in [&header[..], record] {
+    fn write_broadcast(&mut self, len: usize, parts: &[&[u8]]) -> Result<()> {
+        let header = (len as u32).to_le_bytes();
+        for mut bytes in std::iter::once(&header[..]).chain(parts.iter().copied()) {
             while !bytes.is_empty() {
                 let builder = match &mut self.broadcast {
                     Some(b) => b,
@@ -411,16 +425,35 @@ impl RecordDeserializer {
         buf: &[u8],
         mut on_record: impl FnMut(&[u8]) -> Result<()>,
     ) -> Result<()> {
+        self.feed_records(buf, false, |r| on_record(r.as_slice()))
+    }
+
+    /// Calls `on_record` for every record completed by `buf`. With `owned`,
+    /// a record reassembled from several buffers is handed over in the
+    /// vector it was gathered in (a decoder may keep it instead of copying
+    /// it); otherwise that vector is reused for the next one.
+    pub fn feed_records(
+        &mut self,
+        buf: &[u8],
+        owned: bool,
+        mut on_record: impl FnMut(RecordBytes<'_>) -> Result<()>,
+    ) -> Result<()> {
         let mut pos = 0;
         while pos < buf.len() || self.partial_complete() {
             if !self.partial.is_empty() {
                 let want = self.partial_target()?;
+                // Gathered in one allocation, not grown buffer by buffer.
+                self.partial.reserve_exact(want - self.partial.len());
                 let take = (want - self.partial.len()).min(buf.len() - pos);
                 self.partial.extend_from_slice(&buf[pos..pos + take]);
                 pos += take;
                 if self.partial_complete() {
-                    on_record(&self.partial[HEADER..])?;
-                    self.partial.clear();
+                    if owned {
+                        on_record(RecordBytes::Reassembled(std::mem::take(&mut self.partial)))?;
+                    } else {
+                        on_record(RecordBytes::InBuffer(&self.partial[HEADER..]))?;
+                        self.partial.clear();
+                    }
                 }
                 continue;
             }
@@ -431,10 +464,11 @@ impl RecordDeserializer {
                     return Err(corrupt(len));
                 }
                 if rest.len() >= HEADER + len {
-                    on_record(&rest[HEADER..HEADER + len])?;
+                    on_record(RecordBytes::InBuffer(&rest[HEADER..HEADER + len]))?;
                     pos += HEADER + len;
                     continue;
                 }
+                self.partial.reserve_exact(HEADER + len);
             }
             // The record continues in the next buffer.
             self.partial.extend_from_slice(rest);
@@ -466,6 +500,31 @@ impl RecordDeserializer {
     }
 }
 
+/// One complete record, as [`RecordDeserializer::feed_records`] hands it
+/// over.
+#[derive(Debug)]
+pub enum RecordBytes<'a> {
+    /// The record's bytes where they are (in the buffer they arrived in,
+    /// or in the deserializer's reassembly area).
+    InBuffer(&'a [u8]),
+    /// A record gathered from several buffers: the vector holds its
+    /// length header ([`RECORD_HEADER`] bytes), then the record.
+    Reassembled(Vec<u8>),
+}
+
+/// Bytes of the length header before every record.
+pub const RECORD_HEADER: usize = HEADER;
+
+impl RecordBytes<'_> {
+    /// The record's bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        match self {
+            RecordBytes::InBuffer(b) => b,
+            RecordBytes::Reassembled(v) => &v[HEADER..],
+        }
+    }
+}
+
 fn corrupt(len: usize) -> FluviaError {
     FluviaError::Serialization(format!(
         "corrupt record stream: record length {len} exceeds the maximum {MAX_RECORD_SIZE}"
@@ -479,22 +538,45 @@ mod tests {
     use crate::partition::BufferOrEvent;
 
     fn round_trip(segment: usize, records: &[Vec<u8>]) -> Vec<Vec<u8>> {
+        round_trip_as(segment, records, Target::One(0), false)
+    }
+
+    /// Writes `records` to `target` (in three parts each with `parts`) and
+    /// reads them back from subpartition 0 (taking reassembled records
+    /// over with `parts`).
+    fn round_trip_as(
+        segment: usize,
+        records: &[Vec<u8>],
+        target: Target,
+        parts: bool,
+    ) -> Vec<Vec<u8>> {
         let global = NetworkBufferPool::new(1 << 30, segment).unwrap();
         let pool = global.create_local_pool(1 << 14).unwrap();
-        let part = Arc::new(ResultPartition::pipelined("p", 1, segment));
+        let part = Arc::new(ResultPartition::pipelined("p", 2, segment));
         let mut w = PartitionWriter::new(part.clone(), pool, CancelToken::new(), None);
         for r in records {
-            w.emit(Target::One(0), r).unwrap();
+            if parts {
+                let (a, rest) = r.split_at(r.len() / 3);
+                let (b, c) = rest.split_at(rest.len() / 2);
+                w.emit_parts(target, &[a, b, c]).unwrap();
+            } else {
+                w.emit(target, r).unwrap();
+            }
         }
         w.finish().unwrap();
         let mut d = RecordDeserializer::new();
         let mut out = Vec::new();
+        let mut reassembled = 0;
         while let Some((b, _)) = part.subpartition(0).poll().unwrap() {
             match b {
                 BufferOrEvent::Buffer(b) => {
                     assert!(b.len() <= segment);
-                    d.feed(b.as_slice(), |r| {
-                        out.push(r.to_vec());
+                    d.feed_records(b.as_slice(), parts, |r| {
+                        if let RecordBytes::Reassembled(v) = &r {
+                            assert_eq!(v.len(), v.capacity(), "gathered in one allocation");
+                            reassembled += 1;
+                        }
+                        out.push(r.as_slice().to_vec());
                         Ok(())
                     })
                     .unwrap()
@@ -503,7 +585,26 @@ mod tests {
             }
         }
         assert!(!d.has_partial_record());
+        if parts && records.iter().any(|r| r.len() + HEADER > segment) {
+            assert!(reassembled > 0, "records spanning buffers are handed over");
+        }
         out
+    }
+
+    #[test]
+    fn records_written_in_parts_read_back_whole_to_one_target_or_all() {
+        let records: Vec<Vec<u8>> = (0..300usize)
+            .map(|i| (0..(i * 13) % 500).map(|b| (b * 3 + i) as u8).collect())
+            .collect();
+        for segment in [64, 65, 100, 4096] {
+            for target in [Target::One(0), Target::All] {
+                assert_eq!(
+                    round_trip_as(segment, &records, target, true),
+                    records,
+                    "segment {segment}"
+                );
+            }
+        }
     }
 
     #[test]

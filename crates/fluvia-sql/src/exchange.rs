@@ -456,16 +456,18 @@ impl GateStream {
             }) => {
                 let (schema, pending) = (&self.schema, &mut self.pending);
                 let mut records = 0u64;
-                self.deserializers
-                    .get(channel, subpartition)
-                    .feed(buffer.as_slice(), |bytes| {
-                        let batch = ipc::decode(bytes, schema).map_err(|e| {
+                self.deserializers.get(channel, subpartition).feed_records(
+                    buffer.as_slice(),
+                    true,
+                    |record| {
+                        let batch = ipc::decode_record(record, schema).map_err(|e| {
                             FluviaError::Serialization(format!("decoding an exchange batch: {e}"))
                         })?;
                         records += 1;
                         pending.push_back(batch);
                         Ok(())
-                    })?;
+                    },
+                )?;
                 let c = &self.inputs.counters;
                 IoCounters::add(&c.records_in, records);
                 IoCounters::add(&c.bytes_in, buffer.len() as u64);
@@ -631,10 +633,10 @@ impl Output<SqlBatch> for IpcOutput {
             Target::One(record.target.unwrap_or(0))
         };
         for piece in ipc::exchange_pieces(&record.batch) {
-            let bytes = self.encoder.encode(&piece).map_err(|e| {
+            let parts = self.encoder.encode_parts(&piece).map_err(|e| {
                 FluviaError::Serialization(format!("encoding an exchange batch: {e}"))
             })?;
-            self.writer.borrow_mut().emit(target, bytes)?;
+            self.writer.borrow_mut().emit_parts(target, &parts)?;
         }
         Ok(())
     }
