@@ -35,8 +35,9 @@ pub struct Args {
     /// DataFusion's reader), no-reuse (source reuse off), drain (inputs a
     /// task stops needing read to the end instead of released), no-cluster
     /// (hash join build sides not clustered by key), no-rf (no runtime
-    /// filters across tasks) (comma-separated; default all but df-reader,
-    /// no-reuse, drain, no-cluster and no-rf).
+    /// filters across tasks), byte-ranges (Parquet scans on DataFusion's
+    /// byte ranges, not split on row groups) (comma-separated; default all
+    /// but df-reader, no-reuse, drain, no-cluster, no-rf and byte-ranges).
     #[arg(
         long,
         value_delimiter = ',',
@@ -229,6 +230,10 @@ pub fn run_suite(a: Args) -> Result<()> {
         (
             "no-rf",
             on_with(options::RUNTIME_FILTER_ENABLED.key, "false"),
+        ),
+        (
+            "byte-ranges",
+            on_with(options::SPLIT_SCANS_ON_ROW_GROUPS.key, "false"),
         ),
     ];
     // No -p: scans at p, every later stage decided from the data.

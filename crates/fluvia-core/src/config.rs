@@ -221,6 +221,14 @@ pub mod options {
         description: "SQL: a hash join whose output an empty probe side empties (inner, right, semi, right anti) and whose probe side reads exchanges under projections, filters and aggregates reads that probe side on a thread of its own once its build side delivered a row, and ends as soon as the probe side ends without a row: its build side's readers stop, its task ends and releases its inputs. false always collects the build side first.",
     };
 
+    /// Fluvia's key.
+    pub const SPLIT_SCANS_ON_ROW_GROUPS: ConfigOption<bool> = ConfigOption {
+        key: "table.exec.parquet.split-on-row-groups",
+        fallback_keys: &[],
+        default: true,
+        description: "SQL: a Parquet scan whose byte ranges would leave a subtask without a row group (a file of one row group split in two) gets its row groups dealt out again, whole and balanced by bytes, over at most as many subtasks as it has row groups, so no subtask starts to read nothing; false keeps DataFusion's byte ranges.",
+    };
+
     /// Flink's key; Fluvia's default is on (Flink's is off).
     pub const RUNTIME_FILTER_ENABLED: ConfigOption<bool> = ConfigOption {
         key: "table.optimizer.runtime-filter.enabled",
@@ -489,6 +497,11 @@ pub mod options {
                 END_JOIN_ON_EMPTY_PROBE.description,
             ),
             (
+                SPLIT_SCANS_ON_ROW_GROUPS.key,
+                SPLIT_SCANS_ON_ROW_GROUPS.default.to_string(),
+                SPLIT_SCANS_ON_ROW_GROUPS.description,
+            ),
+            (
                 RUNTIME_FILTER_ENABLED.key,
                 RUNTIME_FILTER_ENABLED.default.to_string(),
                 RUNTIME_FILTER_ENABLED.description,
@@ -620,6 +633,7 @@ pub mod options {
         config.get(&BUFFER_REQUEST_TIMEOUT)?;
         config.get(&RELEASE_UNREAD_INPUTS)?;
         config.get(&END_JOIN_ON_EMPTY_PROBE)?;
+        config.get(&SPLIT_SCANS_ON_ROW_GROUPS)?;
         config.get(&RUNTIME_FILTER_ENABLED)?;
         config.get(&RUNTIME_FILTER_MAX_BUILD_SIZE)?;
         config.get(&RUNTIME_FILTER_MIN_PROBE_SIZE)?;

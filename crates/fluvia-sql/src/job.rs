@@ -219,6 +219,7 @@ pub fn plan(req: &PlanRequest) -> std::result::Result<PlannedQuery, PlanError> {
     let ctx = planning_context(&options)?;
     rt.block_on(req.catalog.register(&ctx))?;
     let registered = started.elapsed();
+    let split_on_row_groups = req.config.get(&options::SPLIT_SCANS_ON_ROW_GROUPS)?;
     let physical = rt
         .block_on(async {
             let df = ctx.sql(&req.sql).await?;
@@ -226,7 +227,12 @@ pub fn plan(req: &PlanRequest) -> std::result::Result<PlannedQuery, PlanError> {
                 Some(target) => insert_projection(df, target)?,
                 None => df,
             };
-            df.create_physical_plan().await
+            let plan = df.create_physical_plan().await?;
+            if split_on_row_groups {
+                crate::row_group_split::split_scans_on_row_groups(&ctx.state(), plan).await
+            } else {
+                Ok(plan)
+            }
         })
         .map_err(|e| PlanError::Query(QueryError(e.to_string())))?;
     let planned = started.elapsed();

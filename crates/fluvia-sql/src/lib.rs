@@ -25,6 +25,7 @@ pub mod job;
 pub mod output;
 pub mod released;
 pub mod reuse;
+pub mod row_group_split;
 pub mod runtime_filter;
 pub mod session;
 pub mod split;
