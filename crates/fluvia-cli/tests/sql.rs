@@ -116,6 +116,14 @@ fn answers_do_not_depend_on_parallelism_chaining_or_multiple_input() {
     for extra in [
         &["-p", "1"][..],
         &["-p", "4"][..],
+        // Scans on DataFusion's byte ranges: at SF 0.1 every table is one
+        // row group, so this is where scans run several subtasks.
+        &[
+            "-p",
+            "4",
+            "-D",
+            "table.exec.parquet.split-on-row-groups=false",
+        ][..],
         &[
             "-p",
             "3",
@@ -191,8 +199,44 @@ fn query_args_in(
         "-p".to_string(),
         parallelism.to_string(),
     ];
+    v.extend(BYTE_RANGES.iter().map(|s| s.to_string()));
     v.extend(extra.iter().map(|s| s.to_string()));
     v
+}
+
+/// The SF 0.1 tables are one row group each, so split on row groups every
+/// scan would run one subtask: the tests of plans at a parallelism keep
+/// DataFusion's byte ranges, whose scans run that many.
+const BYTE_RANGES: [&str; 2] = ["-D", "table.exec.parquet.split-on-row-groups=false"];
+
+/// `table.exec.parquet.split-on-row-groups`: at SF 0.1 every table is one
+/// row group, which DataFusion's byte ranges at `-p 2` give to one subtask
+/// of two; split on row groups, each scan runs the one subtask that reads
+/// it, and q96 (three dimension scans and the fact scan) is one task. The
+/// same answer either way.
+#[test]
+fn scans_of_one_row_group_run_one_subtask_instead_of_one_that_reads_nothing() {
+    let tables = tpcds_data().to_string_lossy().to_string();
+    let q96 = shared()
+        .join("queries/q96.sql")
+        .to_string_lossy()
+        .to_string();
+    let run = |extra: &[&str]| {
+        let mut a = vec!["--tables", &tables, "-f", &q96, "-p", "2"];
+        a.extend(extra);
+        let o = sql(&a);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).to_string()
+    };
+    let split = run(&["--explain"]);
+    assert!(split.contains("2 operators in 1 tasks"), "{split}");
+    assert!(!split.contains("parallelism 2"), "{split}");
+    let ranges = run(&[&["--explain"][..], &BYTE_RANGES[..]].concat());
+    assert!(ranges.contains("parallelism 2"), "{ranges}");
+    assert!(!ranges.contains("in 1 tasks"), "{ranges}");
+    let answer = run(&[]);
+    assert!(answer.lines().count() > 1, "{answer}");
+    assert_eq!(answer, run(&BYTE_RANGES));
 }
 
 #[test]
@@ -399,6 +443,7 @@ fn a_semi_join_feeding_only_a_group_by_is_broadcast() {
     let tables = tpcds_data().to_string_lossy().to_string();
     let run = |statement: &str, p: &str, extra: &[&str]| {
         let mut a = vec!["--tables", &tables, "-p", p, "-e", statement];
+        a.extend(BYTE_RANGES);
         a.extend(extra);
         let o = sql(&a);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
