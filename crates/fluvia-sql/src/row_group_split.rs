@@ -41,19 +41,19 @@ struct RowGroupSpan {
     bytes: i64,
 }
 
-fn spans(metadata: &ParquetMetaData) -> Vec<RowGroupSpan> {
+/// The file's row groups; `None` if one has no column to place it by.
+fn spans(metadata: &ParquetMetaData) -> Option<Vec<RowGroupSpan>> {
     metadata
         .row_groups()
         .iter()
-        .filter(|rg| rg.num_columns() > 0)
         .map(|rg| {
-            let col = rg.column(0);
-            RowGroupSpan {
+            let col = rg.columns().first()?;
+            Some(RowGroupSpan {
                 start: col
                     .dictionary_page_offset()
                     .unwrap_or_else(|| col.data_page_offset()),
                 bytes: rg.compressed_size().max(1),
-            }
+            })
         })
         .collect()
 }
@@ -102,30 +102,37 @@ pub async fn split_scans_on_row_groups(
             .with_file_metadata_cache(Some(Arc::clone(&cache)))
             .with_page_index_policy(Some(PageIndexPolicy::Skip))
             .fetch_metadata()
-            .await?;
-        row_groups.insert(key, spans(&metadata));
+            .await;
+        // A footer that cannot be read leaves its scans as planned: reading
+        // the file reports the error, naming it.
+        match metadata.map(|m| spans(&m)) {
+            Ok(Some(spans)) => {
+                row_groups.insert(key, spans);
+            }
+            Ok(None) => {}
+            Err(e) => tracing::debug!("{key}: footer not read for its row groups: {e}"),
+        }
     }
     let rewritten = Arc::clone(&plan)
         .transform_up(|node| {
             let Some(config) = parquet_scan(&node) else {
                 return Ok(Transformed::no(node));
             };
-            let layout: Vec<Vec<(PartitionedFile, Vec<RowGroupSpan>)>> = config
+            // Every file's row groups known, or the scan stays as planned:
+            // a file left out of the new groups would not be read.
+            let layout: Option<Vec<Vec<(PartitionedFile, Vec<RowGroupSpan>)>>> = config
                 .file_groups
                 .iter()
                 .map(|g| {
                     g.iter()
                         .map(|f| {
-                            let spans = row_groups
-                                .get(f.object_meta.location.as_ref())
-                                .cloned()
-                                .unwrap_or_default();
-                            (f.clone(), spans)
+                            let spans = row_groups.get(f.object_meta.location.as_ref())?;
+                            Some((f.clone(), spans.clone()))
                         })
                         .collect()
                 })
                 .collect();
-            let Some(groups) = regroup(&layout) else {
+            let Some(groups) = layout.as_deref().and_then(regroup) else {
                 return Ok(Transformed::no(node));
             };
             tracing::debug!(
