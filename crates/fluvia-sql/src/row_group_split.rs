@@ -58,6 +58,9 @@ fn spans(metadata: &ParquetMetaData) -> Option<Vec<RowGroupSpan>> {
         .collect()
 }
 
+/// A file group of a scan, each file with the row groups of the whole file.
+type GroupLayout = Vec<(PartitionedFile, Vec<RowGroupSpan>)>;
+
 /// The Parquet scan of a plan node, if it is one this rule may rewrite.
 fn parquet_scan(plan: &Arc<dyn ExecutionPlan>) -> Option<&FileScanConfig> {
     let config = plan
@@ -120,7 +123,7 @@ pub async fn split_scans_on_row_groups(
             };
             // Every file's row groups known, or the scan stays as planned:
             // a file left out of the new groups would not be read.
-            let layout: Option<Vec<Vec<(PartitionedFile, Vec<RowGroupSpan>)>>> = config
+            let layout: Option<Vec<GroupLayout>> = config
                 .file_groups
                 .iter()
                 .map(|g| {
@@ -187,7 +190,7 @@ fn reads(file: &PartitionedFile, start: i64) -> bool {
 /// New file groups for a scan laid out as `layout` (per group, its files
 /// with the row groups of each whole file), or `None` to keep it: every
 /// group already reads a row group, or the files hold none at all.
-fn regroup(layout: &[Vec<(PartitionedFile, Vec<RowGroupSpan>)>]) -> Option<Vec<FileGroup>> {
+fn regroup(layout: &[GroupLayout]) -> Option<Vec<FileGroup>> {
     let empty = layout.iter().any(|g| {
         !g.iter()
             .any(|(f, spans)| spans.iter().any(|s| reads(f, s.start)))
