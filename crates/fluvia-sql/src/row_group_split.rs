@@ -41,9 +41,10 @@ struct RowGroupSpan {
     bytes: i64,
 }
 
-/// The file's row groups; `None` if one has no column to place it by.
+/// The file's row groups; `None` if one has no column to place it by or
+/// they are not laid out in order (a range ends where the next one starts).
 fn spans(metadata: &ParquetMetaData) -> Option<Vec<RowGroupSpan>> {
-    metadata
+    let spans: Vec<RowGroupSpan> = metadata
         .row_groups()
         .iter()
         .map(|rg| {
@@ -55,7 +56,11 @@ fn spans(metadata: &ParquetMetaData) -> Option<Vec<RowGroupSpan>> {
                 bytes: rg.compressed_size().max(1),
             })
         })
-        .collect()
+        .collect::<Option<_>>()?;
+    spans
+        .windows(2)
+        .all(|w| w[0].start < w[1].start)
+        .then_some(spans)
 }
 
 /// A file group of a scan, each file with the row groups of the whole file.
