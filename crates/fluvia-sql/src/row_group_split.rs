@@ -64,7 +64,7 @@ fn spans(metadata: &ParquetMetaData) -> Option<Vec<RowGroupSpan>> {
 }
 
 /// A file group of a scan, each file with the row groups of the whole file.
-type GroupLayout = Vec<(PartitionedFile, Vec<RowGroupSpan>)>;
+type GroupLayout<'a> = Vec<(&'a PartitionedFile, &'a [RowGroupSpan])>;
 
 /// The Parquet scan of a plan node, if it is one this rule may rewrite.
 fn parquet_scan(plan: &Arc<dyn ExecutionPlan>) -> Option<&FileScanConfig> {
@@ -86,11 +86,14 @@ pub async fn split_scans_on_row_groups(
     state: &SessionState,
     plan: Arc<dyn ExecutionPlan>,
 ) -> DfResult<Arc<dyn ExecutionPlan>> {
-    let mut files = Vec::new();
+    // Each file once, though a file split in ranges is in several groups.
+    let mut files = HashMap::new();
     plan.apply(|node| {
         if let Some(config) = parquet_scan(node) {
             for f in config.file_groups.iter().flat_map(|g| g.iter()) {
-                files.push((config.object_store_url.clone(), f.object_meta.clone()));
+                files
+                    .entry(f.object_meta.location.to_string())
+                    .or_insert_with(|| (config.object_store_url.clone(), f.object_meta.clone()));
             }
         }
         Ok(TreeNodeRecursion::Continue)
@@ -100,13 +103,9 @@ pub async fn split_scans_on_row_groups(
     }
     let cache = state.runtime_env().cache_manager.get_file_metadata_cache();
     let mut row_groups: HashMap<String, Vec<RowGroupSpan>> = HashMap::new();
-    for (url, meta) in &files {
-        let key = meta.location.to_string();
-        if row_groups.contains_key(&key) {
-            continue;
-        }
-        let store = state.runtime_env().object_store(url)?;
-        let metadata = DFParquetMetadata::new(store.as_ref(), meta)
+    for (key, (url, meta)) in files {
+        let store = state.runtime_env().object_store(&url)?;
+        let metadata = DFParquetMetadata::new(store.as_ref(), &meta)
             .with_file_metadata_cache(Some(Arc::clone(&cache)))
             .with_page_index_policy(Some(PageIndexPolicy::Skip))
             .fetch_metadata()
@@ -135,7 +134,7 @@ pub async fn split_scans_on_row_groups(
                     g.iter()
                         .map(|f| {
                             let spans = row_groups.get(f.object_meta.location.as_ref())?;
-                            Some((f.clone(), spans.clone()))
+                            Some((f, spans.as_slice()))
                         })
                         .collect()
                 })
@@ -207,7 +206,7 @@ fn regroup(layout: &[GroupLayout]) -> Option<Vec<FileGroup>> {
     // in several groups, each reading some of its row groups.
     let mut units: Vec<(&PartitionedFile, usize)> = Vec::new();
     let mut file_spans: HashMap<&str, &[RowGroupSpan]> = HashMap::new();
-    for (f, spans) in layout.iter().flatten() {
+    for &(f, spans) in layout.iter().flatten() {
         let key = f.object_meta.location.as_ref();
         if !file_spans.contains_key(key) {
             file_spans.insert(key, spans);
@@ -291,6 +290,14 @@ mod tests {
         f
     }
 
+    /// The layout `regroup` reads, over files and row groups owned here.
+    fn borrowed(layout: &[Vec<(PartitionedFile, Vec<RowGroupSpan>)>]) -> Vec<GroupLayout<'_>> {
+        layout
+            .iter()
+            .map(|g| g.iter().map(|(f, s)| (f, s.as_slice())).collect())
+            .collect()
+    }
+
     fn rg(start: i64, bytes: i64) -> RowGroupSpan {
         RowGroupSpan { start, bytes }
     }
@@ -317,7 +324,7 @@ mod tests {
             vec![(file("a", 1100, Some((0, 550))), spans.clone())],
             vec![(file("a", 1100, Some((550, 1100))), spans)],
         ];
-        let groups = regroup(&layout).expect("one range reads nothing");
+        let groups = regroup(&borrowed(&layout)).expect("one range reads nothing");
         assert_eq!(shape(&groups), vec![vec![("a".to_string(), 4, 1100)]]);
     }
 
@@ -328,7 +335,7 @@ mod tests {
             vec![(file("a", 1100, Some((0, 550))), spans.clone())],
             vec![(file("a", 1100, Some((550, 1100))), spans)],
         ];
-        assert!(regroup(&layout).is_none());
+        assert!(regroup(&borrowed(&layout)).is_none());
     }
 
     #[test]
@@ -342,7 +349,7 @@ mod tests {
             vec![(file("b", 210, Some((100, 210))), b.clone())],
             vec![(file("b", 210, Some((0, 100))), b)],
         ];
-        let groups = regroup(&layout).expect("the second group reads nothing");
+        let groups = regroup(&borrowed(&layout)).expect("the second group reads nothing");
         // 1200 bytes over 3 groups: a's first two row groups pass the first
         // share, its third and b make up the rest.
         assert_eq!(
@@ -530,6 +537,6 @@ mod tests {
             vec![(file("a", 10, None), vec![])],
             vec![(file("b", 10, None), vec![])],
         ];
-        assert!(regroup(&layout).is_none());
+        assert!(regroup(&borrowed(&layout)).is_none());
     }
 }
