@@ -175,6 +175,13 @@ pub mod options {
         default: true,
         description: "SQL: fragments that scan the same CSV files (whatever columns each keeps) and do not feed each other run as one task that reads the files once and hands every batch to each of them; its outputs are blocking exchanges.",
     };
+    /// Fluvia's key.
+    pub const SCALAR_SUBQUERY_JOIN_PUSHDOWN: ConfigOption<bool> = ConfigOption {
+        key: "table.optimizer.scalar-subquery-join-pushdown-enabled",
+        fallback_keys: &[],
+        default: true,
+        description: "SQL: the join a scalar subquery becomes (`col = (SELECT ...)`) moves down from the top of the FROM list to the table whose column it compares, so it filters that table before the other joins instead of after them.",
+    };
     /// Fluvia's key; a size with a unit (`64mb`) or bytes.
     pub const REUSE_SOURCE_MIN_SIZE: ConfigOption<u64> = ConfigOption {
         key: "table.optimizer.reuse-source.min-size",
@@ -482,6 +489,11 @@ pub mod options {
                 REUSE_SOURCE.description,
             ),
             (
+                SCALAR_SUBQUERY_JOIN_PUSHDOWN.key,
+                SCALAR_SUBQUERY_JOIN_PUSHDOWN.default.to_string(),
+                SCALAR_SUBQUERY_JOIN_PUSHDOWN.description,
+            ),
+            (
                 BUFFER_REQUEST_TIMEOUT.key,
                 BUFFER_REQUEST_TIMEOUT.default.to_string(),
                 BUFFER_REQUEST_TIMEOUT.description,
@@ -630,6 +642,7 @@ pub mod options {
         config.get(&BATCH_SHUFFLE_MODE)?;
         config.get(&CSV_READER)?;
         config.get(&REUSE_SOURCE)?;
+        config.get(&SCALAR_SUBQUERY_JOIN_PUSHDOWN)?;
         config.get(&BUFFER_REQUEST_TIMEOUT)?;
         config.get(&RELEASE_UNREAD_INPUTS)?;
         config.get(&END_JOIN_ON_EMPTY_PROBE)?;

@@ -162,9 +162,21 @@ fn df_err(e: DataFusionError) -> FluviaError {
 }
 
 /// A session for planning: DataFusion's rules plus Fluvia's broadcast
-/// safety rule right after join selection.
-pub fn planning_context(options: &[(String, String)]) -> Result<SessionContext> {
+/// safety rule right after join selection, and with `push_scalar_joins`
+/// the scalar subquery joins moved down right after filter pushdown.
+pub fn planning_context(
+    options: &[(String, String)],
+    push_scalar_joins: bool,
+) -> Result<SessionContext> {
     let config = session_config(options)?;
+    let mut logical = datafusion::optimizer::Optimizer::new().rules;
+    if push_scalar_joins {
+        let at = logical
+            .iter()
+            .position(|r| r.name() == "push_down_filter")
+            .map_or(logical.len(), |i| i + 1);
+        logical.insert(at, Arc::new(crate::scalar_join::PushScalarSubqueryJoins));
+    }
     let mut rules = PhysicalOptimizer::new().rules;
     let at = rules
         .iter()
@@ -175,6 +187,7 @@ pub fn planning_context(options: &[(String, String)]) -> Result<SessionContext> 
         .with_config(config)
         .with_default_features()
         .with_physical_optimizer_rules(rules)
+        .with_optimizer_rules(logical)
         .build();
     Ok(SessionContext::new_with_state(state))
 }
@@ -216,7 +229,10 @@ pub fn plan(req: &PlanRequest) -> std::result::Result<PlannedQuery, PlanError> {
     let started = std::time::Instant::now();
     let rt = planning_runtime()?;
     let options = datafusion_options(req.parallelism, &req.config)?;
-    let ctx = planning_context(&options)?;
+    let ctx = planning_context(
+        &options,
+        req.config.get(&options::SCALAR_SUBQUERY_JOIN_PUSHDOWN)?,
+    )?;
     rt.block_on(req.catalog.register(&ctx))?;
     let registered = started.elapsed();
     let split_on_row_groups = req.config.get(&options::SPLIT_SCANS_ON_ROW_GROUPS)?;
@@ -458,7 +474,10 @@ pub fn check_statement(
 ) -> std::result::Result<SchemaRef, PlanError> {
     let rt = current_thread_runtime()?;
     let options = datafusion_options(parallelism, config)?;
-    let ctx = planning_context(&options)?;
+    let ctx = planning_context(
+        &options,
+        config.get(&options::SCALAR_SUBQUERY_JOIN_PUSHDOWN)?,
+    )?;
     rt.block_on(catalog.register(&ctx))?;
     rt.block_on(async {
         let df = ctx.sql(sql).await?;

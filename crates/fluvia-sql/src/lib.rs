@@ -27,6 +27,7 @@ pub mod released;
 pub mod reuse;
 pub mod row_group_split;
 pub mod runtime_filter;
+pub mod scalar_join;
 pub mod session;
 pub mod split;
 pub mod staging;
