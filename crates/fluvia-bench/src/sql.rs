@@ -36,8 +36,10 @@ pub struct Args {
     /// task stops needing read to the end instead of released), no-cluster
     /// (hash join build sides not clustered by key), no-rf (no runtime
     /// filters across tasks), byte-ranges (Parquet scans on DataFusion's
-    /// byte ranges, not split on row groups) (comma-separated; default all
-    /// but df-reader, no-reuse, drain, no-cluster, no-rf and byte-ranges).
+    /// byte ranges, not split on row groups), sq-on-top (scalar subquery
+    /// joins left on top of the FROM list) (comma-separated; default all
+    /// but df-reader, no-reuse, drain, no-cluster, no-rf, byte-ranges and
+    /// sq-on-top).
     #[arg(
         long,
         value_delimiter = ',',
@@ -234,6 +236,10 @@ pub fn run_suite(a: Args) -> Result<()> {
         (
             "byte-ranges",
             on_with(options::SPLIT_SCANS_ON_ROW_GROUPS.key, "false"),
+        ),
+        (
+            "sq-on-top",
+            on_with(options::SCALAR_SUBQUERY_JOIN_PUSHDOWN.key, "false"),
         ),
     ];
     // No -p: scans at p, every later stage decided from the data.
