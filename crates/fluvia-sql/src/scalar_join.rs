@@ -154,7 +154,7 @@ fn at(input: &Arc<LogicalPlan>, keys: &[Column], join: &Join) -> DfResult<Arc<Lo
 #[cfg(test)]
 mod tests {
     use crate::job::planning_context;
-    use datafusion::arrow::array::Int64Array;
+    use datafusion::arrow::array::{ArrayRef, Int64Array};
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
     use datafusion::arrow::record_batch::RecordBatch;
     use datafusion::arrow::util::pretty::pretty_format_batches;
@@ -170,23 +170,19 @@ mod tests {
          AND d.m = (SELECT DISTINCT m FROM dim WHERE k = 3) \
          ORDER BY f.v";
 
-    fn table(names: [&str; 2], rows: Vec<(i64, i64)>) -> Arc<MemTable> {
-        let schema = Arc::new(Schema::new(vec![
-            Field::new(names[0], DataType::Int64, false),
-            Field::new(names[1], DataType::Int64, false),
-        ]));
-        let batch = RecordBatch::try_new(
-            Arc::clone(&schema),
-            vec![
-                Arc::new(Int64Array::from(
-                    rows.iter().map(|r| r.0).collect::<Vec<_>>(),
-                )),
-                Arc::new(Int64Array::from(
-                    rows.iter().map(|r| r.1).collect::<Vec<_>>(),
-                )),
-            ],
-        )
-        .expect("batch");
+    /// A table of Int64 columns `names`, one `Vec` of values per column.
+    fn table(names: &[&str], columns: Vec<Vec<i64>>) -> Arc<MemTable> {
+        let schema = Arc::new(Schema::new(
+            names
+                .iter()
+                .map(|n| Field::new(*n, DataType::Int64, false))
+                .collect::<Vec<_>>(),
+        ));
+        let columns = columns
+            .into_iter()
+            .map(|c| Arc::new(Int64Array::from(c)) as ArrayRef)
+            .collect();
+        let batch = RecordBatch::try_new(Arc::clone(&schema), columns).expect("batch");
         Arc::new(MemTable::try_new(schema, vec![vec![batch]]).expect("table"))
     }
 
@@ -195,42 +191,29 @@ mod tests {
         let options =
             crate::session::datafusion_options(2, &Configuration::default()).expect("options");
         let ctx = planning_context(&options, push).expect("context");
-        // The fact table: (dk, v) with ek = v % 4; dim: (k, m) with m = k / 2.
-        let fact: Vec<(i64, i64)> = (0..40).map(|v| (v % 10, v)).collect();
-        let fact = {
-            let schema = Arc::new(Schema::new(vec![
-                Field::new("dk", DataType::Int64, false),
-                Field::new("ek", DataType::Int64, false),
-                Field::new("v", DataType::Int64, false),
-            ]));
-            let batch = RecordBatch::try_new(
-                Arc::clone(&schema),
-                vec![
-                    Arc::new(Int64Array::from(
-                        fact.iter().map(|r| r.0).collect::<Vec<_>>(),
-                    )),
-                    Arc::new(Int64Array::from(
-                        fact.iter().map(|r| r.1 % 4).collect::<Vec<_>>(),
-                    )),
-                    Arc::new(Int64Array::from(
-                        fact.iter().map(|r| r.1).collect::<Vec<_>>(),
-                    )),
-                ],
-            )
-            .expect("batch");
-            Arc::new(MemTable::try_new(schema, vec![vec![batch]]).expect("table"))
-        };
+        // fact: v in 0..40 with dk = v % 10 and ek = v % 4; dim: m = k / 2.
+        let v: Vec<i64> = (0..40).collect();
+        let fact = table(
+            &["dk", "ek", "v"],
+            vec![
+                v.iter().map(|v| v % 10).collect(),
+                v.iter().map(|v| v % 4).collect(),
+                v.clone(),
+            ],
+        );
         ctx.register_table("fact", fact).expect("fact");
-        ctx.register_table(
-            "dim",
-            table(["k", "m"], (0..10).map(|k| (k, k / 2)).collect()),
-        )
-        .expect("dim");
-        ctx.register_table(
-            "other",
-            table(["k", "n"], (0..4).map(|k| (k, 100 + k)).collect()),
-        )
-        .expect("other");
+        let k: Vec<i64> = (0..10).collect();
+        let dim = table(
+            &["k", "m"],
+            vec![k.clone(), k.iter().map(|k| k / 2).collect()],
+        );
+        ctx.register_table("dim", dim).expect("dim");
+        let k: Vec<i64> = (0..4).collect();
+        let other = table(
+            &["k", "n"],
+            vec![k.clone(), k.iter().map(|k| 100 + k).collect()],
+        );
+        ctx.register_table("other", other).expect("other");
         ctx
     }
 
