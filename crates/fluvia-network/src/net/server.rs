@@ -5,10 +5,12 @@
 //! credit, cancellations) and a writer thread. A partition request creates a
 //! *reader* over the requested subpartitions with the receiver's initial
 //! credit. Readers that can send — data and credit, or an event — wait in a
-//! queue; the writer takes the first, sends one buffer with the current
+//! queue; the writer takes the first, stages one buffer with the current
 //! backlog, and puts it back at the tail if it can still send: round robin
-//! across all channels of the connection. A reader without credit is simply
-//! not in the queue, so a stalled consumer costs the others nothing.
+//! across all channels of the connection. Whatever else is ready when the
+//! writer wakes is staged too and the batch goes out in one `writev`. A
+//! reader without credit is simply not in the queue, so a stalled consumer
+//! costs the others nothing.
 
 use super::protocol::{
     DataType, FrameDecoder, Message, ReceiverId, ResultPartitionId, encode,
@@ -19,7 +21,6 @@ use crate::partition::{AvailabilityListener, BufferOrEvent, NextKind, ResultPart
 use crate::view::{SubpartitionView, ViewPoll};
 use fluvia_core::{FluviaError, Result};
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::io::Write;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
@@ -66,6 +67,9 @@ pub struct ServerConfig {
 pub struct ServerMetrics {
     pub buffers_sent: AtomicU64,
     pub bytes_sent: AtomicU64,
+    /// Writes (system calls) that carried frames; below `buffers_sent`
+    /// when buffers ready together left together.
+    pub writes: AtomicU64,
     pub connections_accepted: AtomicU64,
 }
 
@@ -436,16 +440,17 @@ impl ServerConnection {
         }
     }
 
-    /// Takes the next thing to send, waiting if there is none; `None` when
-    /// the connection is closed. `idle` is called (unlocked) before waiting.
-    fn next_outgoing(&self, idle: &mut dyn FnMut()) -> Result<Option<Outgoing>> {
+    /// Takes the next thing to send. With `wait`, waits if there is none
+    /// and returns `None` only once the connection is closed; without, also
+    /// returns `None` when nothing is ready now.
+    fn next_outgoing(&self, wait: bool) -> Option<Outgoing> {
         let mut st = lock_state(&self.state);
         loop {
             if st.closed {
-                return Ok(None);
+                return None;
             }
             if let Some(m) = st.control.pop_front() {
-                return Ok(Some(Outgoing::Control(m)));
+                return Some(Outgoing::Control(m));
             }
             let popped = st.available.pop_front();
             self.work_hint.store(
@@ -453,8 +458,10 @@ impl ServerConnection {
                 Ordering::Release,
             );
             let Some(receiver) = popped else {
+                if !wait {
+                    return None;
+                }
                 drop(st);
-                idle();
                 // Data or credit usually arrives within a few yields; a
                 // blocked writer costs the waker a system call.
                 for _ in 0..crate::gate::SPINS_BEFORE_BLOCKING {
@@ -489,10 +496,10 @@ impl ServerConnection {
                     // connection's other channels go on.
                     let partition = reader.partition;
                     st.readers.remove(&receiver);
-                    return Ok(Some(Outgoing::Control(Message::ErrorResponse {
+                    return Some(Outgoing::Control(Message::ErrorResponse {
                         receiver: Some(receiver),
                         message: format!("reading partition {partition}: {e}"),
-                    })));
+                    }));
                 }
             };
             let sequence = reader.sequence;
@@ -528,114 +535,48 @@ impl ServerConnection {
                     }
                 }
             };
-            return Ok(Some(out));
+            return Some(out);
         }
     }
 
-    fn write_loop(self: Arc<Self>, stream: TcpStream) {
-        let mut w = std::io::BufWriter::with_capacity(256 * 1024, stream);
-        let mut header = Vec::with_capacity(64);
-        let mut flush_error: Option<std::io::Error> = None;
+    /// Sends what is ready in one `writev` per batch: every element ready
+    /// when the first is taken goes out with it (up to [`MAX_BATCH`] frames
+    /// or [`MAX_BATCH_BYTES`]), so a sender that fell behind catches up with
+    /// one system call, one TCP push and one wake-up of the receiving
+    /// thread for several buffers instead of one each. Nothing waits to fill
+    /// a batch: a lone buffer goes out at once.
+    fn write_loop(self: Arc<Self>, mut stream: TcpStream) {
+        // Frame headers (and whole control frames) of the batch, back to
+        // back; each element records where its header ends.
+        let mut headers: Vec<u8> = Vec::with_capacity(64 * MAX_BATCH);
+        let mut batch: Vec<(usize, Payload)> = Vec::with_capacity(MAX_BATCH);
         loop {
-            let mut idle = || {
-                if let Err(e) = w.flush() {
-                    flush_error.get_or_insert(e);
-                }
-            };
-            let next = match self.next_outgoing(&mut idle) {
-                Ok(Some(n)) => n,
-                Ok(None) => {
-                    let _ = w.flush();
-                    return;
-                }
-                Err(e) => {
-                    tracing::error!("reading a partition for {} failed: {e}", self.peer);
-                    header.clear();
-                    encode(
-                        &Message::ErrorResponse {
-                            receiver: None,
-                            message: e.to_string(),
-                        },
-                        &mut header,
-                    );
-                    let _ = w.write_all(&header).and_then(|_| w.flush());
-                    self.close();
-                    return;
-                }
-            };
-            if flush_error.is_some() {
-                self.close();
+            let Some(first) = self.next_outgoing(true) else {
                 return;
-            }
-            header.clear();
-            let result = match next {
-                Outgoing::Data {
-                    receiver,
-                    subpartition,
-                    sequence,
-                    backlog,
-                    buffer,
-                } => {
-                    let compressed = if self.config.compression {
-                        let c = super::compress(buffer.as_slice());
-                        (c.len() < buffer.len()).then_some(c)
-                    } else {
-                        None
-                    };
-                    let payload: &[u8] = compressed.as_deref().unwrap_or(buffer.as_slice());
-                    encode_buffer_response_header(
-                        &mut header,
-                        receiver,
-                        subpartition,
-                        sequence,
-                        backlog,
-                        DataType::Data,
-                        compressed.is_some(),
-                        payload.len(),
-                    );
-                    self.metrics.buffers_sent.fetch_add(1, Ordering::Relaxed);
-                    self.metrics
-                        .bytes_sent
-                        .fetch_add(payload.len() as u64, Ordering::Relaxed);
-                    // Control frames buffered before this one go first.
-                    let flushed = if w.buffer().is_empty() {
-                        Ok(())
-                    } else {
-                        w.flush()
-                    };
-                    flushed.and_then(|_| {
-                        super::write_all_vectored(
-                            w.get_mut(),
-                            &mut [
-                                std::io::IoSlice::new(&header),
-                                std::io::IoSlice::new(payload),
-                            ],
-                        )
-                    })
-                    // `buffer` drops here: the segment returns to its producer.
-                }
-                Outgoing::End {
-                    receiver,
-                    subpartition,
-                    sequence,
-                } => {
-                    encode_buffer_response_header(
-                        &mut header,
-                        receiver,
-                        subpartition,
-                        sequence,
-                        0,
-                        DataType::EndOfPartition,
-                        false,
-                        0,
-                    );
-                    w.write_all(&header)
-                }
-                Outgoing::Control(m) => {
-                    encode(&m, &mut header);
-                    w.write_all(&header)
-                }
             };
+            headers.clear();
+            let mut bytes = self.stage(first, &mut headers, &mut batch);
+            while batch.len() < MAX_BATCH && bytes < MAX_BATCH_BYTES {
+                match self.next_outgoing(false) {
+                    Some(next) => bytes += self.stage(next, &mut headers, &mut batch),
+                    None => break,
+                }
+            }
+            let mut slices = Vec::with_capacity(2 * batch.len());
+            let mut start = 0;
+            for (end, payload) in &batch {
+                slices.push(std::io::IoSlice::new(&headers[start..*end]));
+                start = *end;
+                match payload {
+                    Payload::None => {}
+                    Payload::Buffer(b) => slices.push(std::io::IoSlice::new(b.as_slice())),
+                    Payload::Compressed(c) => slices.push(std::io::IoSlice::new(c)),
+                }
+            }
+            self.metrics.writes.fetch_add(1, Ordering::Relaxed);
+            let result = super::write_all_vectored(&mut stream, &mut slices);
+            // The segments return to their producers here.
+            batch.clear();
             if let Err(e) = result {
                 tracing::debug!("data connection to {} closed: {e}", self.peer);
                 self.close();
@@ -643,4 +584,94 @@ impl ServerConnection {
             }
         }
     }
+
+    /// Encodes `next`'s header into `headers` and adds it to `batch`;
+    /// returns the bytes it adds to the write.
+    fn stage(
+        &self,
+        next: Outgoing,
+        headers: &mut Vec<u8>,
+        batch: &mut Vec<(usize, Payload)>,
+    ) -> usize {
+        let before = headers.len();
+        let payload = match next {
+            Outgoing::Data {
+                receiver,
+                subpartition,
+                sequence,
+                backlog,
+                buffer,
+            } => {
+                let compressed = if self.config.compression {
+                    let c = super::compress(buffer.as_slice());
+                    (c.len() < buffer.len()).then_some(c)
+                } else {
+                    None
+                };
+                let len = compressed.as_ref().map_or(buffer.len(), Vec::len);
+                encode_buffer_response_header(
+                    headers,
+                    receiver,
+                    subpartition,
+                    sequence,
+                    backlog,
+                    DataType::Data,
+                    compressed.is_some(),
+                    len,
+                );
+                self.metrics.buffers_sent.fetch_add(1, Ordering::Relaxed);
+                self.metrics
+                    .bytes_sent
+                    .fetch_add(len as u64, Ordering::Relaxed);
+                match compressed {
+                    // The original buffer is recycled at once.
+                    Some(c) => Payload::Compressed(c),
+                    None => Payload::Buffer(buffer),
+                }
+            }
+            Outgoing::End {
+                receiver,
+                subpartition,
+                sequence,
+            } => {
+                encode_buffer_response_header(
+                    headers,
+                    receiver,
+                    subpartition,
+                    sequence,
+                    0,
+                    DataType::EndOfPartition,
+                    false,
+                    0,
+                );
+                Payload::None
+            }
+            Outgoing::Control(m) => {
+                encode(&m, headers);
+                Payload::None
+            }
+        };
+        let len = match &payload {
+            Payload::None => 0,
+            Payload::Buffer(b) => b.len(),
+            Payload::Compressed(c) => c.len(),
+        };
+        batch.push((headers.len(), payload));
+        headers.len() - before + len
+    }
+}
+
+/// Frames one `writev` carries at most (two slices each, far below the
+/// kernel's 1024).
+const MAX_BATCH: usize = 16;
+
+/// Bytes one `writev` carries at most, so the segments of a batch go back
+/// to their producers soon enough.
+const MAX_BATCH_BYTES: usize = 256 * 1024;
+
+/// What follows a frame header in a batch.
+enum Payload {
+    None,
+    Buffer(crate::buffer::Buffer),
+    Compressed(Vec<u8>),
 }
