@@ -170,6 +170,15 @@ fn remote_channel(
         input_index: 0,
     }]);
     let t = pump(writer, &mut gate, bytes)?;
+    let m = producer.server().metrics();
+    let buffers = m.buffers_sent.load(std::sync::atomic::Ordering::Relaxed);
+    let writes = m.writes.load(std::sync::atomic::Ordering::Relaxed);
+    // How many buffers one system call carried (the server batches what is
+    // ready): a number to read beside the throughput, not a result.
+    eprintln!(
+        "remote channel: {buffers} buffers in {writes} writes ({:.2} per write)",
+        buffers as f64 / writes.max(1) as f64
+    );
     producer.shutdown();
     consumer.shutdown();
     Ok(t)
