@@ -38,6 +38,16 @@ fn pid(i: u32) -> ResultPartitionId {
     }
 }
 
+/// The channel over subpartition 0 of partition `id` served at `peer`.
+fn first_subpartition(peer: SocketAddr, id: ResultPartitionId) -> RemoteChannelSpec {
+    RemoteChannelSpec {
+        peer,
+        partition: id,
+        first_subpartition: 0,
+        last_subpartition: 0,
+    }
+}
+
 /// Registers a pipelined partition with `n` subpartitions on `producer` and
 /// returns a writer for it.
 fn producer_partition(
@@ -145,12 +155,7 @@ fn buffers_ready_together_leave_in_one_write() {
             .unwrap();
     }
     w.finish().unwrap();
-    let specs = [RemoteChannelSpec {
-        peer: a.data_address(),
-        partition: pid(3),
-        first_subpartition: 0,
-        last_subpartition: 0,
-    }];
+    let specs = [first_subpartition(a.data_address(), pid(3))];
     let (_gate_pool, channels) = b.open_remote_channels(&specs).unwrap();
     let mut gate = InputGate::new(vec![InputChannelSpec {
         channel: Arc::clone(&channels[0]) as Arc<dyn InputChannel>,
@@ -192,12 +197,7 @@ fn a_stalled_channel_does_not_slow_the_others_on_its_connection() {
     // Two partitions with one subpartition each, read over one connection.
     let (mut slow_w, slow_pool) = producer_partition(&a, pid(0), 1);
     let (mut fast_w, fast_pool) = producer_partition(&a, pid(1), 1);
-    let specs = [0, 1].map(|i| RemoteChannelSpec {
-        peer: a.data_address(),
-        partition: pid(i),
-        first_subpartition: 0,
-        last_subpartition: 0,
-    });
+    let specs = [0, 1].map(|i| first_subpartition(a.data_address(), pid(i)));
     let (gate_pool, channels) = b.open_remote_channels(&specs).unwrap();
     assert_eq!(b.connections().num_connections(), 1);
 
@@ -271,12 +271,7 @@ fn a_peer_that_dies_mid_stream_fails_the_channel_naming_it() {
     let (a, b) = (env(false), env(false));
     let (mut w, _pool) = producer_partition(&a, pid(0), 1);
     let (_gp, channels) = b
-        .open_remote_channels(&[RemoteChannelSpec {
-            peer: a.data_address(),
-            partition: pid(0),
-            first_subpartition: 0,
-            last_subpartition: 0,
-        }])
+        .open_remote_channels(&[first_subpartition(a.data_address(), pid(0))])
         .unwrap();
     for seq in 0..1000 {
         w.emit(Target::One(0), &record(0, seq, 10)).unwrap();
@@ -317,12 +312,7 @@ fn a_peer_sending_garbage_fails_the_channel_with_a_protocol_error() {
     let b = env(false);
     // The garbage may arrive before or after the channel is registered:
     // either the request or the first read fails, naming the peer.
-    let err = match b.open_remote_channels(&[RemoteChannelSpec {
-        peer,
-        partition: pid(0),
-        first_subpartition: 0,
-        last_subpartition: 0,
-    }]) {
+    let err = match b.open_remote_channels(&[first_subpartition(peer, pid(0))]) {
         Err(e) => e.to_string(),
         Ok((_gp, channels)) => {
             let mut gate = InputGate::new(vec![InputChannelSpec {
@@ -343,12 +333,7 @@ fn a_peer_sending_garbage_fails_the_channel_with_a_protocol_error() {
 fn requesting_an_unknown_partition_is_a_clear_error() {
     let (a, b) = (env(false), env(false));
     let (_gp, channels) = b
-        .open_remote_channels(&[RemoteChannelSpec {
-            peer: a.data_address(),
-            partition: pid(42),
-            first_subpartition: 0,
-            last_subpartition: 0,
-        }])
+        .open_remote_channels(&[first_subpartition(a.data_address(), pid(42))])
         .unwrap();
     let mut gate = InputGate::new(vec![InputChannelSpec {
         channel: Arc::clone(&channels[0]) as Arc<dyn InputChannel>,
@@ -376,12 +361,7 @@ fn read_one(
     consumer: &NetworkEnvironment,
     id: ResultPartitionId,
 ) -> Result<u64, String> {
-    let specs = [RemoteChannelSpec {
-        peer: producer.data_address(),
-        partition: id,
-        first_subpartition: 0,
-        last_subpartition: 0,
-    }];
+    let specs = [first_subpartition(producer.data_address(), id)];
     let (_gp, channels) = consumer
         .open_remote_channels(&specs)
         .map_err(|e| e.to_string())?;
@@ -464,12 +444,7 @@ fn a_released_remote_channel_frees_its_producer_and_says_nobody_reads() {
         .unwrap()
         .consumers_released()
         .unwrap();
-    let specs = [RemoteChannelSpec {
-        peer: a.data_address(),
-        partition: pid(7),
-        first_subpartition: 0,
-        last_subpartition: 0,
-    }];
+    let specs = [first_subpartition(a.data_address(), pid(7))];
     let (_gate_pool, channels) = b.open_remote_channels(&specs).unwrap();
     let writer = std::thread::spawn(move || {
         // Far more than the pool and the credit window hold.

@@ -567,10 +567,8 @@ impl ServerConnection {
             for (end, payload) in &batch {
                 slices.push(std::io::IoSlice::new(&headers[start..*end]));
                 start = *end;
-                match payload {
-                    Payload::None => {}
-                    Payload::Buffer(b) => slices.push(std::io::IoSlice::new(b.as_slice())),
-                    Payload::Compressed(c) => slices.push(std::io::IoSlice::new(c)),
+                if !payload.bytes().is_empty() {
+                    slices.push(std::io::IoSlice::new(payload.bytes()));
                 }
             }
             self.metrics.writes.fetch_add(1, Ordering::Relaxed);
@@ -651,11 +649,7 @@ impl ServerConnection {
                 Payload::None
             }
         };
-        let len = match &payload {
-            Payload::None => 0,
-            Payload::Buffer(b) => b.len(),
-            Payload::Compressed(c) => c.len(),
-        };
+        let len = payload.bytes().len();
         batch.push((headers.len(), payload));
         headers.len() - before + len
     }
@@ -674,4 +668,14 @@ enum Payload {
     None,
     Buffer(crate::buffer::Buffer),
     Compressed(Vec<u8>),
+}
+
+impl Payload {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Payload::None => &[],
+            Payload::Buffer(b) => b.as_slice(),
+            Payload::Compressed(c) => c,
+        }
+    }
 }
