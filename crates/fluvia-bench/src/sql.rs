@@ -37,9 +37,10 @@ pub struct Args {
     /// (hash join build sides not clustered by key), no-rf (no runtime
     /// filters across tasks), byte-ranges (Parquet scans on DataFusion's
     /// byte ranges, not split on row groups), sq-on-top (scalar subquery
-    /// joins left on top of the FROM list) (comma-separated; default all
-    /// but df-reader, no-reuse, drain, no-cluster, no-rf, byte-ranges and
-    /// sq-on-top).
+    /// joins left on top of the FROM list), eager-sources (every scan
+    /// started at deployment, none on its consumer's first poll)
+    /// (comma-separated; default all but df-reader, no-reuse, drain,
+    /// no-cluster, no-rf, byte-ranges, sq-on-top and eager-sources).
     #[arg(
         long,
         value_delimiter = ',',
@@ -224,6 +225,10 @@ pub fn run_suite(a: Args) -> Result<()> {
         (
             "drain",
             on_with(options::RELEASE_UNREAD_INPUTS.key, "false"),
+        ),
+        (
+            "eager-sources",
+            on_with(options::SOURCE_START_ON_DEMAND.key, "false"),
         ),
         (
             "no-cluster",

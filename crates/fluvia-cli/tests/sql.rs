@@ -1044,6 +1044,56 @@ fn a_join_whose_build_side_is_empty_releases_its_probe_input_and_the_scan_ends_e
     }
 }
 
+/// Bytes the `--stats` line of the edge out of `producer` reports.
+fn edge_bytes(stderr: &str, producer: &str) -> u64 {
+    stderr
+        .lines()
+        .find(|l| l.contains(&format!("{producer}  =>")))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|b| b.parse().ok())
+        .unwrap_or_else(|| panic!("no edge out of {producer} in {stderr}"))
+}
+
+/// A scan its consumer reads only after another input starts on the
+/// consumer's first poll (`table.exec.source.start-on-demand`, the
+/// default): behind a join whose build side came out empty, the probe
+/// side's `store_sales` scan never reads a row and ships nothing, where a
+/// scan started at deployment ships what its pool holds before the join
+/// releases it. The first poll reaches the producer locally, over TCP
+/// between two embedded TaskManagers, and between TaskManager processes.
+#[test]
+fn a_scan_read_after_an_empty_build_side_never_starts() {
+    let data = tpcds_data().to_string_lossy().to_string();
+    let q = "select count(*), sum(ss_net_paid) from store_sales join item \
+             on ss_item_sk = i_item_sk where i_category = 'No such category'";
+    let run = |extra: &[&str]| {
+        let args = partitioned_join_args(&data, q, extra);
+        let o = sql(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(o.status.success(), "{err}");
+        let rows = String::from_utf8_lossy(&o.stdout).to_string();
+        (rows, edge_bytes(&err, "Source: store_sales"))
+    };
+    let (eager_rows, eager_bytes) = run(&["-D", "table.exec.source.start-on-demand=false"]);
+    assert!(eager_rows.contains("\n0,"), "{eager_rows}");
+    assert!(eager_bytes > 0, "the eager scan shipped nothing");
+    let cluster = Cluster::start(&[], 2, &["--slots", "4"]);
+    for extra in [
+        &[][..],
+        &["-D", "local.number-taskmanager=2"][..],
+        &[
+            "--jobmanager",
+            cluster.rpc.as_str(),
+            "-D",
+            "execution.batch-shuffle-mode=ALL_EXCHANGES_PIPELINED",
+        ][..],
+    ] {
+        let (rows, bytes) = run(extra);
+        assert_eq!(rows, eager_rows, "{extra:?}");
+        assert_eq!(bytes, 0, "{extra:?}: the store_sales scan shipped data");
+    }
+}
+
 /// The other way round: a hash join whose probe side comes out empty stops
 /// reading its build side (`table.exec.hash-join.end-on-empty-probe`, the
 /// default). Here the build side is `store_sales`, hash-partitioned to the

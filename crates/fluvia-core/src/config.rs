@@ -221,6 +221,14 @@ pub mod options {
     };
 
     /// Fluvia's key.
+    pub const SOURCE_START_ON_DEMAND: ConfigOption<bool> = ConfigOption {
+        key: "table.exec.source.start-on-demand",
+        fallback_keys: &[],
+        default: true,
+        description: "SQL: a scan task that its consumer reads only after another input (a join's later build side or its probe side), over pipelined exchanges, starts reading once its consumer polls it for the first time, or ends unread once every consumer released it: the build side below a join whose first build side came out empty is never read, and the scans read first have the cores meanwhile. false starts every scan at deployment.",
+    };
+
+    /// Fluvia's key.
     pub const END_JOIN_ON_EMPTY_PROBE: ConfigOption<bool> = ConfigOption {
         key: "table.exec.hash-join.end-on-empty-probe",
         fallback_keys: &[],
@@ -504,6 +512,11 @@ pub mod options {
                 RELEASE_UNREAD_INPUTS.description,
             ),
             (
+                SOURCE_START_ON_DEMAND.key,
+                SOURCE_START_ON_DEMAND.default.to_string(),
+                SOURCE_START_ON_DEMAND.description,
+            ),
+            (
                 END_JOIN_ON_EMPTY_PROBE.key,
                 END_JOIN_ON_EMPTY_PROBE.default.to_string(),
                 END_JOIN_ON_EMPTY_PROBE.description,
@@ -645,6 +658,7 @@ pub mod options {
         config.get(&SCALAR_SUBQUERY_JOIN_PUSHDOWN)?;
         config.get(&BUFFER_REQUEST_TIMEOUT)?;
         config.get(&RELEASE_UNREAD_INPUTS)?;
+        config.get(&SOURCE_START_ON_DEMAND)?;
         config.get(&END_JOIN_ON_EMPTY_PROBE)?;
         config.get(&SPLIT_SCANS_ON_ROW_GROUPS)?;
         config.get(&RUNTIME_FILTER_ENABLED)?;

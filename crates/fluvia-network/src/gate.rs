@@ -31,6 +31,10 @@ pub trait InputChannel: Send + Sync + std::fmt::Debug {
     /// waits for this channel nor, once all its consumers are gone, keeps
     /// producing.
     fn release(&self) {}
+    /// The consumer polls this channel for the first time: a producer that
+    /// waits for demand before it starts (a source whose consumer may never
+    /// need it) is told, locally or over the network.
+    fn demand(&self) {}
 }
 
 /// One element taken from a channel.
@@ -113,6 +117,8 @@ pub struct InputGate {
     notifier: Arc<GateNotifier>,
     buffers_received: u64,
     bytes_received: u64,
+    /// Whether the channels were told the consumer reads (at the first poll).
+    demanded: bool,
 }
 
 impl std::fmt::Debug for InputGate {
@@ -139,6 +145,7 @@ impl InputGate {
             notifier,
             buffers_received: 0,
             bytes_received: 0,
+            demanded: false,
         }
     }
 
@@ -172,6 +179,12 @@ impl InputGate {
 
     /// The next buffer or channel end if one is ready now.
     pub fn poll_next(&mut self) -> Result<Option<GateEvent>> {
+        if !self.demanded {
+            self.demanded = true;
+            for c in &self.channels {
+                c.channel.demand();
+            }
+        }
         loop {
             let channel = {
                 let mut st = lock_state(&self.notifier.state);
@@ -364,6 +377,53 @@ mod tests {
             Err(FluviaError::Cancelled)
         ));
         t.join().unwrap();
+    }
+
+    /// A producer that waits for demand starts at its consumer's first
+    /// poll, not when the consumer's gate opens the channel; one whose
+    /// consumers all release it unread learns so instead, and a cancelled
+    /// wait ends.
+    #[test]
+    fn a_producer_waits_for_the_first_poll_or_the_release() {
+        let p = Arc::new(ResultPartition::pipelined("a", 2, 64));
+        let state = p.consumers_released().unwrap();
+        let gate = |sp| {
+            InputGate::new(vec![InputChannelSpec {
+                channel: LocalInputChannel::new(Arc::clone(&p), sp, sp).unwrap(),
+                input_index: 0,
+            }])
+        };
+        let (mut first, mut second) = (gate(0), gate(1));
+        let waiting = state.clone();
+        let producer = std::thread::spawn(move || waiting.wait_for_demand(&CancelToken::new()));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!producer.is_finished(), "started before any poll");
+        assert!(second.poll_next().unwrap().is_none());
+        assert!(producer.join().unwrap().unwrap(), "the poll is the demand");
+
+        let q = Arc::new(ResultPartition::pipelined("b", 2, 64));
+        let state = q.consumers_released().unwrap();
+        let gate = |sp| {
+            InputGate::new(vec![InputChannelSpec {
+                channel: LocalInputChannel::new(Arc::clone(&q), sp, sp).unwrap(),
+                input_index: 0,
+            }])
+        };
+        let (mut a, mut b) = (gate(0), gate(1));
+        let waiting = state.clone();
+        let producer = std::thread::spawn(move || waiting.wait_for_demand(&CancelToken::new()));
+        a.release();
+        b.release();
+        assert!(!producer.join().unwrap().unwrap(), "released unread");
+
+        let cancel = CancelToken::new();
+        cancel.cancel();
+        let r = ResultPartition::pipelined("c", 1, 64);
+        assert!(matches!(
+            r.consumers_released().unwrap().wait_for_demand(&cancel),
+            Err(FluviaError::Cancelled)
+        ));
+        first.release();
     }
 
     /// A consumer that stops reading releases its channels: the producer,

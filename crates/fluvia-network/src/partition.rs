@@ -25,7 +25,7 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Control events that travel with the data (they need no buffer budget).
@@ -111,7 +111,8 @@ pub struct Subpartition {
     /// Mirror of the backlog, readable without the lock (the load-aware
     /// partitioner reads it per record).
     backlog_hint: std::sync::atomic::AtomicUsize,
-    /// The partition's record of released subpartitions (pipelined only).
+    /// The partition's record of released and demanded subpartitions
+    /// (pipelined only).
     release_state: Option<Arc<ReleaseState>>,
 }
 
@@ -232,6 +233,15 @@ impl Subpartition {
         }
         // The buffers go back to the producer's pool here, outside the lock.
         drop(dropped);
+    }
+
+    /// A consumer is about to read (its first poll): a producer that waits
+    /// for demand before it starts may go. Blocking subpartitions ignore it
+    /// (their consumers start only once the producer finished).
+    pub fn demand(&self) {
+        if let Some(c) = &self.release_state {
+            c.demanded();
+        }
     }
 
     /// Adds a filled buffer (producer side).
@@ -471,20 +481,32 @@ enum PartitionKind {
 }
 
 /// How many subpartitions of one pipelined partition their consumers
-/// released, and who to tell once all were.
+/// released, whether any consumer asked for data yet, and who to tell once
+/// all were released or the first asked.
 struct ReleaseState {
     count: AtomicUsize,
     total: usize,
+    demanded: AtomicBool,
     watchers: Mutex<Vec<Arc<dyn Fn() + Send + Sync>>>,
 }
 
 impl ReleaseState {
     fn one_released(&self) {
         if self.count.fetch_add(1, Ordering::AcqRel) + 1 == self.total {
-            let watchers = lock_state(&self.watchers).clone();
-            for w in watchers {
-                w();
-            }
+            self.wake_watchers();
+        }
+    }
+
+    fn demanded(&self) {
+        if !self.demanded.swap(true, Ordering::AcqRel) {
+            self.wake_watchers();
+        }
+    }
+
+    fn wake_watchers(&self) {
+        let watchers = lock_state(&self.watchers).clone();
+        for w in watchers {
+            w();
         }
     }
 
@@ -497,7 +519,9 @@ impl ReleaseState {
 
 /// Whether every consumer of some pipelined partitions stopped reading
 /// (all of them, for a task with several outputs), readable from any thread
-/// without a lock: a producer checks it as it runs and stops early.
+/// without a lock: a producer checks it as it runs and stops early. It also
+/// tells whether any consumer asked for data yet, so a producer may wait for
+/// that before it starts.
 #[derive(Clone, Default)]
 pub struct ConsumersReleased {
     partitions: Vec<Arc<ReleaseState>>,
@@ -517,19 +541,59 @@ impl ConsumersReleased {
         !self.partitions.is_empty() && self.partitions.iter().all(|p| p.all())
     }
 
+    /// True once a consumer of any of the partitions polled it for data.
+    pub fn demanded(&self) -> bool {
+        self.partitions
+            .iter()
+            .any(|p| p.demanded.load(Ordering::Acquire))
+    }
+
+    /// Blocks until a consumer demands data (true) or every consumer
+    /// released its input without reading (false): a producer whose
+    /// consumers may never need it (a build side behind an empty join) starts
+    /// its work only then. Cancellation is checked every
+    /// [`CANCEL_POLL`](crate::cancel::CANCEL_POLL).
+    pub fn wait_for_demand(&self, cancel: &crate::CancelToken) -> Result<bool> {
+        let signal = Arc::new((Mutex::new(()), std::sync::Condvar::new()));
+        let s = Arc::clone(&signal);
+        self.watch(Arc::new(move || {
+            let _held = lock_state(&s.0);
+            s.1.notify_all();
+        }));
+        let mut held = lock_state(&signal.0);
+        loop {
+            // Checked under the lock a waker takes: no wake-up is lost.
+            if self.demanded() {
+                return Ok(true);
+            }
+            if self.all() {
+                return Ok(false);
+            }
+            if cancel.is_cancelled() {
+                return Err(FluviaError::Cancelled);
+            }
+            held = signal
+                .1
+                .wait_timeout(held, crate::cancel::CANCEL_POLL)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
     /// Both sets: released when both are.
     pub fn and(mut self, other: ConsumersReleased) -> ConsumersReleased {
         self.partitions.extend(other.partitions);
         self
     }
 
-    /// Calls `wake` whenever one of the partitions becomes all released
-    /// (and at once if one already is), so a thread blocked on something
-    /// else (its own inputs) can check [`all`](Self::all).
+    /// Calls `wake` whenever one of the partitions becomes all released or
+    /// is first demanded (and at once if one already is), so a thread
+    /// blocked on something else (its own inputs, or waiting for demand) can
+    /// check [`all`](Self::all) and [`demanded`](Self::demanded).
     pub fn watch(&self, wake: Arc<dyn Fn() + Send + Sync>) {
         for p in &self.partitions {
             lock_state(&p.watchers).push(Arc::clone(&wake));
-            if p.all() {
+            if p.all() || p.demanded.load(Ordering::Acquire) {
                 wake();
             }
         }
@@ -566,6 +630,7 @@ impl ResultPartition {
         let release_state = Arc::new(ReleaseState {
             count: AtomicUsize::new(0),
             total: num_subpartitions,
+            demanded: AtomicBool::new(false),
             watchers: Mutex::new(Vec::new()),
         });
         ResultPartition {

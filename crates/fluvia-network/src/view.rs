@@ -46,6 +46,9 @@ pub trait SubpartitionView: Send + Sync + std::fmt::Debug {
     /// pipelined producer stops holding data for it. A blocking partition
     /// keeps its data.
     fn release(&self) {}
+    /// The consumer polls for data for the first time: a pipelined producer
+    /// waiting for demand starts.
+    fn demand(&self) {}
 }
 
 /// A range over pipelined or hash-blocking subpartitions: one cursor that
@@ -175,6 +178,12 @@ impl SubpartitionView for SubpartitionRangeView {
             sp.release_consumer(*generation);
         }
     }
+
+    fn demand(&self) {
+        for sp in &self.subpartitions {
+            sp.demand();
+        }
+    }
 }
 
 /// How many buffers a local consumer's view reads ahead from disk.
@@ -262,6 +271,12 @@ impl InputChannel for LocalInputChannel {
     fn release(&self) {
         if let Some(Ok(view)) = self.view.get() {
             view.release();
+        }
+    }
+
+    fn demand(&self) {
+        if let Some(Ok(view)) = self.view.get() {
+            view.demand();
         }
     }
 }

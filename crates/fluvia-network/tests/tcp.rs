@@ -472,3 +472,45 @@ fn a_released_remote_channel_frees_its_producer_and_says_nobody_reads() {
     assert!(released.all());
     assert_eq!(pool.in_use(), 0, "every buffer went back to the pool");
 }
+
+/// A producer that waits for demand (a source whose consumer may never
+/// need it) stays idle while its remote consumer's channel is merely open,
+/// and starts once the consumer polls: the first poll crosses the
+/// connection as a `ConsumerDemand`.
+#[test]
+fn a_remote_consumers_first_poll_is_the_demand_its_producer_waits_for() {
+    let (a, b) = (env(false), env(false));
+    let (mut w, _pool) = producer_partition(&a, pid(8), 1);
+    let state = a
+        .partitions()
+        .get(&pid(8))
+        .unwrap()
+        .consumers_released()
+        .unwrap();
+    let specs = [first_subpartition(a.data_address(), pid(8))];
+    let (_gate_pool, channels) = b.open_remote_channels(&specs).unwrap();
+    let mut gate = InputGate::new(vec![InputChannelSpec {
+        channel: Arc::clone(&channels[0]) as Arc<dyn InputChannel>,
+        input_index: 0,
+    }]);
+    let waiting = state.clone();
+    let producer = std::thread::spawn(move || {
+        let demanded = waiting.wait_for_demand(&CancelToken::new()).unwrap();
+        assert!(demanded, "started without a consumer's demand");
+        w.emit(Target::One(0), &record(0, 0, 10)).unwrap();
+        w.finish().unwrap();
+    });
+    // The request (and its credit) reached the producer; no demand yet.
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!state.demanded() && !producer.is_finished());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    match gate
+        .get_next_until(&CancelToken::new(), &|| Instant::now() > deadline)
+        .unwrap()
+    {
+        Some(GateEvent::Buffer { .. }) => {}
+        other => panic!("expected the producer's buffer, got {other:?}"),
+    }
+    assert!(state.demanded());
+    producer.join().unwrap();
+}

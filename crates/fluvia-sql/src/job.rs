@@ -102,6 +102,11 @@ pub struct SqlJob {
     /// reading them once (`table.optimizer.reuse-source-enabled`).
     #[serde(default)]
     pub reuse: Vec<ReuseGroup>,
+    /// Per stage: a scan its consumer reads after another input, which
+    /// starts only on its consumer's first poll
+    /// (`table.exec.source.start-on-demand`).
+    #[serde(default)]
+    pub read_later: Vec<bool>,
 }
 
 /// How to plan a query.
@@ -370,6 +375,11 @@ pub fn plan(req: &PlanRequest) -> std::result::Result<PlannedQuery, PlanError> {
                 .any(|s| split::reads_under_union(&s.plan)),
             key_groups: req.config.get(&options::AUTO_PARALLELISM_MAX)?,
             reuse,
+            read_later: if req.config.get(&options::SOURCE_START_ON_DEMAND)? {
+                split::read_later(&stage_plan)
+            } else {
+                Vec::new()
+            },
             files: match &req.insert {
                 None => None,
                 Some(t) => Some(FileSinkSpec {
@@ -1047,7 +1057,23 @@ impl TaskDriver for StageDriver {
                 .collect::<std::result::Result<_, _>>()
                 .map_err(df_err)?;
         }
+        // A scan its consumer reads after another input, and so may never
+        // read (a build side below a join whose first build side came out
+        // empty), waits for the first poll; the scans read first have the
+        // cores meanwhile.
+        let mut unread = false;
+        if self
+            .stages
+            .iter()
+            .all(|&s| self.job.read_later.get(s).copied().unwrap_or(false))
+            && let Some(r) = self.out.consumers_released()
+        {
+            unread = !r.wait_for_demand(cancel)?;
+        }
         let plans_at = began.elapsed();
+        if unread {
+            plans.clear();
+        }
         let streams = plans
             .iter()
             .enumerate()

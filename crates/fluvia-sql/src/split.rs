@@ -356,6 +356,39 @@ pub fn reads_under_union(plan: &Arc<dyn ExecutionPlan>) -> bool {
     plan.children().into_iter().any(reads_under_union)
 }
 
+/// The stages whose readers `plan` polls first: DataFusion pulls a node's
+/// first child first (a hash join its build side, and only then its probe
+/// side), every branch of a union being the first of its own subtasks.
+pub fn read_first(plan: &Arc<dyn ExecutionPlan>) -> std::collections::BTreeSet<usize> {
+    use datafusion::physical_plan::union::InterleaveExec;
+    let mut first = std::collections::BTreeSet::new();
+    let mut pending = vec![Arc::clone(plan)];
+    while let Some(node) = pending.pop() {
+        if let Some(r) = node.downcast_ref::<ExchangeReaderExec>() {
+            first.insert(r.stage());
+        } else if node.is::<UnionExec>() || node.is::<InterleaveExec>() {
+            pending.extend(node.children().into_iter().cloned());
+        } else if let Some(c) = node.children().first() {
+            pending.push(Arc::clone(c));
+        }
+    }
+    first
+}
+
+/// Per stage: a scan (no inputs) that its consumer reads only after some
+/// other input, and so may never read (a build side below a join whose
+/// first build side came out empty). Such a scan waits for its consumer's
+/// first poll (`table.exec.source.start-on-demand`); a scan read first
+/// starts at once, as its consumer wants it from the start.
+pub fn read_later(plan: &StagePlan) -> Vec<bool> {
+    let first: Vec<_> = plan.stages.iter().map(|s| read_first(&s.plan)).collect();
+    plan.stages
+        .iter()
+        .enumerate()
+        .map(|(id, s)| s.inputs.is_empty() && s.consumer.is_some_and(|c| !first[c].contains(&id)))
+        .collect()
+}
+
 /// Records, for the readers of `consumer`, which stage they read and at
 /// which partition offset.
 fn connect(plan: &Arc<dyn ExecutionPlan>, offset: usize, consumer: usize, stages: &mut [Stage]) {

@@ -130,6 +130,8 @@ struct RemoteState {
     listener: Option<(Arc<dyn AvailabilityListener>, usize)>,
     released: bool,
     finished: bool,
+    /// The sender was told the consumer reads (`ConsumerDemand`).
+    demanded: bool,
 }
 
 /// An input channel fed over TCP.
@@ -468,6 +470,19 @@ impl InputChannel for RemoteInputChannel {
 
     fn release(&self) {
         RemoteInputChannel::release(self);
+    }
+
+    fn demand(&self) {
+        let mut st = lock_state(&self.state);
+        if st.demanded || st.released {
+            return;
+        }
+        st.demanded = true;
+        drop(st);
+        // A closed connection fails the channel through its reader anyway.
+        let _ = self.connection.send(Message::ConsumerDemand {
+            receiver: self.receiver,
+        });
     }
 }
 

@@ -79,6 +79,9 @@ pub enum Message {
     /// id 7, client → server, first on every connection: the cluster secret
     /// (empty when the cluster has none).
     Hello { secret: String },
+    /// id 8, client → server: the consumer polled the channel for the first
+    /// time; a producer that waits for demand before it starts may go.
+    ConsumerDemand { receiver: ReceiverId },
 }
 
 impl Message {
@@ -91,6 +94,7 @@ impl Message {
             Message::CloseRequest => 5,
             Message::AddCredit { .. } => 6,
             Message::Hello { .. } => 7,
+            Message::ConsumerDemand { .. } => 8,
         }
     }
 }
@@ -222,6 +226,11 @@ pub fn encode(msg: &Message, out: &mut Vec<u8>) {
             out.extend_from_slice(secret.as_bytes());
             end(out, s);
         }
+        Message::ConsumerDemand { receiver } => {
+            let s = begin(out, 8);
+            out.extend_from_slice(&receiver.to_be_bytes());
+            end(out, s);
+        }
     }
 }
 
@@ -328,6 +337,7 @@ fn decode_frame(id: u8, body: &[u8]) -> Result<Frame<'_>, ProtocolError> {
         5 => "CloseRequest",
         6 => "AddCredit",
         7 => "Hello",
+        8 => "ConsumerDemand",
         other => return Err(ProtocolError(format!("unknown message id {other}"))),
     };
     let mut r = Reader {
@@ -408,6 +418,9 @@ fn decode_frame(id: u8, body: &[u8]) -> Result<Frame<'_>, ProtocolError> {
                 .map_err(|_| ProtocolError("hello secret is not UTF-8".into()))?;
             Message::Hello { secret }
         }
+        8 => Message::ConsumerDemand {
+            receiver: r.u128()?,
+        },
         _ => {
             let credit = r.u32()?;
             if credit == 0 {
@@ -571,6 +584,7 @@ mod tests {
             Message::Hello {
                 secret: "s3cret".into(),
             },
+            Message::ConsumerDemand { receiver: 7 },
         ]
     }
 

@@ -428,6 +428,17 @@ impl ServerConnection {
                 }
                 true
             }
+            Message::ConsumerDemand { receiver } => {
+                let view = lock_state(&self.state)
+                    .readers
+                    .get(&receiver)
+                    .map(|r| Arc::clone(&r.view));
+                // Outside the lock: the producer's watchers run here.
+                if let Some(v) = view {
+                    v.demand();
+                }
+                true
+            }
             Message::CloseRequest => false,
             Message::Hello { .. } => true,
             other => {
