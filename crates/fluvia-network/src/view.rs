@@ -275,8 +275,12 @@ impl InputChannel for LocalInputChannel {
     }
 
     fn demand(&self) {
-        if let Some(Ok(view)) = self.view.get() {
-            view.demand();
+        // Also before the view exists: a consumer may want the data before
+        // its reader is created.
+        for i in self.first..=self.last {
+            if let Some(sp) = self.partition.get_subpartition(i as usize) {
+                sp.demand();
+            }
         }
     }
 }

@@ -308,6 +308,9 @@ impl ExecutionPlan for ExchangeReaderExec {
 /// readers of its fragment (each stage's channels once).
 pub struct TaskInputs {
     channels: Mutex<BTreeMap<usize, Vec<InputChannelSpec>>>,
+    /// Every channel by producing stage, to demand a stage's data before
+    /// its reader first polls ([`crate::demand`]).
+    by_stage: BTreeMap<usize, Vec<Arc<dyn fluvia_network::InputChannel>>>,
     /// Inputs no longer needed are released (`table.exec.release-unread-inputs`)
     /// rather than read to their end.
     release_unread: bool,
@@ -332,13 +335,26 @@ impl TaskInputs {
         cancel: CancelToken,
         counters: Arc<IoCounters>,
     ) -> Self {
+        let by_stage = channels
+            .iter()
+            .map(|(&s, specs)| (s, specs.iter().map(|c| Arc::clone(&c.channel)).collect()))
+            .collect();
         TaskInputs {
+            by_stage,
             channels: Mutex::new(channels),
             release_unread,
             released: std::sync::OnceLock::new(),
             cancel,
             counters,
             stats: Mutex::new(InputStats::default()),
+        }
+    }
+
+    /// Tells the producers of `stage` that this task will read them (a scan
+    /// waiting for demand starts).
+    pub fn demand_stage(&self, stage: usize) {
+        for c in self.by_stage.get(&stage).into_iter().flatten() {
+            c.demand();
         }
     }
 

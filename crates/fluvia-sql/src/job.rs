@@ -1013,8 +1013,17 @@ impl TaskDriver for StageDriver {
         let mut plans = Vec::with_capacity(self.stages.len());
         let mut outputs = Vec::with_capacity(self.stages.len());
         let mut task_ctx = task_ctx;
+        // Scans this task reads on a join's probe side wait for demand;
+        // they get it once the join's build side delivered a row.
+        let waiting: std::collections::BTreeSet<usize> = node_inputs
+            .iter()
+            .copied()
+            .filter(|&s| self.job.read_later.get(s).copied().unwrap_or(false))
+            .collect();
         for &stage in &self.stages {
             let (plan, out, ctx) = self.fragment(stage, &task_ctx)?;
+            let plan = crate::demand::demand_on_first_build_row(plan, &waiting, &task_inputs)
+                .map_err(df_err)?;
             let plan = if cluster {
                 crate::cluster::cluster_build_sides(plan).map_err(df_err)?
             } else {

@@ -17,6 +17,7 @@ pub mod csv_errors;
 pub mod csv_scan;
 pub mod csv_stats;
 pub mod deferred;
+pub mod demand;
 pub mod empty_probe;
 pub mod exchange;
 pub mod file_sink;

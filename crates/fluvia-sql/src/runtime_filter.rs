@@ -497,6 +497,30 @@ mod tests {
         }
     }
 
+    /// The probe side's scan of a join that an empty build side empties
+    /// starts on demand; the build side's scan, and the probe side of a
+    /// join that outputs probe rows without any build row, start at once.
+    #[test]
+    fn only_a_scan_on_the_probe_side_of_a_join_an_empty_build_side_empties_waits() {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = stages(dir.path(), INNER);
+        assert_eq!(crate::split::read_later(&plan), [false, true, false]);
+        for join_type in [JoinType::LeftSemi, JoinType::LeftAnti, JoinType::Left] {
+            let shape = Shape { join_type, ..INNER };
+            let plan = stages(dir.path(), shape);
+            assert_eq!(crate::split::read_later(&plan), [false, true, false]);
+        }
+        for join_type in [JoinType::Right, JoinType::Full, JoinType::RightAnti] {
+            let shape = Shape { join_type, ..INNER };
+            let plan = stages(dir.path(), shape);
+            assert_eq!(
+                crate::split::read_later(&plan),
+                [false, false, false],
+                "{join_type}"
+            );
+        }
+    }
+
     const ANY_SIZE: RuntimeFilterOptions = RuntimeFilterOptions {
         max_build_bytes: u64::MAX,
         min_probe_bytes: 0,

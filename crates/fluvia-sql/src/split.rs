@@ -356,36 +356,48 @@ pub fn reads_under_union(plan: &Arc<dyn ExecutionPlan>) -> bool {
     plan.children().into_iter().any(reads_under_union)
 }
 
-/// The stages whose readers `plan` polls first: DataFusion pulls a node's
-/// first child first (a hash join its build side, and only then its probe
-/// side), every branch of a union being the first of its own subtasks.
-pub fn read_first(plan: &Arc<dyn ExecutionPlan>) -> std::collections::BTreeSet<usize> {
-    use datafusion::physical_plan::union::InterleaveExec;
-    let mut first = std::collections::BTreeSet::new();
-    let mut pending = vec![Arc::clone(plan)];
-    while let Some(node) = pending.pop() {
+/// Per stage: a scan (no inputs) that its consumer reads only on the probe
+/// side of a hash join that an empty build side empties (inner, left, semi,
+/// left anti), and so may never read: DataFusion collects the build side
+/// first and, when it came out empty, never polls the probe side. Such a
+/// scan waits for its consumer's first poll
+/// (`table.exec.source.start-on-demand`). Every other scan starts at once:
+/// its consumer reads it in any case, and scans running side by side keep
+/// the cores busy (a cross join of scalar aggregates reads all its inputs).
+pub fn read_later(plan: &StagePlan) -> Vec<bool> {
+    fn walk(
+        node: &Arc<dyn ExecutionPlan>,
+        probe: bool,
+        later: &mut std::collections::BTreeSet<usize>,
+        at_once: &mut std::collections::BTreeSet<usize>,
+    ) {
         if let Some(r) = node.downcast_ref::<ExchangeReaderExec>() {
-            first.insert(r.stage());
-        } else if node.is::<UnionExec>() || node.is::<InterleaveExec>() {
-            pending.extend(node.children().into_iter().cloned());
-        } else if let Some(c) = node.children().first() {
-            pending.push(Arc::clone(c));
+            if probe {
+                later.insert(r.stage());
+            } else {
+                at_once.insert(r.stage());
+            }
+            return;
+        }
+        if let Some(j) = node.downcast_ref::<HashJoinExec>()
+            && j.join_type().empty_build_side_produces_empty_result()
+        {
+            walk(j.left(), probe, later, at_once);
+            walk(j.right(), true, later, at_once);
+            return;
+        }
+        for c in node.children() {
+            walk(c, probe, later, at_once);
         }
     }
-    first
-}
-
-/// Per stage: a scan (no inputs) that its consumer reads only after some
-/// other input, and so may never read (a build side below a join whose
-/// first build side came out empty). Such a scan waits for its consumer's
-/// first poll (`table.exec.source.start-on-demand`); a scan read first
-/// starts at once, as its consumer wants it from the start.
-pub fn read_later(plan: &StagePlan) -> Vec<bool> {
-    let first: Vec<_> = plan.stages.iter().map(|s| read_first(&s.plan)).collect();
+    let (mut later, mut at_once) = Default::default();
+    for s in &plan.stages {
+        walk(&s.plan, false, &mut later, &mut at_once);
+    }
     plan.stages
         .iter()
         .enumerate()
-        .map(|(id, s)| s.inputs.is_empty() && s.consumer.is_some_and(|c| !first[c].contains(&id)))
+        .map(|(id, s)| s.inputs.is_empty() && later.contains(&id) && !at_once.contains(&id))
         .collect()
 }
 
