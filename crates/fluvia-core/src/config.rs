@@ -225,7 +225,7 @@ pub mod options {
         key: "table.exec.source.start-on-demand",
         fallback_keys: &[],
         default: true,
-        description: "SQL: a scan task that its consumer reads only after another input (a join's later build side or its probe side), over pipelined exchanges, starts reading once its consumer polls it for the first time, or ends unread once every consumer released it: the build side below a join whose first build side came out empty is never read, and the scans read first have the cores meanwhile. false starts every scan at deployment.",
+        description: "SQL: a scan task that its consumer reads only on the probe side of a hash join that an empty build side empties (inner, left, semi, left anti), over pipelined exchanges, waits before it reads: its consumer demands it once every such join above it saw its build side deliver a row, or when it first polls it; once every consumer released it unread, it ends. Behind a build side that came out empty the scan never runs. false starts every scan at deployment.",
     };
 
     /// Fluvia's key.

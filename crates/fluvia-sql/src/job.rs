@@ -102,9 +102,8 @@ pub struct SqlJob {
     /// reading them once (`table.optimizer.reuse-source-enabled`).
     #[serde(default)]
     pub reuse: Vec<ReuseGroup>,
-    /// Per stage: a scan its consumer reads after another input, which
-    /// starts only on its consumer's first poll
-    /// (`table.exec.source.start-on-demand`).
+    /// Per stage: a scan its consumer reads only on the probe side of a
+    /// join, which waits for demand (`table.exec.source.start-on-demand`).
     #[serde(default)]
     pub read_later: Vec<bool>,
 }
@@ -1066,10 +1065,10 @@ impl TaskDriver for StageDriver {
                 .collect::<std::result::Result<_, _>>()
                 .map_err(df_err)?;
         }
-        // A scan its consumer reads after another input, and so may never
-        // read (a build side below a join whose first build side came out
-        // empty), waits for the first poll; the scans read first have the
-        // cores meanwhile.
+        // A scan its consumer reads only on a join's probe side, and so may
+        // never read (the join's build side may come out empty), waits for
+        // demand ([`crate::demand`]); the scans read first have the cores
+        // meanwhile.
         let mut unread = false;
         if self
             .stages
