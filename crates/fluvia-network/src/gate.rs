@@ -385,33 +385,27 @@ mod tests {
     /// wait ends.
     #[test]
     fn a_producer_waits_for_the_first_poll_or_the_release() {
-        let p = Arc::new(ResultPartition::pipelined("a", 2, 64));
-        let state = p.consumers_released().unwrap();
-        let gate = |sp| {
-            InputGate::new(vec![InputChannelSpec {
-                channel: LocalInputChannel::new(Arc::clone(&p), sp, sp).unwrap(),
-                input_index: 0,
-            }])
+        // A partition of two subpartitions, a gate on each, and a thread
+        // waiting for demand on it.
+        let consumers = || {
+            let p = Arc::new(ResultPartition::pipelined("a", 2, 64));
+            let gate = |sp| {
+                InputGate::new(vec![InputChannelSpec {
+                    channel: LocalInputChannel::new(Arc::clone(&p), sp, sp).unwrap(),
+                    input_index: 0,
+                }])
+            };
+            let waiting = p.consumers_released().unwrap();
+            let producer = std::thread::spawn(move || waiting.wait_for_demand(&CancelToken::new()));
+            (gate(0), gate(1), producer)
         };
-        let (mut first, mut second) = (gate(0), gate(1));
-        let waiting = state.clone();
-        let producer = std::thread::spawn(move || waiting.wait_for_demand(&CancelToken::new()));
+        let (mut first, mut second, producer) = consumers();
         std::thread::sleep(std::time::Duration::from_millis(50));
         assert!(!producer.is_finished(), "started before any poll");
         assert!(second.poll_next().unwrap().is_none());
         assert!(producer.join().unwrap().unwrap(), "the poll is the demand");
 
-        let q = Arc::new(ResultPartition::pipelined("b", 2, 64));
-        let state = q.consumers_released().unwrap();
-        let gate = |sp| {
-            InputGate::new(vec![InputChannelSpec {
-                channel: LocalInputChannel::new(Arc::clone(&q), sp, sp).unwrap(),
-                input_index: 0,
-            }])
-        };
-        let (mut a, mut b) = (gate(0), gate(1));
-        let waiting = state.clone();
-        let producer = std::thread::spawn(move || waiting.wait_for_demand(&CancelToken::new()));
+        let (mut a, mut b, producer) = consumers();
         a.release();
         b.release();
         assert!(!producer.join().unwrap().unwrap(), "released unread");

@@ -430,6 +430,45 @@ fn a_data_connection_that_never_presents_the_secret_is_closed() {
     producer.shutdown();
 }
 
+/// One pipelined subpartition `id` produced on `producer` and read through
+/// a gate on `consumer`.
+struct RemoteRead {
+    writer: PartitionWriter,
+    pool: Arc<fluvia_network::LocalBufferPool>,
+    /// What the partition's consumers did (released it, asked for data).
+    consumers: fluvia_network::ConsumersReleased,
+    gate: InputGate,
+    /// The gate's floating buffers: kept as long as the gate reads.
+    gate_pool: Arc<fluvia_network::net::client::GateBufferPool>,
+}
+
+fn remote_read(
+    producer: &NetworkEnvironment,
+    consumer: &NetworkEnvironment,
+    id: ResultPartitionId,
+) -> RemoteRead {
+    let (writer, pool) = producer_partition(producer, id, 1);
+    let consumers = producer
+        .partitions()
+        .get(&id)
+        .unwrap()
+        .consumers_released()
+        .unwrap();
+    let specs = [first_subpartition(producer.data_address(), id)];
+    let (gate_pool, channels) = consumer.open_remote_channels(&specs).unwrap();
+    let gate = InputGate::new(vec![InputChannelSpec {
+        channel: Arc::clone(&channels[0]) as Arc<dyn InputChannel>,
+        input_index: 0,
+    }]);
+    RemoteRead {
+        writer,
+        pool,
+        consumers,
+        gate,
+        gate_pool,
+    }
+}
+
 /// A remote consumer that stops reading (its join's build side was empty)
 /// releases its channel over the connection: the producer, blocked on its
 /// full pool, goes on, and once every consumer released it, it learns
@@ -437,15 +476,13 @@ fn a_data_connection_that_never_presents_the_secret_is_closed() {
 #[test]
 fn a_released_remote_channel_frees_its_producer_and_says_nobody_reads() {
     let (a, b) = (env(false), env(false));
-    let (mut w, pool) = producer_partition(&a, pid(7), 1);
-    let released = a
-        .partitions()
-        .get(&pid(7))
-        .unwrap()
-        .consumers_released()
-        .unwrap();
-    let specs = [first_subpartition(a.data_address(), pid(7))];
-    let (_gate_pool, channels) = b.open_remote_channels(&specs).unwrap();
+    let RemoteRead {
+        writer: mut w,
+        pool,
+        consumers: released,
+        mut gate,
+        gate_pool: _gate_pool,
+    } = remote_read(&a, &b, pid(7));
     let writer = std::thread::spawn(move || {
         // Far more than the pool and the credit window hold.
         for seq in 0..20_000 {
@@ -453,10 +490,6 @@ fn a_released_remote_channel_frees_its_producer_and_says_nobody_reads() {
         }
         w.finish().unwrap();
     });
-    let mut gate = InputGate::new(vec![InputChannelSpec {
-        channel: Arc::clone(&channels[0]) as Arc<dyn InputChannel>,
-        input_index: 0,
-    }]);
     assert!(matches!(
         gate.get_next(&CancelToken::new()).unwrap(),
         Some(GateEvent::Buffer { .. })
@@ -480,19 +513,12 @@ fn a_released_remote_channel_frees_its_producer_and_says_nobody_reads() {
 #[test]
 fn a_remote_consumers_first_poll_is_the_demand_its_producer_waits_for() {
     let (a, b) = (env(false), env(false));
-    let (mut w, _pool) = producer_partition(&a, pid(8), 1);
-    let state = a
-        .partitions()
-        .get(&pid(8))
-        .unwrap()
-        .consumers_released()
-        .unwrap();
-    let specs = [first_subpartition(a.data_address(), pid(8))];
-    let (_gate_pool, channels) = b.open_remote_channels(&specs).unwrap();
-    let mut gate = InputGate::new(vec![InputChannelSpec {
-        channel: Arc::clone(&channels[0]) as Arc<dyn InputChannel>,
-        input_index: 0,
-    }]);
+    let RemoteRead {
+        writer: mut w,
+        consumers: state,
+        mut gate,
+        ..
+    } = remote_read(&a, &b, pid(8));
     let waiting = state.clone();
     let producer = std::thread::spawn(move || {
         let demanded = waiting.wait_for_demand(&CancelToken::new()).unwrap();

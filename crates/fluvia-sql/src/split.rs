@@ -360,8 +360,9 @@ pub fn reads_under_union(plan: &Arc<dyn ExecutionPlan>) -> bool {
 /// side of a hash join that an empty build side empties (inner, left, semi,
 /// left anti), and so may never read: DataFusion collects the build side
 /// first and, when it came out empty, never polls the probe side. Such a
-/// scan waits for its consumer's first poll
-/// (`table.exec.source.start-on-demand`). Every other scan starts at once:
+/// scan waits for demand (`table.exec.source.start-on-demand`), which its
+/// consumer gives once the joins above it saw a build row
+/// ([`crate::demand`]) or at its first poll. Every other scan starts at once:
 /// its consumer reads it in any case, and scans running side by side keep
 /// the cores busy (a cross join of scalar aggregates reads all its inputs).
 pub fn read_later(plan: &StagePlan) -> Vec<bool> {
