@@ -50,12 +50,9 @@ pub fn demand_on_first_build_row(
     }
     let pending = Arc::new(Pending::default());
     plan.transform_up(|node| {
-        let Some(join) = node.downcast_ref::<HashJoinExec>() else {
+        let Some(join) = empty_without_build(&node) else {
             return Ok(Transformed::no(node));
         };
-        if !join.join_type().empty_build_side_produces_empty_result() {
-            return Ok(Transformed::no(node));
-        }
         let stages: Vec<usize> = readers(join.right())
             .into_iter()
             .filter(|s| waiting.contains(s))
@@ -106,7 +103,18 @@ fn readers(plan: &Arc<dyn ExecutionPlan>) -> BTreeSet<usize> {
     stages
 }
 
-/// Its input unchanged; calls `on_row` once, when the first row passes.
+/// The hash join whose output an empty build side empties, if `node` is
+/// one: DataFusion then never polls its probe side (its second child).
+/// Which scans wait at planning and which joins demand them in the task
+/// are both decided here.
+pub fn empty_without_build(node: &Arc<dyn ExecutionPlan>) -> Option<&HashJoinExec> {
+    node.downcast_ref::<HashJoinExec>()
+        .filter(|j| j.join_type().empty_build_side_produces_empty_result())
+}
+
+/// Its input unchanged; calls `on_row` once, when the first row passes (a
+/// build side's first row: here to demand a probe side's scans, in
+/// [`crate::empty_probe`] to start reading the probe side early).
 pub struct FirstRowExec {
     input: Arc<dyn ExecutionPlan>,
     on_row: Arc<dyn Fn() + Send + Sync>,

@@ -26,6 +26,7 @@
 //! hold no scan that could wait for a runtime filter of this join. A
 //! wrapped plan is executed once (it is a task's).
 
+use crate::demand::FirstRowExec;
 use crate::exchange::{ExchangeReaderExec, ReaderStop, lock};
 use crate::released::EndSignal;
 use datafusion::arrow::datatypes::SchemaRef;
@@ -123,29 +124,24 @@ fn watch_probe(shared: &Mutex<SharedProbe>, build_stop: &ReaderStop) {
     }
 }
 
-/// A pass-through node of the wrapped join: the probe tap (which hands the
-/// probe stream to the watcher) or a build tap over a build side's leaf
-/// (which starts the watcher at the first row it sees).
+/// The wrapped join's probe input: hands the probe stream to the watcher.
+/// (The build side's leaves are watched by [`FirstRowExec`]s, which start
+/// the watcher at the first row they see.)
 #[derive(Debug)]
-struct TapExec {
+struct ProbeTapExec {
     input: Arc<dyn ExecutionPlan>,
     watch: Arc<Watch>,
-    probe: bool,
 }
 
-impl DisplayAs for TapExec {
+impl DisplayAs for ProbeTapExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         write!(f, "{}", self.name())
     }
 }
 
-impl ExecutionPlan for TapExec {
+impl ExecutionPlan for ProbeTapExec {
     fn name(&self) -> &str {
-        if self.probe {
-            "ProbeTapExec"
-        } else {
-            "BuildTapExec"
-        }
+        "ProbeTapExec"
     }
 
     fn properties(&self) -> &Arc<PlanProperties> {
@@ -168,10 +164,9 @@ impl ExecutionPlan for TapExec {
         mut children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
         match children.pop() {
-            Some(input) if children.is_empty() => Ok(Arc::new(TapExec {
+            Some(input) if children.is_empty() => Ok(Arc::new(ProbeTapExec {
                 input,
                 watch: Arc::clone(&self.watch),
-                probe: self.probe,
             })),
             _ => Err(DataFusionError::Internal(format!(
                 "{} takes one child",
@@ -191,13 +186,6 @@ impl ExecutionPlan for TapExec {
     ) -> DfResult<SendableRecordBatchStream> {
         let input = self.input.execute(partition, ctx)?;
         let schema = input.schema();
-        if !self.probe {
-            return Ok(Box::pin(BuildTapStream {
-                input,
-                watch: Some(Arc::clone(&self.watch)),
-                schema,
-            }));
-        }
         let shared = Arc::new(Mutex::new(SharedProbe {
             input,
             kept: None,
@@ -206,34 +194,6 @@ impl ExecutionPlan for TapExec {
         }));
         *lock(&self.watch.probe) = Some(Arc::clone(&shared));
         Ok(Box::pin(ProbeTapStream { shared, schema }))
-    }
-}
-
-struct BuildTapStream {
-    input: SendableRecordBatchStream,
-    /// Until the first row.
-    watch: Option<Arc<Watch>>,
-    schema: SchemaRef,
-}
-
-impl Stream for BuildTapStream {
-    type Item = DfResult<RecordBatch>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let next = self.input.poll_next_unpin(cx);
-        if let Poll::Ready(Some(Ok(b))) = &next
-            && b.num_rows() > 0
-            && let Some(watch) = self.watch.take()
-        {
-            watch.start();
-        }
-        next
-    }
-}
-
-impl RecordBatchStream for BuildTapStream {
-    fn schema(&self) -> SchemaRef {
-        Arc::clone(&self.schema)
     }
 }
 
@@ -291,10 +251,9 @@ impl EndOnEmptyProbeExec {
             )));
         };
         let watch = Arc::new(Watch::default());
-        let probe = Arc::new(TapExec {
+        let probe = Arc::new(ProbeTapExec {
             input: stop_leaves(Arc::clone(probe), &watch.probe_stop, None)?,
             watch: Arc::clone(&watch),
-            probe: true,
         });
         // The build side's leaves tell its first row: the operators above
         // them may hold every row back (clustering by key, aggregates).
@@ -325,11 +284,10 @@ fn stop_leaves(
         return replace_children_if_necessary(plan, children);
     };
     Ok(match watch {
-        Some(watch) => Arc::new(TapExec {
-            input: leaf,
-            watch: Arc::clone(watch),
-            probe: false,
-        }),
+        Some(watch) => {
+            let watch = Arc::clone(watch);
+            Arc::new(FirstRowExec::new(leaf, Arc::new(move || watch.start())))
+        }
         None => leaf,
     })
 }

@@ -380,9 +380,7 @@ pub fn read_later(plan: &StagePlan) -> Vec<bool> {
             }
             return;
         }
-        if let Some(j) = node.downcast_ref::<HashJoinExec>()
-            && j.join_type().empty_build_side_produces_empty_result()
-        {
+        if let Some(j) = crate::demand::empty_without_build(node) {
             walk(j.left(), probe, later, at_once);
             walk(j.right(), true, later, at_once);
             return;
