@@ -216,7 +216,10 @@ fn keys_repeat(
     rows: usize,
 ) -> DfResult<bool> {
     let step = rows.div_ceil(SAMPLE).max(1);
-    let mut seen = HashSet::with_capacity(SAMPLE.min(rows));
+    // The values are hashes already: hashing them again (SipHash, the
+    // default) cost more than the rest of the sampling.
+    let mut seen: HashSet<u64, std::hash::BuildHasherDefault<KeyHashHasher>> =
+        HashSet::with_capacity_and_hasher(SAMPLE.min(rows), Default::default());
     let mut sampled = 0;
     // Row number (over all batches) of the next sampled row.
     let mut next = 0;
@@ -243,6 +246,27 @@ fn keys_repeat(
         start = end;
     }
     Ok(sampled >= MIN_ROWS_PER_KEY * seen.len())
+}
+
+/// Hashes a key hash to itself: [`create_hashes`] mixed its bits already.
+#[derive(Default)]
+struct KeyHashHasher(u64);
+
+impl std::hash::Hasher for KeyHashHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only u64 keys are hashed here; any other input still hashes.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
 }
 
 #[cfg(test)]
