@@ -136,7 +136,7 @@ pub async fn run_job_watching(
     // the output as the job left it once they have (bounded: a task that
     // ignores cancellation does not hold the caller forever).
     let deadline = std::time::Instant::now() + TASK_STOP_TIMEOUT;
-    while tms.iter().any(|tm| tm.task_threads() > 0) && std::time::Instant::now() < deadline {
+    while tms.iter().any(|tm| tm.busy() > 0) && std::time::Instant::now() < deadline {
         tokio::time::sleep(std::time::Duration::from_millis(1)).await;
     }
     tracing::debug!(

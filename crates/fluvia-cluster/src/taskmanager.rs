@@ -85,8 +85,11 @@ struct Shared {
     released: Mutex<std::collections::HashSet<String>>,
     flush_epoch: Arc<AtomicU64>,
     stopped: AtomicBool,
-    /// Task threads alive (running, or cleaning up after cancellation).
-    task_threads: Arc<std::sync::atomic::AtomicUsize>,
+    /// Work that may still write or remove a job's files: task threads
+    /// (running, or cleaning up after cancellation), deployment calls
+    /// (they start task threads) and job releases (they remove staged
+    /// files).
+    busy: Arc<std::sync::atomic::AtomicUsize>,
     /// Where this TaskManager's jobs spill, one directory per job.
     workdir: crate::workdir::WorkDir,
     internal_shuffle: InternalShuffleEnvironment,
@@ -125,6 +128,12 @@ impl Shared {
         // Two deployments may build the job at once: the first one's entry
         // stays.
         let mut jobs = lock(&self.jobs);
+        if self.stopped.load(Ordering::SeqCst) {
+            return Err(FluviaError::Execution(format!(
+                "TaskManager {} is stopping: job {} is not deployed",
+                self.id, desc.job_id
+            )));
+        }
         let job = jobs.entry(desc.job_id.clone()).or_insert_with(|| TmJob {
             graph: Arc::clone(&graph),
             registry: Arc::clone(&registry),
@@ -258,7 +267,13 @@ impl Shared {
         let key: AttemptKey = (desc.vertex_index, desc.subtask, desc.attempt);
         {
             let mut jobs = lock(&self.jobs);
-            let Some(job) = jobs.get_mut(&desc.job_id) else {
+            // Checked under the lock `shutdown` drops the jobs under: a
+            // deployment either is cancelled with its job or sees the stop.
+            let job = match jobs.get_mut(&desc.job_id) {
+                Some(job) if !self.stopped.load(Ordering::SeqCst) => Some(job),
+                _ => None,
+            };
+            let Some(job) = job else {
                 // Released while this deployment was being built.
                 drop(jobs);
                 for p in &partition_ids {
@@ -288,7 +303,7 @@ impl Shared {
         };
         let running = update("RUNNING");
         let mut last = update("FINISHED");
-        let alive = TaskThread::start(&self.task_threads);
+        let alive = Busy::start(&self.busy);
         let spawned = std::thread::Builder::new()
             .name(name.clone())
             .spawn(move || {
@@ -502,6 +517,9 @@ impl Shared {
 
     /// Cancels what of the job runs here and drops its partitions.
     fn drop_job(&self, job_id: &str) {
+        // Counted before the job leaves the map: whoever finds it gone
+        // (a stopping mini-cluster) still sees its files being removed.
+        let _busy = Busy::start(&self.busy);
         let job = lock(&self.jobs).remove(job_id);
         if let Some(job) = job {
             for c in job.running.values() {
@@ -567,6 +585,8 @@ impl TaskManager for TmService {
         // In order, on one blocking thread: a later task's local channels
         // find the partitions of the earlier ones registered.
         let acks = tokio::task::spawn_blocking(move || {
+            // Counted until the task threads it starts are.
+            let _deploying = Busy::start(&shared.busy);
             let mut programs = HashMap::new();
             deployments
                 .iter()
@@ -669,33 +689,38 @@ pub struct TaskManagerHandle {
     task: tokio::task::JoinHandle<Result<()>>,
 }
 
-/// Counts a task thread as alive until it ends (also if it panics, and if
-/// it never started: the guard drops with the closure).
-struct TaskThread(Arc<std::sync::atomic::AtomicUsize>);
+/// Counts work in [`Shared::busy`] until it ends (also if it panics; for a
+/// task thread, also if it never started: the guard drops with the
+/// closure).
+struct Busy(Arc<std::sync::atomic::AtomicUsize>);
 
-impl TaskThread {
+impl Busy {
     fn start(count: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
-        count.fetch_add(1, Ordering::AcqRel);
-        TaskThread(Arc::clone(count))
+        // SeqCst with `stopped`: a stop either sees this count or is seen
+        // by the work it counts.
+        count.fetch_add(1, Ordering::SeqCst);
+        Busy(Arc::clone(count))
     }
 }
 
-impl Drop for TaskThread {
+impl Drop for Busy {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
 impl TaskManagerHandle {
-    /// Task threads still alive: a cancelled task removes the files it
-    /// staged (in-progress part files) before its thread ends.
-    pub fn task_threads(&self) -> usize {
-        self.shared.task_threads.load(Ordering::Acquire)
+    /// Task threads, deployments and job releases still under way: a
+    /// cancelled task removes the files it staged (in-progress part files)
+    /// before its thread ends, a released job the files its finished tasks
+    /// staged.
+    pub fn busy(&self) -> usize {
+        self.shared.busy.load(Ordering::SeqCst)
     }
 
     /// Cancels every attempt it runs, closes its network and stops it.
     pub fn shutdown(&self) {
-        self.shared.stopped.store(true, Ordering::Release);
+        self.shared.stopped.store(true, Ordering::SeqCst);
         self.shared.drop_all_jobs();
         self.shared.env.shutdown();
         self.task.abort();
@@ -812,7 +837,7 @@ async fn run_inner(
         released: Mutex::new(std::collections::HashSet::new()),
         flush_epoch: Arc::new(AtomicU64::new(0)),
         stopped: AtomicBool::new(false),
-        task_threads: Arc::default(),
+        busy: Arc::default(),
         workdir: crate::workdir::WorkDir::claim(&crate::workdir::tmp_base(&config)?, "tm", &id)?,
         internal_shuffle: InternalShuffleEnvironment::new(Arc::clone(&env)),
         external_shuffle: ExternalShuffleEnvironment::new(
