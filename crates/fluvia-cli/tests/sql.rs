@@ -266,6 +266,41 @@ fn q96_runs_as_one_multiple_input_task_with_the_fact_scan_chained_in() {
     );
 }
 
+/// q61 (as q90) divides two aggregates, each over `store_sales` and its
+/// dimensions, in a cross join of one partition. In one task the second
+/// would start only once the first was done; as tasks of their own both
+/// run while the cross join waits for them. The same answer as with
+/// every operator a task of its own (chaining off).
+#[test]
+fn the_inputs_of_a_one_partition_cross_join_that_scan_run_side_by_side() {
+    let explain = q61_at_1(&["--explain"]);
+    let cross = explain
+        .split("\n[")
+        .find(|t| t.contains("CrossJoin"))
+        .unwrap_or_else(|| panic!("no cross join task in {explain}"));
+    assert!(cross.contains("<- [1] BROADCAST"), "{explain}");
+    assert!(cross.contains("<- [2] FORWARD"), "{explain}");
+    assert!(!cross.contains("Source:"), "{explain}");
+    assert_eq!(
+        explain.matches("Source: store_sales").count(),
+        2,
+        "{explain}"
+    );
+    let answer = q61_at_1(&[]);
+    assert!(answer.lines().count() > 1, "{answer}");
+    assert_eq!(
+        answer,
+        q61_at_1(&["-D", "pipeline.operator-chaining.enabled=false"])
+    );
+}
+
+fn q61_at_1(extra: &[&str]) -> String {
+    let args = query_args("q61", "1", extra);
+    let o = sql(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).to_string()
+}
+
 fn q72_args(extra: &[&str]) -> Vec<String> {
     query_args("q72", "2", extra)
 }

@@ -186,6 +186,12 @@ pub(crate) fn is_plain_pipeline(plan: &Arc<dyn ExecutionPlan>) -> bool {
         && plan.children().into_iter().all(is_plain_pipeline)
 }
 
+/// Whether `plan` (a fragment's part, its cut inputs already exchange
+/// readers) reads files: work worth a task of its own beside another.
+fn scans(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    plan.is::<DataSourceExec>() || plan.children().into_iter().any(scans)
+}
+
 impl Splitter {
     fn cut(
         &mut self,
@@ -293,6 +299,14 @@ impl Splitter {
         }
         let own_partitions = partitions(&plan);
         let collect_left = is_collect_left(&plan);
+        // A join without keys of one partition reads both its inputs whole
+        // in one task: its build side, then its probe side. DataFusion in
+        // one process runs such inputs side by side (each one's exchanges
+        // spawn at once); here, when both read files, each becomes a task
+        // of its own, so both run while the join waits. q90's two scalar
+        // counts over a one-row-group table are such a pair.
+        let split_inputs =
+            own_partitions == 1 && (plan.is::<CrossJoinExec>() || plan.is::<NestedLoopJoinExec>());
         let aligned_cut = match self.policy {
             CutPolicy::Exchanges => false,
             CutPolicy::Joins => is_join(&plan),
@@ -306,10 +320,12 @@ impl Splitter {
         let depth = self.filters_above.len();
         self.filters_above.extend(produced);
         let mut children = Vec::new();
+        let mut kept_build = false;
         for (i, child) in plan.children().into_iter().enumerate() {
             let is_build = collect_left && i == 0;
             if is_build && self.keeps_build(child) {
                 // Read whole by every subtask of this fragment (task_view).
+                kept_build = true;
                 children.push(Arc::clone(child));
                 continue;
             }
@@ -337,6 +353,16 @@ impl Splitter {
                 )?;
             }
             children.push(child);
+        }
+        if split_inputs && !kept_build && children.len() == 2 && children.iter().all(scans) {
+            let probe = children.pop();
+            let build = children.pop();
+            if let (Some(build), Some(probe)) = (build, probe) {
+                children = vec![
+                    self.cut(build, Exchange::Broadcast, Vec::new(), 1)?,
+                    self.cut(probe, Exchange::Forward { offset: 0 }, Vec::new(), 1)?,
+                ];
+            }
         }
         self.filters_above.truncate(depth);
         replace_children_if_necessary(plan, children)
