@@ -237,6 +237,14 @@ pub mod options {
     };
 
     /// Fluvia's key.
+    pub const SKIP_BUILD_ON_PRUNED_PROBE: ConfigOption<bool> = ConfigOption {
+        key: "table.exec.hash-join.skip-build-on-pruned-probe",
+        fallback_keys: &[],
+        default: true,
+        description: "SQL: before a hash join collects its build side, it checks the Parquet scan its probe side reads (through projections, filters and joins an empty probe side empties) against the runtime filters the joins above it already completed: when those filters prune every row group of the task's part of the scan, the probe side is empty, and the build side is not read (nor the build sides of the joins below). false always collects the build side.",
+    };
+
+    /// Fluvia's key.
     pub const SPLIT_SCANS_ON_ROW_GROUPS: ConfigOption<bool> = ConfigOption {
         key: "table.exec.parquet.split-on-row-groups",
         fallback_keys: &[],
@@ -522,6 +530,11 @@ pub mod options {
                 END_JOIN_ON_EMPTY_PROBE.description,
             ),
             (
+                SKIP_BUILD_ON_PRUNED_PROBE.key,
+                SKIP_BUILD_ON_PRUNED_PROBE.default.to_string(),
+                SKIP_BUILD_ON_PRUNED_PROBE.description,
+            ),
+            (
                 SPLIT_SCANS_ON_ROW_GROUPS.key,
                 SPLIT_SCANS_ON_ROW_GROUPS.default.to_string(),
                 SPLIT_SCANS_ON_ROW_GROUPS.description,
@@ -660,6 +673,7 @@ pub mod options {
         config.get(&RELEASE_UNREAD_INPUTS)?;
         config.get(&SOURCE_START_ON_DEMAND)?;
         config.get(&END_JOIN_ON_EMPTY_PROBE)?;
+        config.get(&SKIP_BUILD_ON_PRUNED_PROBE)?;
         config.get(&SPLIT_SCANS_ON_ROW_GROUPS)?;
         config.get(&RUNTIME_FILTER_ENABLED)?;
         config.get(&RUNTIME_FILTER_MAX_BUILD_SIZE)?;

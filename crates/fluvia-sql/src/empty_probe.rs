@@ -384,7 +384,7 @@ impl RecordBatchStream for EndOnEmptyProbeStream {
 
 /// Whether an empty probe side (the second input) makes `join`'s output
 /// empty: its rows are probe rows or matches.
-fn empty_probe_empties(join: &HashJoinExec) -> bool {
+pub(crate) fn empty_probe_empties(join: &HashJoinExec) -> bool {
     matches!(
         join.join_type(),
         JoinType::Inner

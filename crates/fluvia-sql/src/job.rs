@@ -984,6 +984,7 @@ impl TaskDriver for StageDriver {
         let release_unread = configuration.get(&options::RELEASE_UNREAD_INPUTS)?;
         let cluster = configuration.get(&options::CLUSTER_BUILD_SIDE)?;
         let end_on_empty_probe = configuration.get(&options::END_JOIN_ON_EMPTY_PROBE)?;
+        let skip_on_pruned_probe = configuration.get(&options::SKIP_BUILD_ON_PRUNED_PROBE)?;
         let task_inputs = Arc::new(TaskInputs::new(
             by_stage,
             release_unread,
@@ -1030,6 +1031,11 @@ impl TaskDriver for StageDriver {
             };
             let plan = if end_on_empty_probe {
                 crate::empty_probe::end_joins_on_empty_probe(plan).map_err(df_err)?
+            } else {
+                plan
+            };
+            let plan = if skip_on_pruned_probe {
+                crate::pruned_probe::skip_builds_over_pruned_probes(plan).map_err(df_err)?
             } else {
                 plan
             };

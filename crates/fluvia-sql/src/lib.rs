@@ -24,6 +24,7 @@ pub mod file_sink;
 pub mod ipc;
 pub mod job;
 pub mod output;
+pub mod pruned_probe;
 pub mod released;
 pub mod reuse;
 pub mod row_group_split;
