@@ -12,77 +12,38 @@
 //! side: after every join above has built its table, as the join order
 //! promises. This module knows DataFusion only.
 
-use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::error::{DataFusionError, Result as DfResult};
+use crate::pass_through::{PassThrough, PassThroughExec};
+use datafusion::error::Result as DfResult;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_plan::metrics::MetricsSet;
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use futures::StreamExt;
-use std::fmt;
 use std::sync::Arc;
 
 /// Its input, executed at the first poll of its stream.
-#[derive(Debug)]
-pub struct DeferredExec {
-    input: Arc<dyn ExecutionPlan>,
-}
+pub type DeferredExec = PassThroughExec<Deferred>;
+
+/// What [`DeferredExec`] does: nothing until the first poll.
+pub struct Deferred;
 
 impl DeferredExec {
     pub fn new(input: Arc<dyn ExecutionPlan>) -> Self {
-        DeferredExec { input }
+        PassThroughExec::wrap(input, Deferred)
     }
 }
 
-impl DisplayAs for DeferredExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "DeferredExec")
-    }
-}
-
-impl ExecutionPlan for DeferredExec {
-    fn name(&self) -> &str {
+impl PassThrough for Deferred {
+    fn name(&self) -> &'static str {
         "DeferredExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        self.input.properties()
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
-    ) -> DfResult<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        mut children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        match children.pop() {
-            Some(input) if children.is_empty() => Ok(Arc::new(DeferredExec { input })),
-            _ => Err(DataFusionError::Internal(
-                "DeferredExec takes one child".into(),
-            )),
-        }
-    }
-
-    fn metrics(&self) -> Option<MetricsSet> {
-        None
     }
 
     fn execute(
         &self,
+        input: &Arc<dyn ExecutionPlan>,
         partition: usize,
         ctx: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
-        let input = Arc::clone(&self.input);
+        let input = Arc::clone(input);
         let schema = input.schema();
         let stream = futures::stream::once(async move { input.execute(partition, ctx) })
             .map(|started| match started {
@@ -100,12 +61,18 @@ mod tests {
     use datafusion::arrow::array::Int32Array;
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
     use datafusion::arrow::record_batch::RecordBatch;
+    use datafusion::common::tree_node::TreeNodeRecursion;
     use datafusion::datasource::memory::MemorySourceConfig;
+    use datafusion::error::DataFusionError;
     use datafusion::physical_expr::EquivalenceProperties;
+    use datafusion::physical_expr::PhysicalExpr;
+    use datafusion::physical_plan::DisplayAs;
+    use datafusion::physical_plan::DisplayFormatType;
     use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
     use datafusion::physical_plan::common::collect;
     use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
     use datafusion::physical_plan::{Partitioning, PlanProperties};
+    use std::fmt;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// A one-partition leaf that counts its `execute` calls.

@@ -15,18 +15,17 @@
 //! network: [`TaskInputs::demand_stage`] tells the producer.
 
 use crate::exchange::{ExchangeReaderExec, TaskInputs};
+use crate::pass_through::{PassThrough, PassThroughExec};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::error::Result as DfResult;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use futures::StreamExt;
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -115,75 +114,31 @@ pub fn empty_without_build(node: &Arc<dyn ExecutionPlan>) -> Option<&HashJoinExe
 /// Its input unchanged; calls `on_row` once, when the first row passes (a
 /// build side's first row: here to demand a probe side's scans, in
 /// [`crate::empty_probe`] to start reading the probe side early).
-pub struct FirstRowExec {
-    input: Arc<dyn ExecutionPlan>,
-    on_row: Arc<dyn Fn() + Send + Sync>,
-    properties: Arc<PlanProperties>,
-}
+pub type FirstRowExec = PassThroughExec<FirstRow>;
 
-impl fmt::Debug for FirstRowExec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("FirstRowExec").finish()
-    }
+/// What [`FirstRowExec`] calls at the first row.
+pub struct FirstRow {
+    on_row: Arc<dyn Fn() + Send + Sync>,
 }
 
 impl FirstRowExec {
     pub fn new(input: Arc<dyn ExecutionPlan>, on_row: Arc<dyn Fn() + Send + Sync>) -> Self {
-        let properties = Arc::clone(input.properties());
-        FirstRowExec {
-            input,
-            on_row,
-            properties,
-        }
+        PassThroughExec::wrap(input, FirstRow { on_row })
     }
 }
 
-impl DisplayAs for FirstRowExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "FirstRowExec")
-    }
-}
-
-impl ExecutionPlan for FirstRowExec {
-    fn name(&self) -> &str {
+impl PassThrough for FirstRow {
+    fn name(&self) -> &'static str {
         "FirstRowExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
-    ) -> DfResult<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        mut children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        match children.pop() {
-            Some(input) if children.is_empty() => {
-                Ok(Arc::new(FirstRowExec::new(input, Arc::clone(&self.on_row))))
-            }
-            _ => Err(DataFusionError::Internal(
-                "FirstRowExec takes one child".into(),
-            )),
-        }
     }
 
     fn execute(
         &self,
+        input: &Arc<dyn ExecutionPlan>,
         partition: usize,
         ctx: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
-        let input = self.input.execute(partition, ctx)?;
+        let input = input.execute(partition, ctx)?;
         let schema = input.schema();
         let (on_row, seen) = (Arc::clone(&self.on_row), AtomicBool::new(false));
         let stream = input.map(move |b: DfResult<RecordBatch>| {
@@ -209,6 +164,7 @@ mod tests {
     use datafusion::common::tree_node::TreeNodeRecursion;
     use datafusion::datasource::memory::MemorySourceConfig;
     use datafusion::logical_expr::JoinType;
+    use datafusion::physical_expr::PhysicalExpr;
     use datafusion::physical_expr::expressions::Column;
     use datafusion::physical_plan::collect;
     use datafusion::physical_plan::joins::PartitionMode;

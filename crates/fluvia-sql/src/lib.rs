@@ -24,6 +24,7 @@ pub mod file_sink;
 pub mod ipc;
 pub mod job;
 pub mod output;
+pub mod pass_through;
 pub mod pruned_probe;
 pub mod released;
 pub mod reuse;

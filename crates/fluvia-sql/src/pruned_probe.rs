@@ -26,8 +26,8 @@
 //! It knows DataFusion's plans and Parquet footers, not tasks or the
 //! network.
 
+use crate::pass_through::{PassThrough, PassThroughExec};
 use crate::split::dynamic_filter_ids;
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::datasource::physical_plan::FileSource;
 use datafusion::datasource::physical_plan::parquet::metadata::DFParquetMetadata;
 use datafusion::datasource::physical_plan::parquet::{
@@ -35,20 +35,18 @@ use datafusion::datasource::physical_plan::parquet::{
 };
 use datafusion::datasource::physical_plan::{FileScanConfig, ParquetSource};
 use datafusion::datasource::source::DataSourceExec;
-use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::error::Result as DfResult;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::parquet::file::metadata::PageIndexPolicy;
-use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_optimizer::pruning::PruningPredicateBuilder;
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use futures::StreamExt;
-use std::fmt;
 use std::sync::Arc;
 
 /// Our pass-through nodes: their output is their input's rows.
@@ -188,78 +186,32 @@ async fn pruned(scan: &Arc<dyn ExecutionPlan>, ctx: &TaskContext) -> bool {
 
 /// A join's build side, read only if the probe side's scan keeps a row
 /// group (see the module).
-pub struct PrunedProbeGateExec {
-    input: Arc<dyn ExecutionPlan>,
-    /// The probe side's scan, the same node the probe side holds: its
-    /// runtime filters are the joins' own.
-    scan: Arc<dyn ExecutionPlan>,
-    properties: Arc<PlanProperties>,
-}
+pub type PrunedProbeGateExec = PassThroughExec<PrunedProbeGate>;
 
-impl fmt::Debug for PrunedProbeGateExec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PrunedProbeGateExec").finish()
-    }
+/// The probe side's scan a [`PrunedProbeGateExec`] checks: the same node
+/// the probe side holds, so its runtime filters are the joins' own.
+pub struct PrunedProbeGate {
+    scan: Arc<dyn ExecutionPlan>,
 }
 
 impl PrunedProbeGateExec {
     pub fn new(input: Arc<dyn ExecutionPlan>, scan: Arc<dyn ExecutionPlan>) -> Self {
-        let properties = Arc::clone(input.properties());
-        PrunedProbeGateExec {
-            input,
-            scan,
-            properties,
-        }
+        PassThroughExec::wrap(input, PrunedProbeGate { scan })
     }
 }
 
-impl DisplayAs for PrunedProbeGateExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "PrunedProbeGateExec")
-    }
-}
-
-impl ExecutionPlan for PrunedProbeGateExec {
-    fn name(&self) -> &str {
+impl PassThrough for PrunedProbeGate {
+    fn name(&self) -> &'static str {
         "PrunedProbeGateExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
-    ) -> DfResult<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        mut children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        match children.pop() {
-            Some(input) if children.is_empty() => Ok(Arc::new(PrunedProbeGateExec::new(
-                input,
-                Arc::clone(&self.scan),
-            ))),
-            _ => Err(DataFusionError::Internal(
-                "PrunedProbeGateExec takes one child".into(),
-            )),
-        }
     }
 
     fn execute(
         &self,
+        input: &Arc<dyn ExecutionPlan>,
         partition: usize,
         ctx: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
-        let input = self.input.execute(partition, Arc::clone(&ctx))?;
+        let input = input.execute(partition, Arc::clone(&ctx))?;
         let schema = input.schema();
         let scan = Arc::clone(&self.scan);
         let empty_schema = Arc::clone(&schema);
@@ -287,6 +239,7 @@ mod tests {
     use datafusion::arrow::array::{Array, Int64Array, RecordBatch};
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
     use datafusion::common::tree_node::TreeNode;
+    use datafusion::common::tree_node::TreeNodeRecursion;
     use datafusion::parquet::arrow::ArrowWriter;
     use datafusion::parquet::file::properties::WriterProperties;
     use datafusion::physical_plan::collect;

@@ -16,17 +16,15 @@
 //! module). This module knows nothing of the network beyond those flags.
 
 use crate::exchange::{ReaderStop, lock};
+use crate::pass_through::{PassThrough, PassThroughExec};
 use crate::reuse::SharedScanExec;
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::Result as DfResult;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use fluvia_network::ConsumersReleased;
 use futures::StreamExt;
-use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::task::{Poll, Waker};
 
@@ -72,70 +70,29 @@ impl EndSignal {
 /// `leaf`, its stream ended (and dropped at once, so an exchange reader
 /// releases its own inputs in turn) once `signal` is set.
 pub fn end_leaf_when(leaf: Arc<dyn ExecutionPlan>, signal: EndSignal) -> Arc<dyn ExecutionPlan> {
-    Arc::new(EndWhenExec {
-        input: leaf,
-        signal,
-    })
+    Arc::new(PassThroughExec::wrap(leaf, EndWhen { signal }))
 }
 
 /// A leaf's stream, ended early when its signal is set.
-#[derive(Debug)]
-struct EndWhenExec {
-    input: Arc<dyn ExecutionPlan>,
+struct EndWhen {
     signal: EndSignal,
 }
 
-impl DisplayAs for EndWhenExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "{}", self.name())
-    }
-}
-
-impl ExecutionPlan for EndWhenExec {
-    fn name(&self) -> &str {
+impl PassThrough for EndWhen {
+    fn name(&self) -> &'static str {
         match self.signal {
             EndSignal::Released(_) => "EndWhenReleasedExec",
             EndSignal::Stopped(_) => "EndOnStopExec",
         }
     }
 
-    fn properties(&self) -> &Arc<PlanProperties> {
-        self.input.properties()
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
-    ) -> DfResult<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        mut children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        match children.pop() {
-            Some(input) if children.is_empty() => Ok(Arc::new(EndWhenExec {
-                input,
-                signal: self.signal.clone(),
-            })),
-            _ => Err(datafusion::error::DataFusionError::Internal(format!(
-                "{} takes one child",
-                self.name()
-            ))),
-        }
-    }
-
     fn execute(
         &self,
+        input: &Arc<dyn ExecutionPlan>,
         partition: usize,
         ctx: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
-        let inner = self.input.execute(partition, ctx)?;
+        let inner = input.execute(partition, ctx)?;
         let schema = inner.schema();
         let signal = self.signal.clone();
         let mut inner = Some(inner);

@@ -1,0 +1,102 @@
+//! One-child plan nodes that hand on their input's rows and act only on how
+//! its stream is started, watched or cut short (a first row noticed, the
+//! input executed at the first poll, a build side skipped).
+//!
+//! [`PassThroughExec`] is the DataFusion node once for all of them: it has
+//! its input's schema and properties, no expressions and no metrics of its
+//! own; a [`PassThrough`] says what its stream does. It knows DataFusion
+//! only.
+
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
+use std::fmt;
+use std::sync::Arc;
+
+/// What a [`PassThroughExec`] does with its input's stream.
+pub trait PassThrough: Send + Sync + 'static {
+    /// The node's name in plans (`EXPLAIN`, debug logs).
+    fn name(&self) -> &'static str;
+
+    /// The node's stream of partition `partition`, from its input.
+    fn execute(
+        &self,
+        input: &Arc<dyn ExecutionPlan>,
+        partition: usize,
+        ctx: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream>;
+}
+
+/// Its input's rows, streamed as `P` says.
+pub struct PassThroughExec<P> {
+    input: Arc<dyn ExecutionPlan>,
+    node: Arc<P>,
+}
+
+impl<P: PassThrough> PassThroughExec<P> {
+    pub fn wrap(input: Arc<dyn ExecutionPlan>, node: P) -> Self {
+        PassThroughExec {
+            input,
+            node: Arc::new(node),
+        }
+    }
+}
+
+impl<P: PassThrough> fmt::Debug for PassThroughExec<P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct(self.node.name()).finish()
+    }
+}
+
+impl<P: PassThrough> DisplayAs for PassThroughExec<P> {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "{}", self.node.name())
+    }
+}
+
+impl<P: PassThrough> ExecutionPlan for PassThroughExec<P> {
+    fn name(&self) -> &str {
+        self.node.name()
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.input.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+    ) -> DfResult<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        match children.pop() {
+            Some(input) if children.is_empty() => Ok(Arc::new(PassThroughExec {
+                input,
+                node: Arc::clone(&self.node),
+            })),
+            _ => Err(DataFusionError::Internal(format!(
+                "{} takes one child",
+                self.node.name()
+            ))),
+        }
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        ctx: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        self.node.execute(&self.input, partition, ctx)
+    }
+}
