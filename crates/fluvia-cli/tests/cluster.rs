@@ -326,10 +326,11 @@ fn a_wrong_or_missing_secret_is_refused() {
 /// returns its id.
 fn kill_during(cluster: &mut Cluster, id: &str, ready: impl Fn(&Value) -> bool) -> String {
     let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last = String::new();
     loop {
         assert!(
             Instant::now() < deadline,
-            "the job never reached the kill point"
+            "the job never reached the kill point; its last status: {last}"
         );
         let (status, body) = http(&cluster.rest, "GET", &format!("/jobs/{id}"), &[]);
         if status == 200 {
@@ -338,6 +339,11 @@ fn kill_during(cluster: &mut Cluster, id: &str, ready: impl Fn(&Value) -> bool) 
                 job["state"], "FINISHED",
                 "the job finished before the kill: make it longer"
             );
+            assert!(
+                job["state"] != "FAILED" && job["state"] != "CANCELED",
+                "the job ended before the kill: {body}"
+            );
+            last = body;
             if ready(&job) {
                 let victim = job["vertices"][1]["subtasks"][0]["taskmanager-id"]
                     .as_str()
