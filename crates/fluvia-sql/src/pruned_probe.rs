@@ -77,10 +77,11 @@ fn probe_scan(probe: &Arc<dyn ExecutionPlan>) -> Option<&Arc<dyn ExecutionPlan>>
     }
 }
 
-/// `plan` with the build side of every hash join gated by
-/// [`PrunedProbeGateExec`] where it can pay: the join's probe side reads a
-/// Parquet scan ([`probe_scan`]) that a runtime filter of a join above it
-/// in this plan targets (complete by the time this join builds).
+/// `plan` with the build side of every hash join whose output an empty
+/// probe side empties gated by [`PrunedProbeGateExec`] where it can pay:
+/// the join's probe side reads a Parquet scan ([`probe_scan`]) that a
+/// runtime filter of a join above it in this plan targets (complete by the
+/// time this join builds).
 pub fn skip_builds_over_pruned_probes(
     plan: Arc<dyn ExecutionPlan>,
 ) -> DfResult<Arc<dyn ExecutionPlan>> {
@@ -105,7 +106,10 @@ fn rewrite(plan: Arc<dyn ExecutionPlan>, above: &[u64]) -> DfResult<Arc<dyn Exec
     );
     let mut build = rewrite(Arc::clone(join.left()), &[])?;
     let probe = rewrite(Arc::clone(join.right()), &below)?;
-    if let Some(scan) = probe_scan(&probe)
+    // Only a join that an empty probe side empties: a left, full or anti
+    // join still emits its build rows.
+    if crate::empty_probe::empty_probe_empties(join)
+        && let Some(scan) = probe_scan(&probe)
         && dynamic_filter_ids(scan).iter().any(|id| above.contains(id))
     {
         build = Arc::new(PrunedProbeGateExec::new(build, Arc::clone(scan)));
@@ -351,6 +355,25 @@ mod tests {
                 let (ctx, plan) = nested_joins(other.path()).await;
                 assert_eq!(count(&ctx, &plan).await, 0);
                 assert_eq!(build_rows(&plan), vec![5, 10]);
+                // A left join emits its build rows whatever its probe side
+                // holds: never gated.
+                let mut changed = false;
+                let left = plan
+                    .transform_up(|n| match n.downcast_ref::<HashJoinExec>() {
+                        Some(j) if !changed => {
+                            changed = true;
+                            j.builder()
+                                .with_type(datafusion::common::JoinType::Left)
+                                .build_exec()
+                                .map(datafusion::common::tree_node::Transformed::yes)
+                        }
+                        _ => Ok(datafusion::common::tree_node::Transformed::no(n)),
+                    })
+                    .unwrap()
+                    .data;
+                let left = skip_builds_over_pruned_probes(left).unwrap();
+                let gated = left.exists(|n| Ok(n.is::<PrunedProbeGateExec>())).unwrap();
+                assert!(changed && !gated, "a left join's build side is gated");
             });
     }
 }
