@@ -241,7 +241,7 @@ pub mod options {
         key: "table.exec.hash-join.skip-build-on-pruned-probe",
         fallback_keys: &[],
         default: true,
-        description: "SQL: before a hash join collects its build side, it checks the Parquet scan its probe side reads (through projections, filters and joins an empty probe side empties) against the runtime filters the joins above it already completed: when those filters prune every row group of the task's part of the scan, the probe side is empty, and the build side is not read (nor the build sides of the joins below). false always collects the build side.",
+        description: "SQL: before a hash join whose output an empty probe side empties (inner, right, semi, right anti) collects its build side, it checks the Parquet scan its probe side reads (through projections, filters and joins an empty probe side empties) against the runtime filters the joins above it already completed: when those filters prune every row group of the task's part of the scan, the probe side is empty, and the build side is not read (nor the build sides of the joins below). false always collects the build side.",
     };
 
     /// Fluvia's key.
