@@ -28,7 +28,7 @@ pub struct Deferred;
 
 impl DeferredExec {
     pub fn new(input: Arc<dyn ExecutionPlan>) -> Self {
-        PassThroughExec::wrap(input, Deferred)
+        PassThroughExec::of(input, Deferred)
     }
 }
 

@@ -123,7 +123,7 @@ pub struct FirstRow {
 
 impl FirstRowExec {
     pub fn new(input: Arc<dyn ExecutionPlan>, on_row: Arc<dyn Fn() + Send + Sync>) -> Self {
-        PassThroughExec::wrap(input, FirstRow { on_row })
+        PassThroughExec::of(input, FirstRow { on_row })
     }
 }
 

@@ -28,18 +28,16 @@
 
 use crate::demand::FirstRowExec;
 use crate::exchange::{ExchangeReaderExec, ReaderStop, lock};
+use crate::pass_through::{PassThrough, PassThroughExec};
 use crate::released::EndSignal;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::JoinType;
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::joins::HashJoinExec;
-use datafusion::physical_plan::metrics::MetricsSet;
-use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use futures::{Stream, StreamExt};
 use std::fmt;
 use std::pin::Pin;
@@ -127,64 +125,24 @@ fn watch_probe(shared: &Mutex<SharedProbe>, build_stop: &ReaderStop) {
 /// The wrapped join's probe input: hands the probe stream to the watcher.
 /// (The build side's leaves are watched by [`FirstRowExec`]s, which start
 /// the watcher at the first row they see.)
-#[derive(Debug)]
-struct ProbeTapExec {
-    input: Arc<dyn ExecutionPlan>,
+type ProbeTapExec = PassThroughExec<ProbeTap>;
+
+struct ProbeTap {
     watch: Arc<Watch>,
 }
 
-impl DisplayAs for ProbeTapExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "{}", self.name())
-    }
-}
-
-impl ExecutionPlan for ProbeTapExec {
-    fn name(&self) -> &str {
+impl PassThrough for ProbeTap {
+    fn name(&self) -> &'static str {
         "ProbeTapExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        self.input.properties()
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
-    ) -> DfResult<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        mut children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        match children.pop() {
-            Some(input) if children.is_empty() => Ok(Arc::new(ProbeTapExec {
-                input,
-                watch: Arc::clone(&self.watch),
-            })),
-            _ => Err(DataFusionError::Internal(format!(
-                "{} takes one child",
-                self.name()
-            ))),
-        }
-    }
-
-    fn metrics(&self) -> Option<MetricsSet> {
-        None
     }
 
     fn execute(
         &self,
+        input: &Arc<dyn ExecutionPlan>,
         partition: usize,
         ctx: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
-        let input = self.input.execute(partition, ctx)?;
+        let input = input.execute(partition, ctx)?;
         let schema = input.schema();
         let shared = Arc::new(Mutex::new(SharedProbe {
             input,
@@ -232,9 +190,10 @@ impl RecordBatchStream for ProbeTapStream {
 
 /// A join (whose inputs are taps) that ends when its probe side ends
 /// without a row, whether or not its build side is complete.
-#[derive(Debug)]
-pub struct EndOnEmptyProbeExec {
-    join: Arc<dyn ExecutionPlan>,
+pub type EndOnEmptyProbeExec = PassThroughExec<EndOnEmptyProbe>;
+
+/// What the join's taps and its watcher share.
+pub struct EndOnEmptyProbe {
     watch: Arc<Watch>,
 }
 
@@ -251,15 +210,20 @@ impl EndOnEmptyProbeExec {
             )));
         };
         let watch = Arc::new(Watch::default());
-        let probe = Arc::new(ProbeTapExec {
-            input: stop_leaves(Arc::clone(probe), &watch.probe_stop, None)?,
-            watch: Arc::clone(&watch),
-        });
+        let probe = Arc::new(ProbeTapExec::of(
+            stop_leaves(Arc::clone(probe), &watch.probe_stop, None)?,
+            ProbeTap {
+                watch: Arc::clone(&watch),
+            },
+        ));
         // The build side's leaves tell its first row: the operators above
         // them may hold every row back (clustering by key, aggregates).
         let build = stop_leaves(Arc::clone(build), &watch.build_stop, Some(&watch))?;
         let join = replace_children_if_necessary(Arc::clone(&join), vec![build, probe])?;
-        Ok(Arc::new(EndOnEmptyProbeExec { join, watch }))
+        Ok(Arc::new(EndOnEmptyProbeExec::of(
+            join,
+            EndOnEmptyProbe { watch },
+        )))
     }
 }
 
@@ -292,57 +256,18 @@ fn stop_leaves(
     })
 }
 
-impl DisplayAs for EndOnEmptyProbeExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "EndOnEmptyProbeExec")
-    }
-}
-
-impl ExecutionPlan for EndOnEmptyProbeExec {
-    fn name(&self) -> &str {
+impl PassThrough for EndOnEmptyProbe {
+    fn name(&self) -> &'static str {
         "EndOnEmptyProbeExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        self.join.properties()
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.join]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
-    ) -> DfResult<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        mut children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        match children.pop() {
-            Some(join) if children.is_empty() => Ok(Arc::new(EndOnEmptyProbeExec {
-                join,
-                watch: Arc::clone(&self.watch),
-            })),
-            _ => Err(DataFusionError::Internal(
-                "EndOnEmptyProbeExec takes one child".into(),
-            )),
-        }
-    }
-
-    fn metrics(&self) -> Option<MetricsSet> {
-        None
     }
 
     fn execute(
         &self,
+        join: &Arc<dyn ExecutionPlan>,
         partition: usize,
         ctx: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
-        let join = self.join.execute(partition, ctx)?;
+        let join = join.execute(partition, ctx)?;
         Ok(Box::pin(EndOnEmptyProbeStream {
             schema: join.schema(),
             join,
@@ -449,13 +374,16 @@ mod tests {
     use datafusion::arrow::array::Int32Array;
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
     use datafusion::common::NullEquality;
+    use datafusion::common::tree_node::TreeNodeRecursion;
     use datafusion::datasource::memory::MemorySourceConfig;
     use datafusion::physical_expr::EquivalenceProperties;
+    use datafusion::physical_expr::PhysicalExpr;
     use datafusion::physical_expr::expressions::Column;
     use datafusion::physical_plan::common::collect;
     use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
     use datafusion::physical_plan::joins::PartitionMode;
     use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+    use datafusion::physical_plan::{DisplayAs, DisplayFormatType};
     use datafusion::physical_plan::{Partitioning, PlanProperties};
 
     fn schema() -> SchemaRef {
@@ -597,7 +525,10 @@ mod tests {
         let Some(w) = wrapped.downcast_ref::<EndOnEmptyProbeExec>() else {
             panic!("not wrapped: {}", wrapped.name());
         };
-        assert!(lock(&w.watch.thread).is_none(), "a watcher was started");
+        assert!(
+            lock(&w.node().watch.thread).is_none(),
+            "a watcher was started"
+        );
         Ok(())
     }
 

@@ -36,11 +36,16 @@ pub struct PassThroughExec<P> {
 }
 
 impl<P: PassThrough> PassThroughExec<P> {
-    pub fn wrap(input: Arc<dyn ExecutionPlan>, node: P) -> Self {
+    pub fn of(input: Arc<dyn ExecutionPlan>, node: P) -> Self {
         PassThroughExec {
             input,
             node: Arc::new(node),
         }
+    }
+
+    /// What the node does with the stream, and the state it keeps for it.
+    pub fn node(&self) -> &P {
+        &self.node
     }
 }
 

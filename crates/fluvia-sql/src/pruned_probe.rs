@@ -200,7 +200,7 @@ pub struct PrunedProbeGate {
 
 impl PrunedProbeGateExec {
     pub fn new(input: Arc<dyn ExecutionPlan>, scan: Arc<dyn ExecutionPlan>) -> Self {
-        PassThroughExec::wrap(input, PrunedProbeGate { scan })
+        PassThroughExec::of(input, PrunedProbeGate { scan })
     }
 }
 

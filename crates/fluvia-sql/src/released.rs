@@ -70,7 +70,7 @@ impl EndSignal {
 /// `leaf`, its stream ended (and dropped at once, so an exchange reader
 /// releases its own inputs in turn) once `signal` is set.
 pub fn end_leaf_when(leaf: Arc<dyn ExecutionPlan>, signal: EndSignal) -> Arc<dyn ExecutionPlan> {
-    Arc::new(PassThroughExec::wrap(leaf, EndWhen { signal }))
+    Arc::new(PassThroughExec::of(leaf, EndWhen { signal }))
 }
 
 /// A leaf's stream, ended early when its signal is set.
