@@ -46,6 +46,9 @@ enum Suite {
 }
 
 fn main() -> anyhow::Result<()> {
+    // The same allocator settings as the `fluvia` binary, for every variant
+    // (DataFusion alone included) of every suite.
+    fluvia_cluster::allocator::tune();
     match Cli::parse().suite {
         Suite::Datastream(a) => datastream::run(a),
         Suite::Network(a) => network::run(a),

@@ -704,6 +704,8 @@ fn check_answer(
 }
 
 fn main() -> ExitCode {
+    // Before any thread starts: the allocator's thresholds are process-wide.
+    fluvia_cluster::allocator::tune();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

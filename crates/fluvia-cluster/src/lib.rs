@@ -26,6 +26,7 @@
 //! only on TaskManagers whose program fingerprint is the job's. This crate
 //! knows no concrete program.
 
+pub mod allocator;
 pub mod client;
 pub mod config;
 pub mod deployment;
