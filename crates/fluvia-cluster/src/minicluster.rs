@@ -135,10 +135,12 @@ pub async fn run_job_watching(
     // stopped; they remove what they staged as they stop. The caller sees
     // the output as the job left it once they have (bounded: a task that
     // ignores cancellation does not hold the caller forever).
-    let deadline = std::time::Instant::now() + TASK_STOP_TIMEOUT;
-    while tms.iter().any(|tm| tm.busy() > 0) && std::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-    }
+    let _ = tokio::time::timeout(TASK_STOP_TIMEOUT, async {
+        for tm in &tms {
+            tm.idle().await;
+        }
+    })
+    .await;
     tracing::debug!(
         "mini-cluster: JobManager up at {:.1} ms, TaskManagers up and job submitted at {:.1} ms, job done at {:.1} ms, shut down at {:.1} ms",
         jm_started.as_secs_f64() * 1e3,

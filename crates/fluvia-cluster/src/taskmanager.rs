@@ -89,7 +89,7 @@ struct Shared {
     /// (running, or cleaning up after cancellation), deployment calls
     /// (they start task threads) and job releases (they remove staged
     /// files).
-    busy: Arc<std::sync::atomic::AtomicUsize>,
+    busy: Arc<BusyCount>,
     /// Where this TaskManager's jobs spill, one directory per job.
     workdir: crate::workdir::WorkDir,
     internal_shuffle: InternalShuffleEnvironment,
@@ -689,23 +689,33 @@ pub struct TaskManagerHandle {
     task: tokio::task::JoinHandle<Result<()>>,
 }
 
+/// Work under way ([`Shared::busy`]), and a wake-up for whoever waits for
+/// none: a stopping mini-cluster learns it at once instead of polling.
+#[derive(Default)]
+struct BusyCount {
+    count: std::sync::atomic::AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
 /// Counts work in [`Shared::busy`] until it ends (also if it panics; for a
 /// task thread, also if it never started: the guard drops with the
 /// closure).
-struct Busy(Arc<std::sync::atomic::AtomicUsize>);
+struct Busy(Arc<BusyCount>);
 
 impl Busy {
-    fn start(count: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
+    fn start(busy: &Arc<BusyCount>) -> Self {
         // SeqCst with `stopped`: a stop either sees this count or is seen
         // by the work it counts.
-        count.fetch_add(1, Ordering::SeqCst);
-        Busy(Arc::clone(count))
+        busy.count.fetch_add(1, Ordering::SeqCst);
+        Busy(Arc::clone(busy))
     }
 }
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
     }
 }
 
@@ -715,7 +725,20 @@ impl TaskManagerHandle {
     /// before its thread ends, a released job the files its finished tasks
     /// staged.
     pub fn busy(&self) -> usize {
-        self.shared.busy.load(Ordering::SeqCst)
+        self.shared.busy.count.load(Ordering::SeqCst)
+    }
+
+    /// Returns once nothing is [`busy`](Self::busy) (at once if nothing is).
+    pub async fn idle(&self) {
+        loop {
+            // Registered before the count is read: a drop to zero in between
+            // still wakes it.
+            let idle = self.shared.busy.idle.notified();
+            if self.busy() == 0 {
+                return;
+            }
+            idle.await;
+        }
     }
 
     /// Cancels every attempt it runs, closes its network and stops it.
