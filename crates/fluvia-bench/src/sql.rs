@@ -180,6 +180,9 @@ fn measure(s: &SqlSettings, sql: &str, target: &Target, repeat: usize) -> Result
 }
 
 pub fn run_suite(a: Args) -> Result<()> {
+    // Fluvia's statements run one after another on one kept mini-cluster,
+    // as in a `fluvia sql` session.
+    let _warm = fluvia_cluster::minicluster::warm::KeepWarm::new();
     let format = TableFormat::parse(&a.format)?;
     let base = {
         let mut c = Configuration::new();

@@ -720,8 +720,22 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let outcome = match cli.command {
-        Command::Sql(args) => return exit(sql_command(args)),
-        Command::Tpcds { command } => return exit(tpcds_command(command)),
+        // A session's statements run one after another on one kept
+        // mini-cluster (stopped before the process exits).
+        Command::Sql(args) => {
+            let outcome = {
+                let _warm = fluvia_cluster::minicluster::warm::KeepWarm::new();
+                sql_command(args)
+            };
+            return exit(outcome);
+        }
+        Command::Tpcds { command } => {
+            let outcome = {
+                let _warm = fluvia_cluster::minicluster::warm::KeepWarm::new();
+                tpcds_command(command)
+            };
+            return exit(outcome);
+        }
         Command::Run {
             jobmanager: None,
             example,

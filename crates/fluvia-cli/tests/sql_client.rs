@@ -596,3 +596,30 @@ fn progress_shows_on_a_terminal_and_not_when_piped() {
     assert!(!err.contains("vertices"), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+/// The statements of one session run on one embedded mini-cluster, started
+/// for the first and kept for the next; a change of configuration starts
+/// another. The client stops it, and removes its spill directory, on exit.
+#[test]
+fn a_sessions_statements_share_one_mini_cluster_until_its_configuration_changes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = fluvia()
+        .args(["sql", "-p", "1", "-D"])
+        .arg(format!("io.tmp.dirs={}", tmp.path().display()))
+        .args([
+            "-e",
+            "SELECT 1; SELECT 2; SELECT 3; \
+             SET 'taskmanager.network.memory.buffers-per-channel' = '4'; SELECT 4",
+        ])
+        .env("RUST_LOG", "fluvia_cluster::minicluster=debug")
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    for n in 1..=4 {
+        assert!(stdout(&o).contains(&n.to_string()), "{}", stdout(&o));
+    }
+    assert_eq!(err.matches("mini-cluster (new)").count(), 2, "{err}");
+    assert_eq!(err.matches("mini-cluster (kept)").count(), 2, "{err}");
+    assert_eq!(entries(tmp.path()), Vec::<String>::new(), "left behind");
+}

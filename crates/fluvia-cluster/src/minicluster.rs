@@ -36,6 +36,20 @@ pub async fn run_job_until(
     run_job_watching(config, catalog, program, graph, cancel, None, true).await
 }
 
+/// A directory for the embedded TaskManagers' spill files, under
+/// `io.tmp.dirs` (or the system's temporary directory), removed on drop.
+fn spill_dir(config: &Configuration) -> Result<tempfile::TempDir> {
+    let base = config.get(&options::TMP_DIRS)?;
+    if base.is_empty() {
+        tempfile::Builder::new().prefix("fluvia-mini-").tempdir()
+    } else {
+        tempfile::Builder::new()
+            .prefix("fluvia-mini-")
+            .tempdir_in(base)
+    }
+    .map_err(|e| fluvia_core::FluviaError::io("creating the spill directory", e))
+}
+
 /// How long an embedded run waits, after its job ended, for the
 /// TaskManagers' cancelled tasks to stop.
 const TASK_STOP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -78,17 +92,24 @@ pub async fn run_job_watching(
         let size = options::NETWORK_MEMORY.default.max(per_slot * slots as u64);
         c.set(options::NETWORK_MEMORY.key, size.to_string());
     }
+    if warm::kept() {
+        return warm::run(
+            warm::Shape {
+                key: warm::key(config, task_managers, catalog.as_ref()),
+                task_managers,
+                slots,
+            },
+            c,
+            catalog,
+            program,
+            graph,
+            (cancel, watch, details),
+        )
+        .await;
+    }
     // The embedded TaskManagers spill under a directory this call owns and
     // removes when it returns.
-    let base = config.get(&options::TMP_DIRS)?;
-    let spill = if base.is_empty() {
-        tempfile::Builder::new().prefix("fluvia-mini-").tempdir()
-    } else {
-        tempfile::Builder::new()
-            .prefix("fluvia-mini-")
-            .tempdir_in(base)
-    }
-    .map_err(|e| fluvia_core::FluviaError::io("creating the spill directory", e))?;
+    let spill = spill_dir(config)?;
     c.set(
         options::TMP_DIRS.key,
         spill.path().to_string_lossy().to_string(),
@@ -149,4 +170,254 @@ pub async fn run_job_watching(
         began.elapsed().as_secs_f64() * 1e3
     );
     outcome
+}
+
+/// Mini-clusters kept between jobs, for clients that run one statement
+/// after another in a session (`fluvia sql`, `fluvia tpcds run`): Flink's
+/// SQL client likewise runs a session's jobs on one cluster. Starting a
+/// JobManager and its TaskManagers took about 1.2 ms of every statement.
+///
+/// Opt-in with a [`KeepWarm`] guard for the session; without one every job
+/// gets a cluster of its own, as before. A kept cluster serves a job only
+/// when it was started from the same configuration, TaskManager count and
+/// program catalog, with at least the slots the job needs; else it is
+/// stopped and a new one started. A job takes the cluster out of the cache
+/// while it runs (jobs of concurrent callers get clusters of their own), and
+/// puts it back once its TaskManagers are idle.
+pub mod warm {
+    use super::*;
+    use crate::jobmanager::JobManagerHandle;
+    use crate::taskmanager::TaskManagerHandle;
+    use std::sync::Mutex;
+
+    /// What a job needs of a kept cluster.
+    pub(super) struct Shape {
+        pub key: String,
+        pub task_managers: usize,
+        pub slots: usize,
+    }
+
+    struct Kept {
+        key: String,
+        slots: usize,
+        jm: JobManagerHandle,
+        tms: Vec<TaskManagerHandle>,
+        /// The cluster's servers run here, not on a caller's runtime (each
+        /// `block_on` has its own, gone when it returns).
+        runtime: tokio::runtime::Runtime,
+        _spill: tempfile::TempDir,
+    }
+
+    impl Kept {
+        fn stop(self) {
+            for tm in &self.tms {
+                tm.shutdown();
+            }
+            self.jm.abort();
+            self.runtime.shutdown_background();
+        }
+    }
+
+    #[derive(Default)]
+    struct Cache {
+        guards: usize,
+        idle: Option<Kept>,
+    }
+
+    static CACHE: Mutex<Cache> = Mutex::new(Cache {
+        guards: 0,
+        idle: None,
+    });
+
+    fn cache() -> std::sync::MutexGuard<'static, Cache> {
+        CACHE.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// While one lives, embedded jobs of this process keep their cluster for
+    /// the next job. The last one dropped stops the kept cluster.
+    pub struct KeepWarm(());
+
+    impl KeepWarm {
+        pub fn new() -> Self {
+            cache().guards += 1;
+            KeepWarm(())
+        }
+    }
+
+    impl Default for KeepWarm {
+        fn default() -> Self {
+            Self::new()
+        }
+    }
+
+    impl Drop for KeepWarm {
+        fn drop(&mut self) {
+            let idle = {
+                let mut c = cache();
+                c.guards -= 1;
+                if c.guards == 0 { c.idle.take() } else { None }
+            };
+            if let Some(k) = idle {
+                k.stop();
+            }
+        }
+    }
+
+    pub(super) fn kept() -> bool {
+        cache().guards > 0
+    }
+
+    /// Everything a kept cluster was started from, but the slots (a job may
+    /// use a cluster with more than it needs).
+    pub(super) fn key(
+        config: &Configuration,
+        task_managers: usize,
+        catalog: &dyn ProgramCatalog,
+    ) -> String {
+        let mut key = format!("{task_managers}\n{}\n", catalog.fingerprint());
+        for (k, v) in config.iter() {
+            key.push_str(k);
+            key.push('=');
+            key.push_str(v);
+            key.push('\n');
+        }
+        key
+    }
+
+    /// The kept cluster if it fits `shape`; one that does not is stopped.
+    fn take(shape: &Shape) -> Option<Kept> {
+        let idle = cache().idle.take()?;
+        if idle.key == shape.key && idle.slots >= shape.slots {
+            return Some(idle);
+        }
+        idle.stop();
+        None
+    }
+
+    async fn start(
+        shape: &Shape,
+        mut config: Configuration,
+        catalog: Arc<dyn ProgramCatalog>,
+    ) -> Result<Kept> {
+        let spill = spill_dir(&config)?;
+        config.set(
+            options::TMP_DIRS.key,
+            spill.path().to_string_lossy().to_string(),
+        );
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("fluvia-mini-cluster")
+            .enable_all()
+            .build()
+            .map_err(|e| fluvia_core::FluviaError::io("starting the mini-cluster's runtime", e))?;
+        let jm = runtime
+            .spawn(crate::jobmanager::start(config.clone()))
+            .await
+            .map_err(|e| fluvia_core::FluviaError::Execution(format!("JobManager: {e}")))??;
+        let address = jm.rpc_address.to_string();
+        let mut tms = Vec::new();
+        for _ in 0..shape.task_managers {
+            let started = runtime
+                .spawn(crate::taskmanager::spawn_owned(
+                    address.clone(),
+                    config.clone(),
+                    Arc::clone(&catalog),
+                ))
+                .await
+                .map_err(|e| fluvia_core::FluviaError::Execution(format!("TaskManager: {e}")));
+            match started {
+                Ok(Ok(tm)) => tms.push(tm),
+                Ok(Err(e)) | Err(e) => {
+                    Kept {
+                        key: String::new(),
+                        slots: 0,
+                        jm,
+                        tms,
+                        runtime,
+                        _spill: spill,
+                    }
+                    .stop();
+                    return Err(e);
+                }
+            }
+        }
+        Ok(Kept {
+            key: shape.key.clone(),
+            slots: shape.slots,
+            jm,
+            tms,
+            runtime,
+            _spill: spill,
+        })
+    }
+
+    /// Runs the job on the kept cluster (or a new one) and keeps the
+    /// cluster for the next job once its TaskManagers are idle.
+    pub(super) async fn run(
+        shape: Shape,
+        config: Configuration,
+        catalog: Arc<dyn ProgramCatalog>,
+        program: &ProgramSpec,
+        graph: &JobGraph,
+        (cancel, watch, details): (
+            impl std::future::Future<Output = ()>,
+            Option<&mut (dyn FnMut(&JobStatus) + Send)>,
+            bool,
+        ),
+    ) -> Result<JobStatus> {
+        let began = std::time::Instant::now();
+        let (kept, reused) = match take(&shape) {
+            Some(k) => (k, true),
+            None => (
+                start(&shape, config.clone(), Arc::clone(&catalog)).await?,
+                false,
+            ),
+        };
+        let up = began.elapsed();
+        let outcome = async {
+            let mut client = ClusterClient::connect(
+                &kept.jm.rpc_address.to_string(),
+                cfg::cluster_secret(&config)?,
+            )
+            .await?;
+            client.set_details(details);
+            let id = client
+                .submit(program, graph, &catalog.fingerprint())
+                .await?;
+            client.wait_watching(&id, cancel, watch).await
+        }
+        .await;
+        let ran = began.elapsed();
+        // The job's tasks and its release (which removes what it staged)
+        // end before the caller sees its output, as when the cluster stops.
+        let idle = tokio::time::timeout(TASK_STOP_TIMEOUT, async {
+            for tm in &kept.tms {
+                tm.idle().await;
+            }
+        })
+        .await;
+        tracing::debug!(
+            "mini-cluster ({}): up at {:.1} ms, job done at {:.1} ms, TaskManagers idle at {:.1} ms",
+            if reused { "kept" } else { "new" },
+            up.as_secs_f64() * 1e3,
+            ran.as_secs_f64() * 1e3,
+            began.elapsed().as_secs_f64() * 1e3
+        );
+        // A cluster whose client failed, or whose tasks did not stop, is
+        // not trusted with the next job.
+        let healthy = outcome.is_ok() && idle.is_ok();
+        let rest = {
+            let mut c = cache();
+            if healthy && c.guards > 0 && c.idle.is_none() {
+                c.idle = Some(kept);
+                None
+            } else {
+                Some(kept)
+            }
+        };
+        if let Some(k) = rest {
+            k.stop();
+        }
+        outcome
+    }
 }

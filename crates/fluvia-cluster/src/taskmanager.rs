@@ -769,6 +769,16 @@ pub async fn spawn(
     }
 }
 
+/// [`spawn`] with owned arguments: a future another runtime can run (a
+/// kept mini-cluster's own).
+pub async fn spawn_owned(
+    jobmanager: String,
+    config: Configuration,
+    catalog: Arc<dyn ProgramCatalog>,
+) -> Result<TaskManagerHandle> {
+    spawn(&jobmanager, config, catalog).await
+}
+
 /// Runs a TaskManager until the process is stopped. `jobmanager` is the
 /// JobManager's RPC address (`host:port`).
 /// The data plane settings from Flink's keys (TaskManagers and shuffle
