@@ -98,12 +98,14 @@ pub async fn run_job_watching(
                 key: warm::key(config, task_managers, catalog.as_ref()),
                 task_managers,
                 slots,
+                config: c,
             },
-            c,
             catalog,
             program,
             graph,
-            (cancel, watch, details),
+            cancel,
+            watch,
+            details,
         )
         .await;
     }
@@ -195,6 +197,8 @@ pub mod warm {
         pub key: String,
         pub task_managers: usize,
         pub slots: usize,
+        /// The configuration a new cluster starts from.
+        pub config: Configuration,
     }
 
     struct Kept {
@@ -355,16 +359,14 @@ pub mod warm {
     /// cluster for the next job once its TaskManagers are idle.
     pub(super) async fn run(
         shape: Shape,
-        config: Configuration,
         catalog: Arc<dyn ProgramCatalog>,
         program: &ProgramSpec,
         graph: &JobGraph,
-        (cancel, watch, details): (
-            impl std::future::Future<Output = ()>,
-            Option<&mut (dyn FnMut(&JobStatus) + Send)>,
-            bool,
-        ),
+        cancel: impl std::future::Future<Output = ()>,
+        watch: Option<&mut (dyn FnMut(&JobStatus) + Send)>,
+        details: bool,
     ) -> Result<JobStatus> {
+        let config = &shape.config;
         let began = std::time::Instant::now();
         let (kept, reused) = match take(&shape) {
             Some(k) => (k, true),
@@ -377,7 +379,7 @@ pub mod warm {
         let outcome = async {
             let mut client = ClusterClient::connect(
                 &kept.jm.rpc_address.to_string(),
-                cfg::cluster_secret(&config)?,
+                cfg::cluster_secret(config)?,
             )
             .await?;
             client.set_details(details);
