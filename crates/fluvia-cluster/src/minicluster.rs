@@ -376,6 +376,7 @@ pub mod warm {
             ),
         };
         let up = began.elapsed();
+        let mut submitted = None;
         let outcome = async {
             let mut client = ClusterClient::connect(
                 &kept.jm.rpc_address.to_string(),
@@ -386,12 +387,20 @@ pub mod warm {
             let id = client
                 .submit(program, graph, &catalog.fingerprint())
                 .await?;
+            submitted = Some(id.clone());
             client.wait_watching(&id, cancel, watch).await
         }
         .await;
         let ran = began.elapsed();
         // The job's tasks and its release (which removes what it staged)
         // end before the caller sees its output, as when the cluster stops.
+        // The JobManager reports the end before its release reaches the
+        // TaskManagers: they release the job here first.
+        if let Some(id) = &submitted {
+            for tm in &kept.tms {
+                tm.release_job(id);
+            }
+        }
         let idle = tokio::time::timeout(TASK_STOP_TIMEOUT, async {
             for tm in &kept.tms {
                 tm.idle().await;

@@ -728,6 +728,14 @@ impl TaskManagerHandle {
         self.shared.busy.count.load(Ordering::SeqCst)
     }
 
+    /// Drops what of an ended job runs or is staged here, as the
+    /// JobManager's release does (whichever comes second finds nothing):
+    /// a kept mini-cluster does it before it tells the caller the job ended,
+    /// since the JobManager's call may still be on its way.
+    pub fn release_job(&self, job_id: &str) {
+        self.shared.release_job(job_id);
+    }
+
     /// Returns once nothing is [`busy`](Self::busy) (at once if nothing is).
     pub async fn idle(&self) {
         loop {
