@@ -180,7 +180,7 @@ pub async fn run_job_watching(
 /// JobManager and its TaskManagers took about 1.2 ms of every statement.
 ///
 /// Opt-in with a [`KeepWarm`] guard for the session; without one every job
-/// gets a cluster of its own, as before. A kept cluster serves a job only
+/// gets a cluster of its own. A kept cluster serves a job only
 /// when it was started from the same configuration, TaskManager count and
 /// program catalog, with at least the slots the job needs; else it is
 /// stopped and a new one started. A job takes the cluster out of the cache
