@@ -623,3 +623,14 @@ fn a_sessions_statements_share_one_mini_cluster_until_its_configuration_changes(
     assert_eq!(err.matches("mini-cluster (kept)").count(), 2, "{err}");
     assert_eq!(entries(tmp.path()), Vec::<String>::new(), "left behind");
 }
+
+/// A session's mini-cluster that cannot start (its JobManager refuses the
+/// configuration) is an error naming the key, not a panic.
+#[test]
+fn a_session_cluster_that_cannot_start_names_the_key_it_refused() {
+    let o = sql(&["-e", "SELECT 1", "-D", "restart-strategy=bogus"]);
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("restart-strategy"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}

@@ -314,10 +314,23 @@ pub mod warm {
             .enable_all()
             .build()
             .map_err(|e| fluvia_core::FluviaError::io("starting the mini-cluster's runtime", e))?;
-        let jm = runtime
+        let jm = match runtime
             .spawn(crate::jobmanager::start(config.clone()))
             .await
-            .map_err(|e| fluvia_core::FluviaError::Execution(format!("JobManager: {e}")))??;
+        {
+            Ok(Ok(jm)) => jm,
+            // A runtime dropped here would block this caller's async context.
+            Ok(Err(e)) => {
+                runtime.shutdown_background();
+                return Err(e);
+            }
+            Err(e) => {
+                runtime.shutdown_background();
+                return Err(fluvia_core::FluviaError::Execution(format!(
+                    "JobManager: {e}"
+                )));
+            }
+        };
         let address = jm.rpc_address.to_string();
         let mut tms = Vec::new();
         for _ in 0..shape.task_managers {
