@@ -50,6 +50,31 @@ fn spill_dir(config: &Configuration) -> Result<tempfile::TempDir> {
     .map_err(|e| fluvia_core::FluviaError::io("creating the spill directory", e))
 }
 
+/// Stops the servers of an embedded cluster: the TaskManagers cancel what
+/// they run, the JobManager stops taking calls.
+fn stop_servers(
+    jm: &crate::jobmanager::JobManagerHandle,
+    tms: &[crate::taskmanager::TaskManagerHandle],
+) {
+    for tm in tms {
+        tm.shutdown();
+    }
+    jm.abort();
+}
+
+/// Waits until no TaskManager of `tms` is busy; false if one still is after
+/// [`TASK_STOP_TIMEOUT`] (a task that ignores cancellation does not hold
+/// the caller forever).
+async fn idle(tms: &[crate::taskmanager::TaskManagerHandle]) -> bool {
+    tokio::time::timeout(TASK_STOP_TIMEOUT, async {
+        for tm in tms {
+            tm.idle().await;
+        }
+    })
+    .await
+    .is_ok()
+}
+
 /// How long an embedded run waits, after its job ended, for the
 /// TaskManagers' cancelled tasks to stop.
 const TASK_STOP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -150,20 +175,11 @@ pub async fn run_job_watching(
         (Ok(()), Ok((mut client, id))) => client.wait_watching(&id, cancel, watch).await,
     };
     let ran = began.elapsed();
-    for tm in &tms {
-        tm.shutdown();
-    }
-    jm.abort();
+    stop_servers(&jm, &tms);
     // A job that failed or was cancelled ends before its other tasks have
     // stopped; they remove what they staged as they stop. The caller sees
-    // the output as the job left it once they have (bounded: a task that
-    // ignores cancellation does not hold the caller forever).
-    let _ = tokio::time::timeout(TASK_STOP_TIMEOUT, async {
-        for tm in &tms {
-            tm.idle().await;
-        }
-    })
-    .await;
+    // the output as the job left it once they have.
+    idle(&tms).await;
     tracing::debug!(
         "mini-cluster: JobManager up at {:.1} ms, TaskManagers up and job submitted at {:.1} ms, job done at {:.1} ms, shut down at {:.1} ms",
         jm_started.as_secs_f64() * 1e3,
@@ -214,10 +230,7 @@ pub mod warm {
 
     impl Kept {
         fn stop(self) {
-            for tm in &self.tms {
-                tm.shutdown();
-            }
-            self.jm.abort();
+            stop_servers(&self.jm, &self.tms);
             self.runtime.shutdown_background();
         }
     }
@@ -345,15 +358,8 @@ pub mod warm {
             match started {
                 Ok(Ok(tm)) => tms.push(tm),
                 Ok(Err(e)) | Err(e) => {
-                    Kept {
-                        key: String::new(),
-                        slots: 0,
-                        jm,
-                        tms,
-                        runtime,
-                        _spill: spill,
-                    }
-                    .stop();
+                    stop_servers(&jm, &tms);
+                    runtime.shutdown_background();
                     return Err(e);
                 }
             }
@@ -414,12 +420,7 @@ pub mod warm {
                 tm.release_job(id);
             }
         }
-        let idle = tokio::time::timeout(TASK_STOP_TIMEOUT, async {
-            for tm in &kept.tms {
-                tm.idle().await;
-            }
-        })
-        .await;
+        let settled = idle(&kept.tms).await;
         tracing::debug!(
             "mini-cluster ({}): up at {:.1} ms, job done at {:.1} ms, TaskManagers idle at {:.1} ms",
             if reused { "kept" } else { "new" },
@@ -429,7 +430,7 @@ pub mod warm {
         );
         // A cluster whose client failed, or whose tasks did not stop, is
         // not trusted with the next job.
-        let healthy = outcome.is_ok() && idle.is_ok();
+        let healthy = outcome.is_ok() && settled;
         let rest = {
             let mut c = cache();
             if healthy && c.guards > 0 && c.idle.is_none() {
