@@ -38,6 +38,7 @@ pub mod rest;
 pub mod security;
 pub mod shuffle;
 pub mod shuffle_service;
+pub mod task_threads;
 pub mod taskmanager;
 pub mod workdir;
 

@@ -304,72 +304,70 @@ impl Shared {
         let running = update("RUNNING");
         let mut last = update("FINISHED");
         let alive = Busy::start(&self.busy);
-        let spawned = std::thread::Builder::new()
-            .name(name.clone())
-            .spawn(move || {
-                let _alive = alive;
-                tracing::info!("task {name} attempt {} started", desc.attempt);
-                // RUNNING is a hint (the scheduler also learns it from
-                // heartbeats): sent without waiting.
-                {
-                    let mut client = shared.jobmanager.clone();
-                    let req = security::authorize(running, &shared.secret);
-                    shared.runtime.spawn(async move {
-                        let _ = client.update_task_state(req).await;
-                    });
-                }
-                let mut result = run_task_attributed(&deployment);
-                if let Ok(m) = &result {
-                    // FINISHED only once consumers can read every partition
-                    // where they will look for it.
-                    for (external, p) in &produced {
-                        let shuffle = shared.shuffle_for_kind(*external);
-                        if let Err(e) = shuffle.partition_finished(&desc.job_id, p) {
-                            m.staged_files.iter().for_each(discard_staged_file);
-                            result = Err(e);
-                            break;
-                        }
+        let spawned = crate::task_threads::shared().spawn(name.clone(), move || {
+            let _alive = alive;
+            tracing::info!("task {name} attempt {} started", desc.attempt);
+            // RUNNING is a hint (the scheduler also learns it from
+            // heartbeats): sent without waiting.
+            {
+                let mut client = shared.jobmanager.clone();
+                let req = security::authorize(running, &shared.secret);
+                shared.runtime.spawn(async move {
+                    let _ = client.update_task_state(req).await;
+                });
+            }
+            let mut result = run_task_attributed(&deployment);
+            if let Ok(m) = &result {
+                // FINISHED only once consumers can read every partition
+                // where they will look for it.
+                for (external, p) in &produced {
+                    let shuffle = shared.shuffle_for_kind(*external);
+                    if let Err(e) = shuffle.partition_finished(&desc.job_id, p) {
+                        m.staged_files.iter().for_each(discard_staged_file);
+                        result = Err(e);
+                        break;
                     }
                 }
-                drop(produced);
-                let (state, error) = match &result {
-                    Ok(_) => ("FINISHED", String::new()),
-                    Err(FluviaError::Cancelled) => ("CANCELED", String::new()),
-                    Err(e) => ("FAILED", e.to_string()),
-                };
-                let (busy, idle, bp) = group.run_averages();
-                let snapshot = group.snapshot();
-                let mut metrics = match result {
-                    Ok(m) => m,
-                    Err(_) => fluvia_scheduler::AttemptMetrics {
-                        records_in: snapshot.records_in,
-                        records_out: snapshot.records_out,
-                        bytes_in: snapshot.bytes_in,
-                        bytes_out: snapshot.bytes_out,
-                        ..Default::default()
-                    },
-                };
-                metrics.busy_ms_per_second = busy;
-                metrics.idle_ms_per_second = idle;
-                metrics.back_pressured_ms_per_second = bp;
-                tracing::info!("task {name} attempt {} {state} {error}", desc.attempt);
-                // Its pools go with the task (the registry would keep them).
-                shared.metrics.unregister(&group);
-                if state == "FAILED" {
-                    last.unreadable_partitions = watched
-                        .iter()
-                        .filter(|(_, ch)| ch.failure().is_some())
-                        .map(|(p, _)| crate::deployment::partition_to_proto(p))
-                        .collect();
-                }
-                if !metrics.staged_files.is_empty() {
-                    shared.keep_staged(&desc.job_id, key, &metrics.staged_files);
-                }
-                last.state = state.into();
-                last.error = error;
-                last.metrics = Some(metrics_to_proto(&metrics));
-                shared.finished(&desc.job_id, key, last);
-            });
+            }
+            drop(produced);
+            let (state, error) = match &result {
+                Ok(_) => ("FINISHED", String::new()),
+                Err(FluviaError::Cancelled) => ("CANCELED", String::new()),
+                Err(e) => ("FAILED", e.to_string()),
+            };
+            let (busy, idle, bp) = group.run_averages();
+            let snapshot = group.snapshot();
+            let mut metrics = match result {
+                Ok(m) => m,
+                Err(_) => fluvia_scheduler::AttemptMetrics {
+                    records_in: snapshot.records_in,
+                    records_out: snapshot.records_out,
+                    bytes_in: snapshot.bytes_in,
+                    bytes_out: snapshot.bytes_out,
+                    ..Default::default()
+                },
+            };
+            metrics.busy_ms_per_second = busy;
+            metrics.idle_ms_per_second = idle;
+            metrics.back_pressured_ms_per_second = bp;
+            tracing::info!("task {name} attempt {} {state} {error}", desc.attempt);
+            // Its pools go with the task (the registry would keep them).
+            shared.metrics.unregister(&group);
+            if state == "FAILED" {
+                last.unreadable_partitions = watched
+                    .iter()
+                    .filter(|(_, ch)| ch.failure().is_some())
+                    .map(|(p, _)| crate::deployment::partition_to_proto(p))
+                    .collect();
+            }
+            if !metrics.staged_files.is_empty() {
+                shared.keep_staged(&desc.job_id, key, &metrics.staged_files);
+            }
+            last.state = state.into();
+            last.error = error;
+            last.metrics = Some(metrics_to_proto(&metrics));
+            shared.finished(&desc.job_id, key, last);
+        });
         if let Err(e) = spawned {
             if let Some(job) = lock(&self.jobs).get_mut(&job_id_of_spawn) {
                 job.running.remove(&key);

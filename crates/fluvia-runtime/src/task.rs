@@ -159,6 +159,8 @@ impl ChainBuilder<'_> {
 /// operator that last ran user code on this thread).
 pub fn run_task_attributed(d: &TaskDeployment) -> Result<AttemptMetrics> {
     let staged = crate::operator::StagedFiles::default();
+    // The thread may have run another task before (a pool's).
+    crate::output::set_current_operator(0);
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_task(d, &staged)));
     if !matches!(outcome, Ok(Ok(_))) {
         // What a failed or cancelled attempt wrote is never committed.

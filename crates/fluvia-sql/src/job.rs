@@ -196,11 +196,32 @@ pub fn planning_context(
     Ok(SessionContext::new_with_state(state))
 }
 
-fn current_thread_runtime() -> Result<tokio::runtime::Runtime> {
+fn current_thread_runtime() -> Result<TaskRuntime> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
+        .map(|rt| TaskRuntime(Some(rt)))
         .map_err(|e| FluviaError::io("starting a task runtime", e))
+}
+
+/// A task's runtime. Dropping a runtime waits until each of its blocking
+/// threads (the file reads a scan handed off) has exited, on the task's
+/// path to reporting its end; this one lets them exit on their own.
+struct TaskRuntime(Option<tokio::runtime::Runtime>);
+
+impl std::ops::Deref for TaskRuntime {
+    type Target = tokio::runtime::Runtime;
+    fn deref(&self) -> &Self::Target {
+        self.0.as_ref().expect("a task runtime is only taken when dropped")
+    }
+}
+
+impl Drop for TaskRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 /// Planning reads every table's footers (schemas, then statistics): on
