@@ -12,6 +12,7 @@ use fluvia_runtime::JobExecutionResult;
 use std::time::Duration;
 use tonic::transport::Channel;
 
+#[derive(Clone)]
 pub struct ClusterClient {
     client: JobManagerClient<Channel>,
     secret: Option<String>,

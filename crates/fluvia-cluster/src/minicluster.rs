@@ -222,6 +222,10 @@ pub mod warm {
         slots: usize,
         jm: JobManagerHandle,
         tms: Vec<TaskManagerHandle>,
+        /// Connected once: a job's client does not open a connection of its
+        /// own (a TCP connection and an HTTP/2 handshake before each
+        /// submission). Its connection is driven by `runtime`.
+        client: ClusterClient,
         /// The cluster's servers run here, not on a caller's runtime (each
         /// `block_on` has its own, gone when it returns).
         runtime: tokio::runtime::Runtime,
@@ -364,11 +368,28 @@ pub mod warm {
                 }
             }
         }
+        let connected = match cfg::cluster_secret(&config) {
+            Ok(secret) => runtime
+                .spawn(async move { ClusterClient::connect(&address, secret).await })
+                .await
+                .map_err(|e| fluvia_core::FluviaError::Execution(format!("client: {e}")))
+                .and_then(|c| c),
+            Err(e) => Err(e),
+        };
+        let client = match connected {
+            Ok(c) => c,
+            Err(e) => {
+                stop_servers(&jm, &tms);
+                runtime.shutdown_background();
+                return Err(e);
+            }
+        };
         Ok(Kept {
             key: shape.key.clone(),
             slots: shape.slots,
             jm,
             tms,
+            client,
             runtime,
             _spill: spill,
         })
@@ -397,11 +418,7 @@ pub mod warm {
         let up = began.elapsed();
         let mut submitted = None;
         let outcome = async {
-            let mut client = ClusterClient::connect(
-                &kept.jm.rpc_address.to_string(),
-                cfg::cluster_secret(config)?,
-            )
-            .await?;
+            let mut client = kept.client.clone();
             client.set_details(details);
             let id = client
                 .submit(program, graph, &catalog.fingerprint())
