@@ -16,6 +16,14 @@
 //! [`ClusterByKeyExec`] buffers it, estimates the rows per key from a
 //! sample, and sorts only where keys repeat. This module knows DataFusion
 //! only; which joins get it is the task's choice.
+//!
+//! A broadcast join's build side is the same rows in every subtask. The
+//! subtasks of one stage that run in one process cluster it once
+//! ([`SharedClusters`], [`share_broadcast_builds`]): the first whose input
+//! ended clusters it and hands the result to the others, which still read
+//! their own input and take the shared result only if it has as many rows
+//! (a build side cut short, because its join no longer needed it, is never
+//! handed to a subtask that read its whole input).
 
 use datafusion::arrow::array::{ArrayRef, UInt32Array};
 use datafusion::arrow::compute::{concat_batches, take, take_record_batch};
@@ -35,7 +43,7 @@ use datafusion::physical_plan::metrics::{
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use futures::TryStreamExt;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 
@@ -65,6 +73,214 @@ pub fn cluster_build_sides(plan: Arc<dyn ExecutionPlan>) -> DfResult<Arc<dyn Exe
     .map(|t| t.data)
 }
 
+/// `plan` (a task's, with its build sides clustered) with each clustered
+/// build side that reads only broadcast inputs (`broadcast`: the stages
+/// whose output every consumer subtask receives whole) clustered once for
+/// the subtasks of `stage` that run in this process.
+pub fn share_broadcast_builds(
+    plan: Arc<dyn ExecutionPlan>,
+    shared: &Arc<SharedClusters>,
+    stage: usize,
+    attempt: u32,
+    broadcast: &dyn Fn(usize) -> bool,
+) -> DfResult<Arc<dyn ExecutionPlan>> {
+    let mut ordinal = 0;
+    plan.transform_up(|node| {
+        let Some(c) = node.downcast_ref::<ClusterByKeyExec>() else {
+            return Ok(Transformed::no(node));
+        };
+        let key = (stage, ordinal, attempt);
+        ordinal += 1;
+        if c.share.is_some() || !same_in_every_subtask(&c.input, broadcast)? {
+            return Ok(Transformed::no(node));
+        }
+        let mut shared_node = ClusterByKeyExec::new(Arc::clone(&c.input), c.keys.clone());
+        shared_node.share = Some(Arc::new(SharedClusters::join(shared, key)));
+        Ok(Transformed::yes(
+            Arc::new(shared_node) as Arc<dyn ExecutionPlan>
+        ))
+    })
+    .map(|t| t.data)
+}
+
+/// Whether `plan` gives every subtask the same rows: it reads only
+/// broadcast inputs, through filters (without runtime filters, which a
+/// subtask's own joins fill) and projections.
+fn same_in_every_subtask(
+    plan: &Arc<dyn ExecutionPlan>,
+    broadcast: &dyn Fn(usize) -> bool,
+) -> DfResult<bool> {
+    use datafusion::physical_expr::expressions::DynamicFilterPhysicalExpr;
+    use datafusion::physical_plan::filter::FilterExec;
+    use datafusion::physical_plan::projection::ProjectionExec;
+    let mut same = true;
+    plan.apply(|node| {
+        let ok = if let Some(r) = node.downcast_ref::<crate::exchange::ExchangeReaderExec>() {
+            broadcast(r.stage())
+        } else if let Some(f) = node.downcast_ref::<FilterExec>() {
+            let mut dynamic = false;
+            f.predicate().apply(|e| {
+                dynamic |= e.downcast_ref::<DynamicFilterPhysicalExpr>().is_some();
+                Ok(TreeNodeRecursion::Continue)
+            })?;
+            !dynamic
+        } else {
+            node.is::<ProjectionExec>() || node.is::<crate::demand::FirstRowExec>()
+        };
+        same &= ok;
+        Ok(if ok {
+            TreeNodeRecursion::Continue
+        } else {
+            TreeNodeRecursion::Stop
+        })
+    })?;
+    Ok(same)
+}
+
+/// The build sides one job's subtasks in this process cluster once, by
+/// (stage, the clustering's place in the stage's plan, attempt). An entry
+/// lives while a subtask's plan holds it.
+#[derive(Debug, Default)]
+pub struct SharedClusters {
+    entries: std::sync::Mutex<HashMap<SlotKey, (usize, Arc<Slot>)>>,
+}
+
+type SlotKey = (usize, usize, u32);
+
+impl SharedClusters {
+    fn join(this: &Arc<Self>, key: SlotKey) -> Member {
+        let mut entries = this.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let (members, slot) = entries.entry(key).or_insert_with(|| {
+            let (tx, _) = tokio::sync::watch::channel(SlotState::Open);
+            (0, Arc::new(Slot(tx)))
+        });
+        *members += 1;
+        Member {
+            registry: Arc::clone(this),
+            key,
+            slot: Arc::clone(slot),
+        }
+    }
+
+    /// Entries held now (for tests).
+    pub fn len(&self) -> usize {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[derive(Debug)]
+struct Slot(tokio::sync::watch::Sender<SlotState>);
+
+#[derive(Debug, Clone)]
+enum SlotState {
+    /// No subtask has its whole input yet.
+    Open,
+    /// One clusters `rows` rows.
+    Claimed { rows: usize },
+    Done {
+        rows: usize,
+        batches: Vec<RecordBatch>,
+    },
+    /// The one that claimed it failed or was stopped.
+    Abandoned,
+}
+
+/// A subtask's place at one shared build side.
+#[derive(Debug)]
+struct Member {
+    registry: Arc<SharedClusters>,
+    key: SlotKey,
+    slot: Arc<Slot>,
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        let mut entries = self
+            .registry
+            .entries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some((members, _)) = entries.get_mut(&self.key) {
+            *members -= 1;
+            if *members == 0 {
+                entries.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// What a subtask whose input ended with `rows` rows does.
+enum Turn {
+    /// Clusters them and hands the result on.
+    Claim(Claim),
+    /// Waits for the one that claimed the same number of rows.
+    Wait(tokio::sync::watch::Receiver<SlotState>),
+    Take(Vec<RecordBatch>),
+    /// Clusters its own (another number of rows was shared).
+    Own,
+}
+
+/// The claim on a slot; dropped unfinished, it lets the others cluster
+/// their own.
+struct Claim {
+    slot: Arc<Slot>,
+    rows: usize,
+    done: bool,
+}
+
+impl Claim {
+    fn finish(mut self, out: &DfResult<Vec<RecordBatch>>) {
+        let state = match out {
+            Ok(batches) => SlotState::Done {
+                rows: self.rows,
+                batches: batches.clone(),
+            },
+            Err(_) => SlotState::Abandoned,
+        };
+        self.slot.0.send_replace(state);
+        self.done = true;
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if !self.done {
+            self.slot.0.send_replace(SlotState::Abandoned);
+        }
+    }
+}
+
+impl Member {
+    fn turn(&self, rows: usize) -> Turn {
+        let mut turn = Turn::Own;
+        self.slot.0.send_if_modified(|state| match state {
+            SlotState::Open => {
+                *state = SlotState::Claimed { rows };
+                turn = Turn::Claim(Claim {
+                    slot: Arc::clone(&self.slot),
+                    rows,
+                    done: false,
+                });
+                true
+            }
+            SlotState::Claimed { rows: r } if *r == rows => {
+                turn = Turn::Wait(self.slot.0.subscribe());
+                false
+            }
+            SlotState::Done { rows: r, batches } if *r == rows => {
+                turn = Turn::Take(batches.clone());
+                false
+            }
+            _ => false,
+        });
+        turn
+    }
+}
+
 /// Its input, every row of it, with rows of equal keys adjacent when keys
 /// repeat enough for that to pay (the module doc). Emits when its input
 /// ended; declares no order.
@@ -72,6 +288,8 @@ pub fn cluster_build_sides(plan: Arc<dyn ExecutionPlan>) -> DfResult<Arc<dyn Exe
 pub struct ClusterByKeyExec {
     input: Arc<dyn ExecutionPlan>,
     keys: Vec<Arc<dyn PhysicalExpr>>,
+    /// Set where the subtasks of this process share the result.
+    share: Option<Arc<Member>>,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
 }
@@ -87,6 +305,7 @@ impl ClusterByKeyExec {
         ClusterByKeyExec {
             input,
             keys,
+            share: None,
             properties: Arc::new(properties),
             metrics: ExecutionPlanMetricsSet::new(),
         }
@@ -96,7 +315,11 @@ impl ClusterByKeyExec {
 impl DisplayAs for ClusterByKeyExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         let keys: Vec<String> = self.keys.iter().map(|k| k.to_string()).collect();
-        write!(f, "ClusterByKeyExec: keys=[{}]", keys.join(", "))
+        write!(f, "ClusterByKeyExec: keys=[{}]", keys.join(", "))?;
+        if self.share.is_some() {
+            write!(f, ", shared")?;
+        }
+        Ok(())
     }
 }
 
@@ -131,7 +354,9 @@ impl ExecutionPlan for ClusterByKeyExec {
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
         match children.pop() {
             Some(input) if children.is_empty() => {
-                Ok(Arc::new(ClusterByKeyExec::new(input, self.keys.clone())))
+                let mut node = ClusterByKeyExec::new(input, self.keys.clone());
+                node.share = self.share.clone();
+                Ok(Arc::new(node))
             }
             _ => Err(DataFusionError::Internal(
                 "ClusterByKeyExec takes one child".into(),
@@ -153,11 +378,44 @@ impl ExecutionPlan for ClusterByKeyExec {
         let keys = self.keys.clone();
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let sorted = MetricBuilder::new(&self.metrics).counter("sorted", partition);
+        let taken = MetricBuilder::new(&self.metrics).counter("shared_taken", partition);
+        let share = self.share.clone();
         let stream = futures::stream::once(async move {
             let batches: Vec<RecordBatch> = input.try_collect().await?;
-            let timer = baseline.elapsed_compute().timer();
-            let out = cluster(batches, &keys, &sorted)?;
-            timer.done();
+            let rows = batches.iter().map(|b| b.num_rows()).sum();
+            let turn = share.as_ref().map_or(Turn::Own, |m| m.turn(rows));
+            let (claim, shared) = match turn {
+                Turn::Own => (None, None),
+                Turn::Claim(c) => (Some(c), None),
+                Turn::Take(b) => (None, Some(b)),
+                Turn::Wait(mut rx) => {
+                    let state = rx
+                        .wait_for(|s| !matches!(s, SlotState::Claimed { .. }))
+                        .await
+                        .map(|s| s.clone());
+                    match state {
+                        Ok(SlotState::Done { rows: r, batches }) if r == rows => {
+                            (None, Some(batches))
+                        }
+                        _ => (None, None),
+                    }
+                }
+            };
+            let out = match shared {
+                Some(b) => {
+                    taken.add(1);
+                    b
+                }
+                None => {
+                    let timer = baseline.elapsed_compute().timer();
+                    let out = cluster(batches, &keys, &sorted);
+                    timer.done();
+                    if let Some(c) = claim {
+                        c.finish(&out);
+                    }
+                    out?
+                }
+            };
             baseline.record_output(out.iter().map(|b| b.num_rows()).sum());
             Ok::<_, DataFusionError>(out)
         })
@@ -518,5 +776,156 @@ mod tests {
         let out = cluster(input.clone(), &key(), &sorted).expect("cluster");
         assert_eq!(sorted.value(), 0);
         assert_eq!(out, input);
+    }
+
+    /// A clustering of `input` (one partition) that shares its result as
+    /// member of `key` in `shared`.
+    fn shared_node(
+        input: &[RecordBatch],
+        shared: &Arc<SharedClusters>,
+        slot: SlotKey,
+    ) -> Arc<dyn ExecutionPlan> {
+        use datafusion::datasource::memory::MemorySourceConfig;
+        let scan = MemorySourceConfig::try_new_exec(&[input.to_vec()], input[0].schema(), None)
+            .expect("scan");
+        let mut node = ClusterByKeyExec::new(scan, key());
+        node.share = Some(Arc::new(SharedClusters::join(shared, slot)));
+        Arc::new(node)
+    }
+
+    fn metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
+        plan.metrics()
+            .and_then(|m| m.sum_by_name(name))
+            .map_or(0, |v| v.as_usize())
+    }
+
+    fn run(plan: &Arc<dyn ExecutionPlan>) -> Vec<RecordBatch> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        rt.block_on(datafusion::physical_plan::collect(
+            Arc::clone(plan),
+            Arc::new(TaskContext::default()),
+        ))
+        .expect("run")
+    }
+
+    fn repeating(n: i64) -> Vec<RecordBatch> {
+        (0..4)
+            .map(|b| batch((0..n / 4).map(|i| (b * n / 4 + i) % 1_000).collect()))
+            .collect()
+    }
+
+    #[test]
+    fn subtasks_with_the_same_build_rows_cluster_them_once() {
+        let shared = Arc::new(SharedClusters::default());
+        let input = repeating(40_000);
+        let first = shared_node(&input, &shared, (3, 0, 0));
+        let second = shared_node(&input, &shared, (3, 0, 0));
+        let a = run(&first);
+        let b = run(&second);
+        assert_eq!(
+            (metric(&first, "sorted"), metric(&first, "shared_taken")),
+            (1, 0)
+        );
+        assert_eq!(
+            (metric(&second, "sorted"), metric(&second, "shared_taken")),
+            (0, 1)
+        );
+        assert!(runs_of_one_key(&b));
+        assert_eq!(contents(&a), contents(&input));
+        assert_eq!(contents(&b), contents(&input));
+        drop((first, second));
+        assert!(shared.is_empty(), "the entry outlived its subtasks' plans");
+    }
+
+    #[test]
+    fn a_subtask_whose_rows_differ_in_number_clusters_its_own() {
+        let shared = Arc::new(SharedClusters::default());
+        let full = repeating(40_000);
+        // Cut short (its join stopped reading): fewer rows.
+        let cut = full[..3].to_vec();
+        let first = shared_node(&cut, &shared, (3, 0, 0));
+        let second = shared_node(&full, &shared, (3, 0, 0));
+        run(&first);
+        let b = run(&second);
+        assert_eq!(metric(&second, "shared_taken"), 0);
+        assert_eq!(contents(&b), contents(&full));
+        // Another join of the same stage shares nothing with these.
+        let other = shared_node(&cut, &shared, (3, 1, 0));
+        run(&other);
+        assert_eq!(metric(&other, "shared_taken"), 0);
+    }
+
+    #[test]
+    fn a_claim_given_up_lets_the_waiting_subtask_cluster_its_own() {
+        let shared = Arc::new(SharedClusters::default());
+        let (m1, m2) = (
+            SharedClusters::join(&shared, (0, 0, 0)),
+            SharedClusters::join(&shared, (0, 0, 0)),
+        );
+        let Turn::Claim(claim) = m1.turn(10) else {
+            panic!("the first subtask claims the clustering");
+        };
+        let Turn::Wait(mut rx) = m2.turn(10) else {
+            panic!("the second waits for it");
+        };
+        // The claiming task was cancelled before it clustered.
+        drop(claim);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let state = rt
+            .block_on(rx.wait_for(|s| !matches!(s, SlotState::Claimed { .. })))
+            .map(|s| s.clone())
+            .expect("state");
+        assert!(matches!(state, SlotState::Abandoned), "{state:?}");
+        assert!(matches!(m2.turn(10), Turn::Own));
+    }
+
+    #[test]
+    fn only_build_sides_of_broadcast_inputs_are_shared() {
+        use crate::exchange::{ExchangeReaderExec, ReaderFacts};
+        use datafusion::physical_plan::filter::FilterExec;
+        use datafusion::physical_plan::union::UnionExec;
+        let schema = batch(vec![1]).schema();
+        let reader = |stage| -> Arc<dyn ExecutionPlan> {
+            Arc::new(
+                ExchangeReaderExec::new(stage, Arc::clone(&schema), 1, ReaderFacts::default())
+                    .expect("reader"),
+            )
+        };
+        let filtered = |input| -> Arc<dyn ExecutionPlan> {
+            let predicate = datafusion::physical_expr::expressions::binary(
+                key()[0].clone(),
+                datafusion::logical_expr::Operator::Gt,
+                datafusion::physical_expr::expressions::lit(0i64),
+                &schema,
+            )
+            .expect("predicate");
+            Arc::new(FilterExec::try_new(predicate, input).expect("filter"))
+        };
+        // Stage 1 is broadcast, stage 2 hash-partitioned.
+        let builds: Vec<Arc<dyn ExecutionPlan>> = vec![
+            Arc::new(ClusterByKeyExec::new(filtered(reader(1)), key())),
+            Arc::new(ClusterByKeyExec::new(reader(2), key())),
+            Arc::new(ClusterByKeyExec::new(
+                UnionExec::try_new(vec![reader(1), reader(2)]).expect("union"),
+                key(),
+            )),
+        ];
+        let plan = UnionExec::try_new(builds).expect("union");
+        let shared = Arc::new(SharedClusters::default());
+        let plan = share_broadcast_builds(plan, &shared, 7, 0, &|s| s == 1).expect("share");
+        let mut marked = Vec::new();
+        plan.apply(|node| {
+            if let Some(c) = node.downcast_ref::<ClusterByKeyExec>() {
+                marked.push(c.share.is_some());
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })
+        .expect("walk");
+        assert_eq!(marked, vec![true, false, false]);
+        assert_eq!(shared.len(), 1);
     }
 }

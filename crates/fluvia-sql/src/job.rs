@@ -106,6 +106,9 @@ pub struct SqlJob {
     /// join, which waits for demand (`table.exec.source.start-on-demand`).
     #[serde(default)]
     pub read_later: Vec<bool>,
+    /// Broadcast build sides this process's subtasks cluster once.
+    #[serde(skip)]
+    pub shared_clusters: Arc<crate::cluster::SharedClusters>,
 }
 
 /// How to plan a query.
@@ -212,7 +215,9 @@ struct TaskRuntime(Option<tokio::runtime::Runtime>);
 impl std::ops::Deref for TaskRuntime {
     type Target = tokio::runtime::Runtime;
     fn deref(&self) -> &Self::Target {
-        self.0.as_ref().expect("a task runtime is only taken when dropped")
+        self.0
+            .as_ref()
+            .expect("a task runtime is only taken when dropped")
     }
 }
 
@@ -417,6 +422,7 @@ pub fn plan(req: &PlanRequest) -> std::result::Result<PlannedQuery, PlanError> {
                     },
                 }),
             },
+            shared_clusters: Default::default(),
         },
         stage_plan,
         physical,
@@ -1072,7 +1078,20 @@ impl TaskDriver for StageDriver {
             let plan = crate::demand::demand_on_first_build_row(plan, &waiting, &task_inputs)
                 .map_err(df_err)?;
             let plan = if cluster {
-                crate::cluster::cluster_build_sides(plan).map_err(df_err)?
+                let plan = crate::cluster::cluster_build_sides(plan).map_err(df_err)?;
+                let job = &self.job;
+                crate::cluster::share_broadcast_builds(
+                    plan,
+                    &job.shared_clusters,
+                    stage,
+                    self.attempt,
+                    &|s| {
+                        job.stages
+                            .get(s)
+                            .is_some_and(|s| s.exchange == Exchange::Broadcast)
+                    },
+                )
+                .map_err(df_err)?
             } else {
                 plan
             };
