@@ -308,12 +308,22 @@ impl Shared {
             let _alive = alive;
             tracing::info!("task {name} attempt {} started", desc.attempt);
             // RUNNING is a hint (the scheduler also learns it from
-            // heartbeats): sent without waiting.
+            // heartbeats, and takes FINISHED from a deploying attempt, as
+            // Flink does for very fast tasks): sent without waiting, and
+            // only for a task still running after RUNNING_HINT_DELAY.
             {
-                let mut client = shared.jobmanager.clone();
-                let req = security::authorize(running, &shared.secret);
+                let hint = Arc::clone(&shared);
+                let job_id = desc.job_id.clone();
                 shared.runtime.spawn(async move {
-                    let _ = client.update_task_state(req).await;
+                    tokio::time::sleep(RUNNING_HINT_DELAY).await;
+                    let still = lock(&hint.jobs)
+                        .get(&job_id)
+                        .is_some_and(|j| j.running.contains_key(&key));
+                    if still {
+                        let mut client = hint.jobmanager.clone();
+                        let req = security::authorize(running, &hint.secret);
+                        let _ = client.update_task_state(req).await;
+                    }
                 });
             }
             let mut result = run_task_attributed(&deployment);
@@ -566,6 +576,10 @@ impl Shared {
 /// Longest wait for an answer of the JobManager (a report, a heartbeat):
 /// a hung call must not outlast the checks that notice a lost JobManager.
 const RPC_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a task runs before the JobManager is told it is RUNNING. A
+/// small SQL statement's tasks mostly end sooner; their FINISHED then is the
+/// one call, instead of two per task.
+const RUNNING_HINT_DELAY: Duration = Duration::from_millis(10);
 
 struct TmService {
     shared: Arc<Shared>,
