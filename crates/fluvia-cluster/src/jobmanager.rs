@@ -26,7 +26,7 @@ use crate::rpc::{
     Ack, Empty, HeartbeatResponse, JobList, JobRequest, JobStatus, RegisterShuffleServiceRequest,
     RegisterTaskManagerRequest, RegisterTaskManagerResponse, ReleasePartitionsRequest,
     ShuffleServiceHeartbeatRequest, SubmitJobRequest, SubmitJobResponse, SubtaskResult,
-    TaskDeployment, TaskDeployments, TaskManagerHeartbeat, TaskStateUpdate,
+    TaskDeployment, TaskDeployments, TaskManagerHeartbeat, TaskStateUpdate, TaskStateUpdates,
 };
 use crate::security;
 use fluvia_core::{Configuration, FluviaError, JobId, Result};
@@ -570,6 +570,66 @@ struct JmService {
 
 type RpcResult<T> = std::result::Result<Response<T>, Status>;
 
+impl JmService {
+    /// Feeds attempts' state updates to the scheduler, in order, under one
+    /// lock of the state.
+    fn apply_updates(&self, updates: Vec<TaskStateUpdate>) -> Ack {
+        let mut bad = Vec::new();
+        let mut st = self.shared.state();
+        let mut probe = Vec::new();
+        for u in &updates {
+            let Some(events) = JmShared::update_events(u) else {
+                bad.push(u.job_id.clone());
+                continue;
+            };
+            for e in events {
+                if let Event::PartitionsLost { job, .. } = &e
+                    && let Some(j) = st.scheduler.job(*job)
+                {
+                    // A consumer could not read: if the data was at a shuffle
+                    // service, find out now whether the service is gone.
+                    let services: std::collections::BTreeSet<&String> =
+                        j.shuffle_locations.values().collect();
+                    probe.extend(
+                        services
+                            .into_iter()
+                            .filter_map(|s| Some((s.clone(), st.shuffle_services.get(s)?.clone()))),
+                    );
+                }
+                let _ = self.shared.feed(&mut st, e);
+            }
+        }
+        drop(st);
+        for (service, mut client) in probe {
+            let shared = Arc::clone(&self.shared);
+            tokio::spawn(async move {
+                let req = security::authorize(Empty {}, &shared.secret);
+                let alive = matches!(
+                    tokio::time::timeout(PING_TIMEOUT, client.ping(req)).await,
+                    Ok(Ok(_))
+                );
+                if !alive {
+                    let _ = shared.feed_now(Event::ShuffleServiceLost {
+                        service,
+                        reason: "it does not answer".into(),
+                    });
+                }
+            });
+        }
+        if bad.is_empty() {
+            Ack {
+                ok: true,
+                message: String::new(),
+            }
+        } else {
+            Ack {
+                ok: false,
+                message: format!("bad job id '{}'", bad.join("', '")),
+            }
+        }
+    }
+}
+
 #[tonic::async_trait]
 impl JobManager for JmService {
     async fn register_task_manager(
@@ -653,52 +713,12 @@ impl JobManager for JmService {
 
     async fn update_task_state(&self, req: Request<TaskStateUpdate>) -> RpcResult<Ack> {
         security::check_request(&self.shared.secret, &req, "UpdateTaskState")?;
-        let u = req.into_inner();
-        let Some(events) = JmShared::update_events(&u) else {
-            return Ok(Response::new(Ack {
-                ok: false,
-                message: format!("bad job id '{}'", u.job_id),
-            }));
-        };
-        let mut st = self.shared.state();
-        let mut probe = Vec::new();
-        for e in events {
-            if let Event::PartitionsLost { job, .. } = &e
-                && let Some(j) = st.scheduler.job(*job)
-            {
-                // A consumer could not read: if the data was at a shuffle
-                // service, find out now whether the service is gone.
-                let services: std::collections::BTreeSet<&String> =
-                    j.shuffle_locations.values().collect();
-                probe.extend(
-                    services
-                        .into_iter()
-                        .filter_map(|s| Some((s.clone(), st.shuffle_services.get(s)?.clone()))),
-                );
-            }
-            let _ = self.shared.feed(&mut st, e);
-        }
-        drop(st);
-        for (service, mut client) in probe {
-            let shared = Arc::clone(&self.shared);
-            tokio::spawn(async move {
-                let req = security::authorize(Empty {}, &shared.secret);
-                let alive = matches!(
-                    tokio::time::timeout(PING_TIMEOUT, client.ping(req)).await,
-                    Ok(Ok(_))
-                );
-                if !alive {
-                    let _ = shared.feed_now(Event::ShuffleServiceLost {
-                        service,
-                        reason: "it does not answer".into(),
-                    });
-                }
-            });
-        }
-        Ok(Response::new(Ack {
-            ok: true,
-            message: String::new(),
-        }))
+        Ok(Response::new(self.apply_updates(vec![req.into_inner()])))
+    }
+
+    async fn update_task_states(&self, req: Request<TaskStateUpdates>) -> RpcResult<Ack> {
+        security::check_request(&self.shared.secret, &req, "UpdateTaskStates")?;
+        Ok(Response::new(self.apply_updates(req.into_inner().updates)))
     }
 
     async fn register_shuffle_service(

@@ -81,6 +81,10 @@ struct Shared {
     jobs: Mutex<HashMap<String, TmJob>>,
     /// Final reports the JobManager has not acknowledged (lock after `jobs`).
     unacknowledged: Mutex<HashMap<(String, AttemptKey), TaskStateUpdate>>,
+    /// Final reports not yet sent: the reporter sends all there are in one
+    /// call ([`report_finished`]).
+    to_report: Mutex<Vec<((String, AttemptKey), TaskStateUpdate)>>,
+    report_ready: tokio::sync::Notify,
     /// Jobs released here: a deployment of theirs still in flight is refused.
     released: Mutex<std::collections::HashSet<String>>,
     flush_epoch: Arc<AtomicU64>,
@@ -387,9 +391,6 @@ impl Shared {
         Ok(())
     }
 
-    /// An attempt ended: its final report moves from "running" to
-    /// "unacknowledged" in one step (a heartbeat sees it in one list or the
-    /// other), then goes to the JobManager.
     /// The environment that creates (and finishes) output `o`'s partition.
     fn shuffle_for(&self, o: &fluvia_scheduler::OutputDescriptor) -> &dyn ShuffleEnvironment {
         self.shuffle_for_kind(o.shuffle_service.is_some())
@@ -403,6 +404,11 @@ impl Shared {
         }
     }
 
+    /// An attempt ended: its final report moves from "running" to
+    /// "unacknowledged" in one step (a heartbeat sees it in one list or the
+    /// other), then goes to the JobManager with the reports of the attempts
+    /// that ended meanwhile ([`report_finished`]). The task's thread does not
+    /// wait for it.
     fn finished(&self, job_id: &str, key: AttemptKey, update: TaskStateUpdate) {
         {
             let mut jobs = lock(&self.jobs);
@@ -412,32 +418,8 @@ impl Shared {
                 pending.insert((job_id.to_string(), key), update.clone());
             }
         }
-        if self.report(update) {
-            lock(&self.unacknowledged).remove(&(job_id.to_string(), key));
-        }
-    }
-
-    /// Sends a final state to the JobManager; false if it could not (the
-    /// next heartbeats carry it).
-    fn report(&self, update: TaskStateUpdate) -> bool {
-        for attempt in 0..3 {
-            let mut client = self.jobmanager.clone();
-            let req = security::authorize(update.clone(), &self.secret);
-            // The timer is made inside the runtime: this is a task thread.
-            let call =
-                async { tokio::time::timeout(RPC_TIMEOUT, client.update_task_state(req)).await };
-            let error = match self.runtime.block_on(call) {
-                Ok(Ok(_)) => return true,
-                Ok(Err(e)) => e.to_string(),
-                Err(_) => format!("no answer in {} s", RPC_TIMEOUT.as_secs()),
-            };
-            if self.stopped.load(Ordering::Acquire) {
-                return false;
-            }
-            tracing::warn!("reporting a task state to the JobManager failed: {error}");
-            std::thread::sleep(Duration::from_millis(100 << attempt));
-        }
-        false
+        lock(&self.to_report).push(((job_id.to_string(), key), update));
+        self.report_ready.notify_one();
     }
 
     /// A finished attempt's staged files wait here for the JobManager's
@@ -576,6 +558,50 @@ impl Shared {
 /// Longest wait for an answer of the JobManager (a report, a heartbeat):
 /// a hung call must not outlast the checks that notice a lost JobManager.
 const RPC_TIMEOUT: Duration = Duration::from_secs(10);
+/// Sends the attempts' final states to the JobManager: whatever ended
+/// while the previous call was under way goes in the next one, so a job
+/// whose tasks end together is told in a few calls, not one per task.
+/// Reports that do not get through stay unacknowledged: the heartbeats
+/// carry them.
+async fn report_finished(shared: Arc<Shared>) {
+    loop {
+        shared.report_ready.notified().await;
+        loop {
+            let batch = std::mem::take(&mut *lock(&shared.to_report));
+            if batch.is_empty() {
+                break;
+            }
+            let (keys, updates): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+            if send_updates(&shared, updates).await {
+                let mut pending = lock(&shared.unacknowledged);
+                for k in &keys {
+                    pending.remove(k);
+                }
+            }
+        }
+    }
+}
+
+/// One call with `updates`, tried three times; false if none got through.
+async fn send_updates(shared: &Shared, updates: Vec<TaskStateUpdate>) -> bool {
+    let batch = crate::rpc::TaskStateUpdates { updates };
+    for attempt in 0..3 {
+        let mut client = shared.jobmanager.clone();
+        let req = security::authorize(batch.clone(), &shared.secret);
+        let error = match tokio::time::timeout(RPC_TIMEOUT, client.update_task_states(req)).await {
+            Ok(Ok(_)) => return true,
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer in {} s", RPC_TIMEOUT.as_secs()),
+        };
+        if shared.stopped.load(Ordering::Acquire) {
+            return false;
+        }
+        tracing::warn!("reporting task states to the JobManager failed: {error}");
+        tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+    }
+    false
+}
+
 /// How long a task runs before the JobManager is told it is RUNNING. A
 /// small SQL statement's tasks mostly end sooner; their FINISHED then is the
 /// one call, instead of two per task.
@@ -887,6 +913,8 @@ async fn run_inner(
         runtime: tokio::runtime::Handle::current(),
         jobs: Mutex::new(HashMap::new()),
         unacknowledged: Mutex::new(HashMap::new()),
+        to_report: Mutex::new(Vec::new()),
+        report_ready: tokio::sync::Notify::new(),
         released: Mutex::new(std::collections::HashSet::new()),
         flush_epoch: Arc::new(AtomicU64::new(0)),
         stopped: AtomicBool::new(false),
@@ -900,6 +928,7 @@ async fn run_inner(
             RPC_TIMEOUT,
         ),
     });
+    let reporter = tokio::spawn(report_finished(Arc::clone(&shared)));
     let ticker = {
         let epoch = Arc::clone(&shared.flush_epoch);
         let every = config
@@ -929,7 +958,11 @@ async fn run_inner(
     );
     // The server and the ticker stop with this TaskManager (also when an
     // embedded one is shut down by aborting this future).
-    let _stop = AbortOnDrop(vec![server.abort_handle(), ticker.abort_handle()]);
+    let _stop = AbortOnDrop(vec![
+        server.abort_handle(),
+        ticker.abort_handle(),
+        reporter.abort_handle(),
+    ]);
     tracing::info!(
         "TaskManager {id}: {slots} slots, RPC {rpc_address}, data {}",
         env.data_address()
