@@ -1073,7 +1073,20 @@ impl TaskDriver for StageDriver {
             .copied()
             .filter(|&s| self.job.read_later.get(s).copied().unwrap_or(false))
             .collect();
-        for &stage in &self.stages {
+        // A scan its consumer reads only on a join's probe side, and so may
+        // never read (the join's build side may come out empty), waits for
+        // demand ([`crate::demand`]) before it even decodes its plan; the
+        // scans read first have the cores meanwhile.
+        let mut unread = false;
+        if self
+            .stages
+            .iter()
+            .all(|&s| self.job.read_later.get(s).copied().unwrap_or(false))
+            && let Some(r) = self.out.consumers_released()
+        {
+            unread = !r.wait_for_demand(cancel)?;
+        }
+        for &stage in self.stages.iter().filter(|_| !unread) {
             let (plan, out, ctx) = self.fragment(stage, &task_ctx)?;
             let plan = crate::demand::demand_on_first_build_row(plan, &waiting, &task_inputs)
                 .map_err(df_err)?;
@@ -1137,23 +1150,7 @@ impl TaskDriver for StageDriver {
                 .collect::<std::result::Result<_, _>>()
                 .map_err(df_err)?;
         }
-        // A scan its consumer reads only on a join's probe side, and so may
-        // never read (the join's build side may come out empty), waits for
-        // demand ([`crate::demand`]); the scans read first have the cores
-        // meanwhile.
-        let mut unread = false;
-        if self
-            .stages
-            .iter()
-            .all(|&s| self.job.read_later.get(s).copied().unwrap_or(false))
-            && let Some(r) = self.out.consumers_released()
-        {
-            unread = !r.wait_for_demand(cancel)?;
-        }
         let plans_at = began.elapsed();
-        if unread {
-            plans.clear();
-        }
         let streams = plans
             .iter()
             .enumerate()
