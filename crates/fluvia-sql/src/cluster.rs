@@ -84,16 +84,20 @@ pub fn share_broadcast_builds(
     attempt: u32,
     broadcast: &dyn Fn(usize) -> bool,
 ) -> DfResult<Arc<dyn ExecutionPlan>> {
-    let mut ordinal = 0;
     plan.transform_up(|node| {
         let Some(c) = node.downcast_ref::<ClusterByKeyExec>() else {
             return Ok(Transformed::no(node));
         };
-        let key = (stage, ordinal, attempt);
-        ordinal += 1;
         if c.share.is_some() || !same_in_every_subtask(&c.input, broadcast)? {
             return Ok(Transformed::no(node));
         }
+        // Named by what it computes (inputs, filters, keys), not by its
+        // place: a subtask's plan may lack union branches another has.
+        let what = format!(
+            "{}",
+            datafusion::physical_plan::displayable(node.as_ref()).indent(false)
+        );
+        let key = (stage, what, attempt);
         let mut shared_node = ClusterByKeyExec::new(Arc::clone(&c.input), c.keys.clone());
         shared_node.share = Some(Arc::new(SharedClusters::join(shared, key)));
         Ok(Transformed::yes(
@@ -138,19 +142,19 @@ fn same_in_every_subtask(
 }
 
 /// The build sides one job's subtasks in this process cluster once, by
-/// (stage, the clustering's place in the stage's plan, attempt). An entry
+/// (stage, the clustering's plan as displayed, attempt). An entry
 /// lives while a subtask's plan holds it.
 #[derive(Debug, Default)]
 pub struct SharedClusters {
     entries: std::sync::Mutex<HashMap<SlotKey, (usize, Arc<Slot>)>>,
 }
 
-type SlotKey = (usize, usize, u32);
+type SlotKey = (usize, String, u32);
 
 impl SharedClusters {
     fn join(this: &Arc<Self>, key: SlotKey) -> Member {
         let mut entries = this.entries.lock().unwrap_or_else(|e| e.into_inner());
-        let (members, slot) = entries.entry(key).or_insert_with(|| {
+        let (members, slot) = entries.entry(key.clone()).or_insert_with(|| {
             let (tx, _) = tokio::sync::watch::channel(SlotState::Open);
             (0, Arc::new(Slot(tx)))
         });
@@ -820,8 +824,8 @@ mod tests {
     fn subtasks_with_the_same_build_rows_cluster_them_once() {
         let shared = Arc::new(SharedClusters::default());
         let input = repeating(40_000);
-        let first = shared_node(&input, &shared, (3, 0, 0));
-        let second = shared_node(&input, &shared, (3, 0, 0));
+        let first = shared_node(&input, &shared, (3, "j0".into(), 0));
+        let second = shared_node(&input, &shared, (3, "j0".into(), 0));
         let a = run(&first);
         let b = run(&second);
         assert_eq!(
@@ -845,14 +849,14 @@ mod tests {
         let full = repeating(40_000);
         // Cut short (its join stopped reading): fewer rows.
         let cut = full[..3].to_vec();
-        let first = shared_node(&cut, &shared, (3, 0, 0));
-        let second = shared_node(&full, &shared, (3, 0, 0));
+        let first = shared_node(&cut, &shared, (3, "j0".into(), 0));
+        let second = shared_node(&full, &shared, (3, "j0".into(), 0));
         run(&first);
         let b = run(&second);
         assert_eq!(metric(&second, "shared_taken"), 0);
         assert_eq!(contents(&b), contents(&full));
         // Another join of the same stage shares nothing with these.
-        let other = shared_node(&cut, &shared, (3, 1, 0));
+        let other = shared_node(&cut, &shared, (3, "j1".into(), 0));
         run(&other);
         assert_eq!(metric(&other, "shared_taken"), 0);
     }
@@ -861,8 +865,8 @@ mod tests {
     fn a_claim_given_up_lets_the_waiting_subtask_cluster_its_own() {
         let shared = Arc::new(SharedClusters::default());
         let (m1, m2) = (
-            SharedClusters::join(&shared, (0, 0, 0)),
-            SharedClusters::join(&shared, (0, 0, 0)),
+            SharedClusters::join(&shared, (0, "j0".into(), 0)),
+            SharedClusters::join(&shared, (0, "j0".into(), 0)),
         );
         let Turn::Claim(claim) = m1.turn(10) else {
             panic!("the first subtask claims the clustering");
@@ -927,5 +931,29 @@ mod tests {
         .expect("walk");
         assert_eq!(marked, vec![true, false, false]);
         assert_eq!(shared.len(), 1);
+    }
+
+    /// A subtask may run other union branches than its sibling: the first
+    /// clustering of one subtask's plan and of the other's read different
+    /// inputs, possibly with as many rows. They must not meet.
+    #[test]
+    fn builds_of_other_inputs_at_the_same_place_are_not_shared() {
+        use crate::exchange::{ExchangeReaderExec, ReaderFacts};
+        let schema = batch(vec![1]).schema();
+        let plan_reading = |stage| -> Arc<dyn ExecutionPlan> {
+            let reader =
+                ExchangeReaderExec::new(stage, Arc::clone(&schema), 1, ReaderFacts::default())
+                    .expect("reader");
+            Arc::new(ClusterByKeyExec::new(Arc::new(reader), key()))
+        };
+        let shared = Arc::new(SharedClusters::default());
+        let broadcast = |_| true;
+        let a = share_broadcast_builds(plan_reading(5), &shared, 9, 0, &broadcast).expect("a");
+        let b = share_broadcast_builds(plan_reading(8), &shared, 9, 0, &broadcast).expect("b");
+        assert_eq!(shared.len(), 2, "one entry per input");
+        let c = share_broadcast_builds(plan_reading(8), &shared, 9, 0, &broadcast).expect("c");
+        assert_eq!(shared.len(), 2, "the same input: the same entry");
+        drop((a, b, c));
+        assert!(shared.is_empty());
     }
 }
