@@ -185,10 +185,14 @@ enum SlotState {
     Open,
     /// One clusters `rows` rows.
     Claimed { rows: usize },
+    /// Sorted: one batch, which the joins build from without a copy.
     Done {
         rows: usize,
         batches: Vec<RecordBatch>,
     },
+    /// Sorting would not pay: each keeps its own rows as they are (holding
+    /// them here would keep a second copy beside each join's).
+    AsIs { rows: usize },
     /// The one that claimed it failed or was stopped.
     Abandoned,
 }
@@ -223,9 +227,28 @@ enum Turn {
     Claim(Claim),
     /// Waits for the one that claimed the same number of rows.
     Wait(tokio::sync::watch::Receiver<SlotState>),
-    Take(Vec<RecordBatch>),
+    /// The claim's outcome for as many rows as this subtask has.
+    Take(Taken),
     /// Clusters its own (another number of rows was shared).
     Own,
+}
+
+/// What a subtask takes from another's clustering.
+enum Taken {
+    Sorted(Vec<RecordBatch>),
+    AsIs,
+}
+
+impl Taken {
+    fn of(state: &SlotState, rows: usize) -> Option<Taken> {
+        match state {
+            SlotState::Done { rows: r, batches } if *r == rows => {
+                Some(Taken::Sorted(batches.clone()))
+            }
+            SlotState::AsIs { rows: r } if *r == rows => Some(Taken::AsIs),
+            _ => None,
+        }
+    }
 }
 
 /// The claim on a slot; dropped unfinished, it lets the others cluster
@@ -237,12 +260,14 @@ struct Claim {
 }
 
 impl Claim {
-    fn finish(mut self, out: &DfResult<Vec<RecordBatch>>) {
+    fn finish(mut self, out: &DfResult<(Vec<RecordBatch>, bool)>) {
+        let rows = self.rows;
         let state = match out {
-            Ok(batches) => SlotState::Done {
-                rows: self.rows,
+            Ok((batches, true)) => SlotState::Done {
+                rows,
                 batches: batches.clone(),
             },
+            Ok((_, false)) => SlotState::AsIs { rows },
             Err(_) => SlotState::Abandoned,
         };
         self.slot.0.send_replace(state);
@@ -275,11 +300,12 @@ impl Member {
                 turn = Turn::Wait(self.slot.0.subscribe());
                 false
             }
-            SlotState::Done { rows: r, batches } if *r == rows => {
-                turn = Turn::Take(batches.clone());
+            done => {
+                if let Some(t) = Taken::of(done, rows) {
+                    turn = Turn::Take(t);
+                }
                 false
             }
-            _ => false,
         });
         turn
     }
@@ -397,19 +423,15 @@ impl ExecutionPlan for ClusterByKeyExec {
                         .wait_for(|s| !matches!(s, SlotState::Claimed { .. }))
                         .await
                         .map(|s| s.clone());
-                    match state {
-                        Ok(SlotState::Done { rows: r, batches }) if r == rows => {
-                            (None, Some(batches))
-                        }
-                        _ => (None, None),
-                    }
+                    (None, state.ok().and_then(|s| Taken::of(&s, rows)))
                 }
             };
             let out = match shared {
-                Some(b) => {
+                Some(Taken::Sorted(b)) => {
                     taken.add(1);
                     b
                 }
+                Some(Taken::AsIs) => batches,
                 None => {
                     let timer = baseline.elapsed_compute().timer();
                     let out = cluster(batches, &keys, &sorted);
@@ -417,7 +439,7 @@ impl ExecutionPlan for ClusterByKeyExec {
                     if let Some(c) = claim {
                         c.finish(&out);
                     }
-                    out?
+                    out?.0
                 }
             };
             baseline.record_output(out.iter().map(|b| b.num_rows()).sum());
@@ -429,25 +451,26 @@ impl ExecutionPlan for ClusterByKeyExec {
     }
 }
 
-/// `batches` as they are, or as one batch sorted by the hash of `keys`.
+/// `batches` as they are, or as one batch sorted by the hash of `keys`;
+/// true if sorted.
 fn cluster(
     batches: Vec<RecordBatch>,
     keys: &[Arc<dyn PhysicalExpr>],
     sorted: &Count,
-) -> DfResult<Vec<RecordBatch>> {
+) -> DfResult<(Vec<RecordBatch>, bool)> {
     let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
     let Some(first) = batches.first() else {
-        return Ok(batches);
+        return Ok((batches, false));
     };
     if rows < MIN_ROWS || keys.is_empty() || !keys_repeat(&batches, keys, rows)? {
-        return Ok(batches);
+        return Ok((batches, false));
     }
     let all = concat_batches(&first.schema(), &batches)?;
     drop(batches);
     let hashes = hash_keys(&all, keys)?;
     let indices = UInt32Array::from(order_by_hash(&hashes)?);
     sorted.add(1);
-    Ok(vec![take_record_batch(&all, &indices)?])
+    Ok((vec![take_record_batch(&all, &indices)?], true))
 }
 
 /// Most buckets of the counting pass in [`order_by_hash`] (4 MiB of counts).
@@ -655,7 +678,7 @@ mod tests {
             .collect();
         assert!(!runs_of_one_key(&input));
         let sorted = Count::new();
-        let out = cluster(input.clone(), &key(), &sorted).expect("cluster");
+        let (out, _) = cluster(input.clone(), &key(), &sorted).expect("cluster");
         assert_eq!(sorted.value(), 1);
         assert!(runs_of_one_key(&out));
         assert_eq!(contents(&out), contents(&input));
@@ -731,7 +754,7 @@ mod tests {
     fn unique_keys_keep_their_order() {
         let input = vec![batch((0..40_000).rev().collect())];
         let sorted = Count::new();
-        let out = cluster(input.clone(), &key(), &sorted).expect("cluster");
+        let (out, _) = cluster(input.clone(), &key(), &sorted).expect("cluster");
         assert_eq!(sorted.value(), 0);
         assert_eq!(out, input);
     }
@@ -777,7 +800,7 @@ mod tests {
     fn small_build_sides_are_passed_through() {
         let input = vec![batch((0..1_000).map(|i| i % 3).collect())];
         let sorted = Count::new();
-        let out = cluster(input.clone(), &key(), &sorted).expect("cluster");
+        let (out, _) = cluster(input.clone(), &key(), &sorted).expect("cluster");
         assert_eq!(sorted.value(), 0);
         assert_eq!(out, input);
     }
@@ -955,5 +978,32 @@ mod tests {
         assert_eq!(shared.len(), 2, "the same input: the same entry");
         drop((a, b, c));
         assert!(shared.is_empty());
+    }
+
+    /// Unique keys are not sorted: the others keep their own rows and skip
+    /// the sample, and nothing is held for them beside the joins' copies.
+    #[test]
+    fn a_build_side_not_worth_sorting_is_left_as_it_is_by_every_subtask() {
+        let shared = Arc::new(SharedClusters::default());
+        let input: Vec<RecordBatch> = (0..4)
+            .map(|b| batch((b * 10_000..(b + 1) * 10_000).collect()))
+            .collect();
+        let first = shared_node(&input, &shared, (1, "j".into(), 0));
+        let second = shared_node(&input, &shared, (1, "j".into(), 0));
+        let a = run(&first);
+        {
+            let entries = shared.entries.lock().expect("entries");
+            let (_, slot) = entries.values().next().expect("entry");
+            assert!(
+                matches!(*slot.0.borrow(), SlotState::AsIs { rows: 40_000 }),
+                "{:?}",
+                slot.0.borrow()
+            );
+        }
+        let b = run(&second);
+        assert_eq!(metric(&first, "sorted") + metric(&second, "sorted"), 0);
+        assert_eq!(metric(&second, "shared_taken"), 0);
+        assert_eq!(contents(&a), contents(&input));
+        assert_eq!(contents(&b), contents(&input));
     }
 }
