@@ -29,9 +29,7 @@ type Job = Box<dyn FnOnce() + Send + 'static>;
 struct State {
     /// Jobs handed to idle threads, not yet taken.
     queue: VecDeque<(String, Job)>,
-    /// Threads waiting for a job, less the jobs already queued for them.
-    idle: usize,
-    /// Threads waiting for a job.
+    /// Threads waiting for a job; those beyond the queued jobs are free.
     waiting: usize,
 }
 
@@ -70,8 +68,7 @@ impl TaskThreads {
         {
             let (lock, wake) = &*self.shared;
             let mut state = lock.lock().unwrap_or_else(|e| e.into_inner());
-            if state.idle > 0 {
-                state.idle -= 1;
+            if state.waiting > state.queue.len() {
                 state.queue.push_back((name, job));
                 drop(state);
                 wake.notify_one();
@@ -105,7 +102,6 @@ impl TaskThreads {
             if state.waiting >= MAX_IDLE {
                 return;
             }
-            state.idle += 1;
             state.waiting += 1;
             let deadline = std::time::Instant::now() + self.keep_alive;
             let next = loop {
@@ -127,12 +123,8 @@ impl TaskThreads {
                     (name, job) = (n, j);
                     named = false;
                 }
-                None => {
-                    // Timed out with nothing queued for it: no spawn counted
-                    // on this thread.
-                    state.idle -= 1;
-                    return;
-                }
+                // Timed out with nothing queued: no spawn counted on it.
+                None => return,
             }
         }
     }
