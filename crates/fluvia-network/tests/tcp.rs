@@ -540,3 +540,85 @@ fn a_remote_consumers_first_poll_is_the_demand_its_producer_waits_for() {
     assert!(state.demanded());
     producer.join().unwrap();
 }
+
+#[test]
+fn a_producer_goes_on_while_its_consumer_does_not_read_and_nothing_it_sent_is_lost() {
+    use fluvia_network::net::protocol::{DataType, Frame, FrameDecoder, Message, encode};
+    use std::sync::atomic::Ordering;
+    let a = env(false);
+    // Far more than the kernel buffers of a loopback connection hold.
+    const N: u64 = 1024;
+    let partition = Arc::new(ResultPartition::pipelined("p", 1, 32 * 1024));
+    a.register_partition(pid(7), Arc::clone(&partition));
+    let pool = a.buffer_pool().create_local_pool(N as usize + 2).unwrap();
+    let mut w = PartitionWriter::new(partition, pool, CancelToken::new(), None);
+    // A consumer that asks for everything at once, then does not read.
+    let mut consumer = std::net::TcpStream::connect(a.data_address()).unwrap();
+    let mut request = Vec::new();
+    encode(
+        &Message::Hello {
+            secret: String::new(),
+        },
+        &mut request,
+    );
+    encode(
+        &Message::PartitionRequest {
+            partition: pid(7),
+            first_subpartition: 0,
+            last_subpartition: 0,
+            receiver: 1,
+            initial_credit: N as u32 + 1,
+        },
+        &mut request,
+    );
+    consumer.write_all(&request).unwrap();
+    // The request is served before data comes, so the producer's own
+    // thread is the one that finds the socket full.
+    std::thread::sleep(Duration::from_millis(200));
+    // Sending happens on the producer's thread, which must never wait for
+    // the socket: the batch the kernel cannot take goes to the standby writer.
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let producer = std::thread::spawn(move || {
+        for seq in 0..N {
+            w.emit(Target::One(0), &record(0, seq, 32 * 1024 - 16 - 4))
+                .unwrap();
+        }
+        w.finish().unwrap();
+        done_tx.send(()).unwrap();
+    });
+    done_rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the producer waited for a consumer that does not read");
+    producer.join().unwrap();
+    assert!(a.server().metrics().handoffs.load(Ordering::Relaxed) >= 1);
+    // Now read: every buffer, in order, then the end of the partition.
+    consumer
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let (mut decoder, mut next, mut ended) = (FrameDecoder::new(), 0u64, false);
+    let mut d = RecordDeserializer::new();
+    while !ended {
+        let n = decoder.read_from(&mut consumer, 64 * 1024).unwrap();
+        assert!(n > 0, "the connection closed after {next} records");
+        while let Some(frame) = decoder.next_frame().unwrap() {
+            let Frame::Buffer {
+                data_type, payload, ..
+            } = frame
+            else {
+                panic!("unexpected frame");
+            };
+            match data_type {
+                DataType::Data => d
+                    .feed(payload, |r| {
+                        let seq = u64::from_le_bytes(r[4..12].try_into().unwrap());
+                        assert_eq!(seq, next, "in order, exactly once");
+                        next += 1;
+                        Ok(())
+                    })
+                    .unwrap(),
+                DataType::EndOfPartition => ended = true,
+            }
+        }
+    }
+    assert_eq!(next, N);
+}

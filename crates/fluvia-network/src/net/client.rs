@@ -497,7 +497,8 @@ impl Drop for RemoteInputChannel {
 
 struct Outbox {
     messages: VecDeque<Message>,
-    credit: VecDeque<ReceiverId>,
+    /// The rest of a frame another thread began to write: goes first.
+    unfinished: Vec<u8>,
     closed: bool,
     /// Whether the writer is blocked (only then is it signalled).
     writer_waiting: bool,
@@ -510,6 +511,9 @@ pub struct ClientConnection {
     channels: Mutex<HashMap<ReceiverId, Weak<RemoteInputChannel>>>,
     outbox: Mutex<Outbox>,
     wake: Condvar,
+    /// Held while a whole frame is written, so frames from the writer
+    /// thread and credit written by other threads never interleave.
+    write_lock: Mutex<()>,
     next_receiver: AtomicU64,
     error: Mutex<Option<String>>,
 }
@@ -537,11 +541,12 @@ impl ClientConnection {
                 messages: VecDeque::from([Message::Hello {
                     secret: secret.unwrap_or("").to_string(),
                 }]),
-                credit: VecDeque::new(),
+                unfinished: Vec::new(),
                 closed: false,
                 writer_waiting: false,
             }),
             wake: Condvar::new(),
+            write_lock: Mutex::new(()),
             next_receiver: AtomicU64::new(1),
             error: Mutex::new(None),
         });
@@ -610,16 +615,68 @@ impl ClientConnection {
         Ok(())
     }
 
+    /// Announces a channel's new credit on the calling thread (the consumer
+    /// that recycled a buffer, or the reader thread): one small write that
+    /// never blocks, where a hand-off to the writer thread cost a wake-up on
+    /// each side. What cannot go at once (the writer is writing, or the
+    /// kernel takes only part of the frame) is left to the writer thread.
     fn schedule_credit(&self, receiver: ReceiverId) {
+        let Some(ch) = self.channel(receiver) else {
+            return;
+        };
+        let credit = ch.take_unannounced();
+        if credit == 0 {
+            return;
+        }
+        let msg = Message::AddCredit { receiver, credit };
+        let Ok(guard) = self.write_lock.try_lock() else {
+            let _ = self.send(msg);
+            return;
+        };
         let mut out = lock_state(&self.outbox);
-        if !out.closed {
-            out.credit.push_back(receiver);
-            let wake = out.writer_waiting;
-            drop(out);
-            if wake {
+        if out.closed {
+            return;
+        }
+        if !out.messages.is_empty() || !out.unfinished.is_empty() {
+            // Frames go in order: this one after those.
+            out.messages.push_back(msg);
+            if out.writer_waiting {
                 self.wake.notify_one();
             }
+            return;
         }
+        drop(out);
+        let mut frame = Vec::with_capacity(64);
+        encode(&msg, &mut frame);
+        let socket = socket2::SockRef::from(&self.stream);
+        let mut sent = 0;
+        let failure = loop {
+            match socket.send_with_flags(&frame[sent..], libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) {
+                Ok(n) => {
+                    sent += n;
+                    if sent == frame.len() {
+                        return;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break None,
+                Err(e) => break Some(e),
+            }
+        };
+        if let Some(e) = failure {
+            drop(guard);
+            self.fail_all(format!("sending to TaskManager {} failed: {e}", self.peer));
+            return;
+        }
+        // Still holding the write lock: no frame can come between the two
+        // parts of this one.
+        let mut out = lock_state(&self.outbox);
+        out.unfinished.extend_from_slice(&frame[sent..]);
+        if out.writer_waiting {
+            self.wake.notify_one();
+        }
+        drop(out);
+        drop(guard);
     }
 
     fn channel(&self, receiver: ReceiverId) -> Option<Arc<RemoteInputChannel>> {
@@ -751,42 +808,32 @@ impl ClientConnection {
         }
     }
 
-    fn write_loop(self: Arc<Self>, stream: TcpStream) {
-        let mut w = std::io::BufWriter::with_capacity(64 * 1024, stream);
+    fn write_loop(self: Arc<Self>, mut w: TcpStream) {
         let mut frame = Vec::with_capacity(256);
         loop {
-            let (messages, credit, closed) = {
+            {
                 let mut out = lock_state(&self.outbox);
-                while out.messages.is_empty() && out.credit.is_empty() && !out.closed {
+                while out.messages.is_empty() && out.unfinished.is_empty() && !out.closed {
                     out.writer_waiting = true;
                     out = self.wake.wait(out).unwrap_or_else(|e| e.into_inner());
                     out.writer_waiting = false;
                 }
-                (
-                    std::mem::take(&mut out.messages),
-                    std::mem::take(&mut out.credit),
-                    out.closed,
-                )
+            }
+            // What to write is taken under the write lock, so the rest of a
+            // frame another thread began comes before anything else.
+            let guard = lock_state(&self.write_lock);
+            let (messages, closed) = {
+                let mut out = lock_state(&self.outbox);
+                frame.clear();
+                frame.append(&mut out.unfinished);
+                (std::mem::take(&mut out.messages), out.closed)
             };
-            frame.clear();
             for m in &messages {
                 encode(m, &mut frame);
             }
-            for r in credit {
-                if let Some(ch) = self.channel(r) {
-                    let credit = ch.take_unannounced();
-                    if credit > 0 {
-                        encode(
-                            &Message::AddCredit {
-                                receiver: r,
-                                credit,
-                            },
-                            &mut frame,
-                        );
-                    }
-                }
-            }
-            if let Err(e) = w.write_all(&frame).and_then(|_| w.flush()) {
+            let result = w.write_all(&frame);
+            drop(guard);
+            if let Err(e) = result {
                 if !closed {
                     self.fail_all(format!("sending to TaskManager {} failed: {e}", self.peer));
                 }

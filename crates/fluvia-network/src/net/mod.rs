@@ -44,20 +44,3 @@ pub(crate) fn decompress_into(payload: &[u8], out: &mut Vec<u8>, max: usize) -> 
     }
     Ok(())
 }
-
-/// Writes all of `bufs` with as few system calls as the kernel allows (one
-/// `writev` for a frame header and its payload, without copying the payload).
-pub(crate) fn write_all_vectored(
-    w: &mut impl std::io::Write,
-    mut bufs: &mut [std::io::IoSlice<'_>],
-) -> std::io::Result<()> {
-    while !bufs.is_empty() {
-        match w.write_vectored(bufs) {
-            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => std::io::IoSlice::advance_slices(&mut bufs, n),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}

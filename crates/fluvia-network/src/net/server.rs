@@ -70,6 +70,9 @@ pub struct ServerMetrics {
     /// Writes (system calls) that carried frames; below `buffers_sent`
     /// when buffers ready together left together.
     pub writes: AtomicU64,
+    /// Batches the kernel could not take at once, left to a connection's
+    /// standby writer so that the thread that sent them went on.
+    pub handoffs: AtomicU64,
     pub connections_accepted: AtomicU64,
 }
 
@@ -184,8 +187,6 @@ struct ConnState {
     closed: bool,
     /// The peer presented the right secret.
     authenticated: bool,
-    /// Whether the writer is blocked (only then is it signalled).
-    writer_waiting: bool,
 }
 
 struct ServerConnection {
@@ -195,10 +196,42 @@ struct ServerConnection {
     config: ServerConfig,
     metrics: Arc<ServerMetrics>,
     state: Mutex<ConnState>,
-    wake: Condvar,
     me: Weak<ServerConnection>,
     /// Readers queued plus control messages, readable without the lock.
     work_hint: AtomicU64,
+    /// The send token: whether a thread is sending (see
+    /// [`ServerConnection::send_ready`]).
+    sending: AtomicBool,
+    /// The token holder's batch.
+    batch: Mutex<Batch>,
+    /// Hands the token and an unfinished batch to the standby writer.
+    handoff: Mutex<Handoff>,
+    handoff_ready: Condvar,
+}
+
+/// One `writev`'s worth: frame headers back to back, each element with
+/// where its header ends, and how much of it the kernel has taken.
+#[derive(Default)]
+struct Batch {
+    headers: Vec<u8>,
+    items: Vec<(usize, Payload)>,
+    written: usize,
+}
+
+#[derive(Default)]
+struct Handoff {
+    /// The standby writer holds the send token and finishes the batch.
+    pending: bool,
+    closed: bool,
+}
+
+/// How a sender left off.
+enum Sent {
+    /// Nothing more is ready.
+    Done,
+    /// The kernel's send buffer is full; the batch is unfinished.
+    WouldBlock,
+    Closed,
 }
 
 /// Tells the connection that a reader's subpartition has data.
@@ -212,6 +245,8 @@ impl AvailabilityListener for ReaderListener {
         if let Some(c) = self.connection.upgrade() {
             let mut st = lock_state(&c.state);
             c.enqueue(&mut st, self.receiver);
+            drop(st);
+            c.send_ready();
         }
     }
 }
@@ -247,9 +282,6 @@ impl ServerConnection {
         let read_half = stream
             .try_clone()
             .map_err(|e| FluviaError::io(format!("connection from {peer}"), e))?;
-        let write_half = stream
-            .try_clone()
-            .map_err(|e| FluviaError::io(format!("connection from {peer}"), e))?;
         let conn = Arc::new_cyclic(|me| ServerConnection {
             peer,
             stream,
@@ -257,9 +289,12 @@ impl ServerConnection {
             config,
             metrics,
             state: Mutex::new(ConnState::default()),
-            wake: Condvar::new(),
             me: me.clone(),
             work_hint: AtomicU64::new(0),
+            sending: AtomicBool::new(false),
+            batch: Mutex::new(Batch::default()),
+            handoff: Mutex::new(Handoff::default()),
+            handoff_ready: Condvar::new(),
         });
         let (r, w) = (Arc::clone(&conn), Arc::clone(&conn));
         std::thread::Builder::new()
@@ -268,25 +303,25 @@ impl ServerConnection {
             .map_err(|e| FluviaError::io("starting a network thread", e))?;
         std::thread::Builder::new()
             .name(format!("net-server-write {peer}"))
-            .spawn(move || w.write_loop(write_half))
+            .spawn(move || w.standby_writer())
             .map_err(|e| FluviaError::io("starting a network thread", e))?;
         Ok(conn)
     }
 
     fn enqueue(&self, st: &mut ConnState, receiver: ReceiverId) {
-        if st.readers.contains_key(&receiver) && st.queued.insert(receiver) {
+        if !st.closed && st.readers.contains_key(&receiver) && st.queued.insert(receiver) {
             st.available.push_back(receiver);
-            self.work_hint
-                .store(st.available.len() as u64, Ordering::Release);
-            if st.writer_waiting {
-                self.wake.notify_one();
-            }
+            self.work_hint.store(
+                (st.available.len() + st.control.len()) as u64,
+                Ordering::SeqCst,
+            );
         }
     }
 
     fn close(&self) {
         lock_state(&self.state).closed = true;
-        self.wake.notify_all();
+        lock_state(&self.handoff).closed = true;
+        self.handoff_ready.notify_all();
         let _ = self.stream.shutdown(Shutdown::Both);
     }
 
@@ -295,10 +330,10 @@ impl ServerConnection {
         st.control.push_back(msg);
         self.work_hint.store(
             (st.available.len() + st.control.len()) as u64,
-            Ordering::Release,
+            Ordering::SeqCst,
         );
         drop(st);
-        self.wake.notify_one();
+        self.send_ready();
     }
 
     fn read_loop(self: Arc<Self>, mut stream: TcpStream) {
@@ -323,15 +358,17 @@ impl ServerConnection {
                             return;
                         }
                     }
-                    Ok(None) => break,
+                    Ok(None) => {
+                        // Credit and requests of the whole read, sent for at once.
+                        self.send_ready();
+                        break;
+                    }
                     Err(e) => {
                         tracing::warn!("closing data connection from {}: {e}", self.peer);
                         self.send_control(Message::ErrorResponse {
                             receiver: None,
                             message: e.to_string(),
                         });
-                        // Give the writer a moment to send the error, then close.
-                        std::thread::sleep(std::time::Duration::from_millis(50));
                         self.close();
                         return;
                     }
@@ -451,13 +488,13 @@ impl ServerConnection {
         }
     }
 
-    /// Takes the next thing to send. With `wait`, waits if there is none
-    /// and returns `None` only once the connection is closed; without, also
-    /// returns `None` when nothing is ready now.
-    fn next_outgoing(&self, wait: bool) -> Option<Outgoing> {
+    /// Takes the next thing ready to send; `None` if nothing is (or the
+    /// connection is closed).
+    fn next_outgoing(&self) -> Option<Outgoing> {
         let mut st = lock_state(&self.state);
         loop {
             if st.closed {
+                self.work_hint.store(0, Ordering::SeqCst);
                 return None;
             }
             if let Some(m) = st.control.pop_front() {
@@ -466,28 +503,10 @@ impl ServerConnection {
             let popped = st.available.pop_front();
             self.work_hint.store(
                 (st.available.len() + st.control.len()) as u64,
-                Ordering::Release,
+                Ordering::SeqCst,
             );
             let Some(receiver) = popped else {
-                if !wait {
-                    return None;
-                }
-                drop(st);
-                // Data or credit usually arrives within a few yields; a
-                // blocked writer costs the waker a system call.
-                for _ in 0..crate::gate::SPINS_BEFORE_BLOCKING {
-                    std::thread::yield_now();
-                    if self.work_hint.load(Ordering::Acquire) > 0 {
-                        break;
-                    }
-                }
-                st = lock_state(&self.state);
-                if st.available.is_empty() && st.control.is_empty() && !st.closed {
-                    st.writer_waiting = true;
-                    st = self.wake.wait(st).unwrap_or_else(|e| e.into_inner());
-                    st.writer_waiting = false;
-                }
-                continue;
+                return None;
             };
             st.queued.remove(&receiver);
             let Some(reader) = st.readers.get_mut(&receiver) else {
@@ -550,48 +569,150 @@ impl ServerConnection {
         }
     }
 
-    /// Sends what is ready in one `writev` per batch: every element ready
-    /// when the first is taken goes out with it (up to [`MAX_BATCH`] frames
-    /// or [`MAX_BATCH_BYTES`]), so a sender that fell behind catches up with
-    /// one system call, one TCP push and one wake-up of the receiving
-    /// thread for several buffers instead of one each. Nothing waits to fill
-    /// a batch: a lone buffer goes out at once.
-    fn write_loop(self: Arc<Self>, mut stream: TcpStream) {
-        // Frame headers (and whole control frames) of the batch, back to
-        // back; each element records where its header ends.
-        let mut headers: Vec<u8> = Vec::with_capacity(64 * MAX_BATCH);
-        let mut batch: Vec<(usize, Payload)> = Vec::with_capacity(MAX_BATCH);
+    /// Sends everything ready, on the calling thread: the producer that
+    /// made a buffer available, the reader thread that received credit, or
+    /// the thread with a control message. One thread sends at a time (it
+    /// holds the send token); one that finds another sending leaves its
+    /// work to it, and the sender looks again after it lets go of the
+    /// token, so nothing ready is left behind.
+    ///
+    /// The calling thread never blocks on the socket: what the kernel
+    /// cannot take now goes, with the token, to the connection's standby
+    /// writer. A writer thread taking every buffer cost a wake-up per
+    /// hand-off, and one more thread competing for the cores.
+    fn send_ready(&self) {
         loop {
-            let Some(first) = self.next_outgoing(true) else {
+            if self.sending.swap(true, Ordering::SeqCst) {
                 return;
-            };
-            headers.clear();
-            let mut bytes = self.stage(first, &mut headers, &mut batch);
-            while batch.len() < MAX_BATCH && bytes < MAX_BATCH_BYTES {
-                match self.next_outgoing(false) {
-                    Some(next) => bytes += self.stage(next, &mut headers, &mut batch),
-                    None => break,
-                }
             }
-            let mut slices = Vec::with_capacity(2 * batch.len());
-            let mut start = 0;
-            for (end, payload) in &batch {
-                slices.push(std::io::IoSlice::new(&headers[start..*end]));
-                start = *end;
-                if !payload.bytes().is_empty() {
-                    slices.push(std::io::IoSlice::new(payload.bytes()));
+            match self.send_batches(false) {
+                Sent::Done => {}
+                Sent::WouldBlock => {
+                    self.metrics.handoffs.fetch_add(1, Ordering::Relaxed);
+                    lock_state(&self.handoff).pending = true;
+                    self.handoff_ready.notify_one();
+                    return;
                 }
+                Sent::Closed => return,
             }
-            self.metrics.writes.fetch_add(1, Ordering::Relaxed);
-            let result = super::write_all_vectored(&mut stream, &mut slices);
-            // The segments return to their producers here.
-            batch.clear();
-            if let Err(e) = result {
-                tracing::debug!("data connection to {} closed: {e}", self.peer);
-                self.close();
+            self.sending.store(false, Ordering::SeqCst);
+            // Work queued by a thread that found the token taken.
+            if self.work_hint.load(Ordering::SeqCst) == 0 {
                 return;
             }
         }
+    }
+
+    /// The standby writer: finishes a batch the kernel could not take at
+    /// once, blocking on the socket as long as it takes, then sends what
+    /// else is ready before it lets go of the token.
+    fn standby_writer(self: Arc<Self>) {
+        loop {
+            {
+                let mut h = lock_state(&self.handoff);
+                while !h.pending && !h.closed {
+                    h = self
+                        .handoff_ready
+                        .wait(h)
+                        .unwrap_or_else(|e| e.into_inner());
+                }
+                if h.closed {
+                    return;
+                }
+                h.pending = false;
+            }
+            loop {
+                match self.send_batches(true) {
+                    Sent::Done | Sent::WouldBlock => {}
+                    Sent::Closed => return,
+                }
+                self.sending.store(false, Ordering::SeqCst);
+                if self.work_hint.load(Ordering::SeqCst) == 0
+                    || self.sending.swap(true, Ordering::SeqCst)
+                {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// With the send token: finishes the unfinished batch, then writes
+    /// batches until nothing is ready. Every element ready when the first
+    /// is taken goes out with it (up to [`MAX_BATCH`] frames or
+    /// [`MAX_BATCH_BYTES`]), so one system call, one TCP push and one
+    /// wake-up of the receiving thread carry several buffers; nothing waits
+    /// to fill a batch. `block`: wait for room in the socket instead of
+    /// returning [`Sent::WouldBlock`].
+    fn send_batches(&self, block: bool) -> Sent {
+        let mut guard = lock_state(&self.batch);
+        let batch = &mut *guard;
+        loop {
+            if batch.items.is_empty() {
+                let Some(first) = self.next_outgoing() else {
+                    return Sent::Done;
+                };
+                batch.headers.clear();
+                batch.written = 0;
+                let mut bytes = self.stage(first, &mut batch.headers, &mut batch.items);
+                while batch.items.len() < MAX_BATCH && bytes < MAX_BATCH_BYTES {
+                    match self.next_outgoing() {
+                        Some(next) => {
+                            bytes += self.stage(next, &mut batch.headers, &mut batch.items)
+                        }
+                        None => break,
+                    }
+                }
+                self.metrics.writes.fetch_add(1, Ordering::Relaxed);
+            }
+            match self.write_batch(batch, block) {
+                Ok(true) => {
+                    // The segments return to their producers here.
+                    batch.items.clear();
+                }
+                Ok(false) => return Sent::WouldBlock,
+                Err(e) => {
+                    tracing::debug!("data connection to {} closed: {e}", self.peer);
+                    batch.items.clear();
+                    drop(guard);
+                    self.close();
+                    return Sent::Closed;
+                }
+            }
+        }
+    }
+
+    /// Writes the rest of `batch`; false if the kernel would block first
+    /// (only without `block`).
+    fn write_batch(&self, batch: &mut Batch, block: bool) -> std::io::Result<bool> {
+        let mut slices = Vec::with_capacity(2 * batch.items.len());
+        let mut start = 0;
+        for (end, payload) in &batch.items {
+            slices.push(std::io::IoSlice::new(&batch.headers[start..*end]));
+            start = *end;
+            if !payload.bytes().is_empty() {
+                slices.push(std::io::IoSlice::new(payload.bytes()));
+            }
+        }
+        let mut rest = &mut slices[..];
+        std::io::IoSlice::advance_slices(&mut rest, batch.written);
+        // A closed peer is an error to return, not a signal to die of.
+        let flags = libc::MSG_NOSIGNAL | if block { 0 } else { libc::MSG_DONTWAIT };
+        let socket = socket2::SockRef::from(&self.stream);
+        while !rest.is_empty() {
+            match socket.send_vectored_with_flags(rest, flags) {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    batch.written += n;
+                    std::io::IoSlice::advance_slices(&mut rest, n);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && !block => {
+                    return Ok(false);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
     }
 
     /// Encodes `next`'s header into `headers` and adds it to `batch`;
