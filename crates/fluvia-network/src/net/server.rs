@@ -505,9 +505,7 @@ impl ServerConnection {
                 (st.available.len() + st.control.len()) as u64,
                 Ordering::SeqCst,
             );
-            let Some(receiver) = popped else {
-                return None;
-            };
+            let receiver = popped?;
             st.queued.remove(&receiver);
             let Some(reader) = st.readers.get_mut(&receiver) else {
                 continue;
