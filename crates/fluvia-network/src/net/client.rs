@@ -714,10 +714,10 @@ impl ClientConnection {
         self.wake.notify_all();
     }
 
-    fn read_loop(self: Arc<Self>, mut stream: TcpStream) {
+    fn read_loop(self: Arc<Self>, stream: TcpStream) {
         let mut decoder = FrameDecoder::new();
         loop {
-            let n = match decoder.read_from(&mut stream, 64 * 1024) {
+            let n = match super::read_socket(&mut decoder, &stream, 64 * 1024) {
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => {

@@ -485,6 +485,19 @@ impl FrameDecoder {
         Ok(n)
     }
 
+    /// Reads once with `read` into free space (at least `min` bytes of
+    /// it); returns what `read` returned.
+    pub fn read_with(
+        &mut self,
+        min: usize,
+        read: impl FnOnce(&mut [u8]) -> std::io::Result<usize>,
+    ) -> std::io::Result<usize> {
+        self.ensure_space(min);
+        let n = read(&mut self.buf[self.end..])?;
+        self.end += n;
+        Ok(n)
+    }
+
     /// Bytes received and not yet decoded.
     pub fn pending(&self) -> usize {
         self.end - self.start

@@ -336,12 +336,12 @@ impl ServerConnection {
         self.send_ready();
     }
 
-    fn read_loop(self: Arc<Self>, mut stream: TcpStream) {
+    fn read_loop(self: Arc<Self>, stream: TcpStream) {
         // A peer that never says hello must not hold a thread and a socket.
         let _ = stream.set_read_timeout(Some(AUTHENTICATION_TIMEOUT));
         let mut decoder = FrameDecoder::new();
         loop {
-            let n = match decoder.read_from(&mut stream, 16 * 1024) {
+            let n = match super::read_socket(&mut decoder, &stream, 16 * 1024) {
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(_) => 0,
