@@ -3,7 +3,9 @@
 //! A [`ClientConnection`] is the one connection from this TaskManager to one
 //! remote TaskManager. A reader thread decodes frames and hands each
 //! BufferResponse to its [`RemoteInputChannel`] by receiver id; a writer
-//! thread sends partition requests, cancellations and credit.
+//! thread sends partition requests and cancellations. Credit is written by
+//! the thread that recycled the segment (the writer only when that cannot
+//! go at once).
 //!
 //! Credit-based flow control (Flink's `RemoteInputChannel` and
 //! `BufferManager`): a channel starts with `initial_credit` exclusive

@@ -1,9 +1,9 @@
 //! The TCP data plane between TaskManagers.
 //!
 //! - [`protocol`]: frames and messages (Flink's `NettyMessage`).
-//! - [`server`]: serves partition requests; one writer per connection sends
-//!   buffers of all requested subpartitions round robin, each data buffer
-//!   against one credit of its receiver, events for free.
+//! - [`server`]: serves partition requests; the thread that makes a buffer
+//!   sendable sends buffers of all requested subpartitions round robin, each
+//!   data buffer against one credit of its receiver, events for free.
 //! - [`client`]: one connection per remote TaskManager, multiplexing every
 //!   [`RemoteInputChannel`](client::RemoteInputChannel) by receiver id; a
 //!   channel owns exclusive buffers, borrows floating ones from its gate for

@@ -2,15 +2,18 @@
 //! and `CreditBasedSequenceNumberingViewReader`).
 //!
 //! Each accepted connection gets a reader thread (partition requests,
-//! credit, cancellations) and a writer thread. A partition request creates a
+//! credit, cancellations) and a standby writer. A partition request creates a
 //! *reader* over the requested subpartitions with the receiver's initial
 //! credit. Readers that can send — data and credit, or an event — wait in a
-//! queue; the writer takes the first, stages one buffer with the current
+//! queue; the sender takes the first, stages one buffer with the current
 //! backlog, and puts it back at the tail if it can still send: round robin
-//! across all channels of the connection. Whatever else is ready when the
-//! writer wakes is staged too and the batch goes out in one `writev`. A
-//! reader without credit is simply not in the queue, so a stalled consumer
-//! costs the others nothing.
+//! across all channels of the connection. Whatever else is ready is staged
+//! too and the batch goes out in one `writev`. A reader without credit is
+//! simply not in the queue, so a stalled consumer costs the others nothing.
+//!
+//! The sender is whichever thread made something sendable (see
+//! `ServerConnection::send_ready`); the standby writer only finishes what
+//! the kernel could not take at once.
 
 use super::protocol::{
     DataType, FrameDecoder, Message, ReceiverId, ResultPartitionId, encode,
