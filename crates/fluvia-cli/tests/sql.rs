@@ -294,6 +294,55 @@ fn the_inputs_of_a_one_partition_cross_join_that_scan_run_side_by_side() {
     );
 }
 
+/// q44 joins each of its two rankings with a scalar subquery: an average
+/// gathered from `store_sales`, then projected. The projection runs in the
+/// task that computes the average, which broadcasts it to the join: no task
+/// of its own between them. The same answer as with every operator a task
+/// of its own (chaining off).
+#[test]
+fn a_projected_scalar_subquery_is_broadcast_by_the_task_that_computes_it() {
+    let args = query_args("q44", "2", &["--explain"]);
+    let o = sql(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let explain = String::from_utf8_lossy(&o.stdout).to_string();
+    let broadcasting: Vec<&str> = explain
+        .split("\n[")
+        .filter(|t| {
+            t.lines()
+                .next()
+                .is_some_and(|l| l.ends_with("Aggregate -> Projection"))
+        })
+        .collect();
+    assert_eq!(broadcasting.len(), 2, "{explain}");
+    for t in &broadcasting {
+        assert!(t.contains("parallelism 2"), "{explain}");
+    }
+    assert_eq!(explain.matches("BROADCAST").count(), 2, "{explain}");
+    assert!(!explain.contains("] Projection\n"), "{explain}");
+    // q44 finds no rows at SF 0.1: the same shape, with rows.
+    let statement = "select ss_store_sk, avg(ss_net_profit) p from store_sales \
+        group by ss_store_sk having avg(ss_net_profit) >= (select avg(ss_net_profit) r \
+        from store_sales where ss_store_sk = 1 group by ss_store_sk) order by ss_store_sk";
+    let run = |extra: &[&str]| {
+        let data = tpcds_data().to_string_lossy().to_string();
+        let mut args = vec!["--tables", &data, "-p", "2", "-e", statement];
+        args.extend(BYTE_RANGES);
+        args.extend(extra);
+        let o = sql(&args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).to_string()
+    };
+    let plan = run(&["--explain"]);
+    assert!(plan.contains("] Aggregate -> Projection\n"), "{plan}");
+    assert!(plan.contains("BROADCAST"), "{plan}");
+    let fused = run(&[]);
+    assert!(fused.starts_with("ss_store_sk,p\n1,"), "{fused}");
+    assert_eq!(
+        fused,
+        run(&["-D", "pipeline.operator-chaining.enabled=false"])
+    );
+}
+
 fn q61_at_1(extra: &[&str]) -> String {
     let args = query_args("q61", "1", extra);
     let o = sql(&args.iter().map(String::as_str).collect::<Vec<_>>());

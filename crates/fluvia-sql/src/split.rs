@@ -259,6 +259,53 @@ impl Splitter {
                 || file_bytes(scan).is_some_and(|b| b <= self.small_build_bytes))
     }
 
+    /// A build side that only projects or filters gathered rows (a scalar
+    /// subquery's result under its projection) is broadcast by the stage
+    /// it gathers from, with those operators moved into that stage: row by
+    /// row they give the same rows before the gather as after it. Cut as
+    /// it stands it would be a task of its own between the two, one more
+    /// task and one more hop for a row or two. Returns the reader of the
+    /// broadcast, or `None` if `build` is not such a side.
+    fn broadcast_below_gather(
+        &mut self,
+        build: &Arc<dyn ExecutionPlan>,
+    ) -> DfResult<Option<Arc<dyn ExecutionPlan>>> {
+        use datafusion::physical_plan::filter::FilterExec;
+        use datafusion::physical_plan::projection::ProjectionExec;
+        let mut chain = Vec::new();
+        let mut node = Arc::clone(build);
+        loop {
+            if let Some(r) = node.downcast_ref::<ExchangeReaderExec>() {
+                let stage = r.stage();
+                if chain.is_empty()
+                    || self.stages[stage].exchange != (Exchange::Global { offset: 0 })
+                {
+                    return Ok(None);
+                }
+                let mut plan = Arc::clone(&self.stages[stage].plan);
+                for op in chain.into_iter().rev() {
+                    plan = replace_children_if_necessary(op, vec![plan])?;
+                }
+                let facts = ReaderFacts::of(&plan, None);
+                let reader = ExchangeReaderExec::new(stage, plan.schema(), 1, facts)?;
+                let s = &mut self.stages[stage];
+                s.plan = plan;
+                s.exchange = Exchange::Broadcast;
+                return Ok(Some(Arc::new(reader)));
+            }
+            // A limit is not row by row: it must see the gathered rows.
+            if !(node.is::<ProjectionExec>() || node.is::<FilterExec>()) || node.fetch().is_some() {
+                return Ok(None);
+            }
+            let [input] = node.children()[..] else {
+                return Ok(None);
+            };
+            let input = Arc::clone(input);
+            chain.push(node);
+            node = input;
+        }
+    }
+
     fn visit(&mut self, plan: Arc<dyn ExecutionPlan>) -> DfResult<Arc<dyn ExecutionPlan>> {
         if let Some(r) = plan.downcast_ref::<RepartitionExec>() {
             let input = self.visit_fragment(Arc::clone(r.input()))?;
@@ -336,10 +383,13 @@ impl Splitter {
                     let stage = r.stage();
                     self.stages[stage].exchange = Exchange::Broadcast;
                 } else if own_partitions > 1 {
-                    // A build side of one partition (a small scan) runs
-                    // once and is broadcast, as Flink plans it, rather
-                    // than being re-read by every probe subtask.
-                    child = self.cut(child, Exchange::Broadcast, Vec::new(), 1)?;
+                    child = match self.broadcast_below_gather(&child)? {
+                        Some(reader) => reader,
+                        // A build side of one partition (a small scan) runs
+                        // once and is broadcast, as Flink plans it, rather
+                        // than being re-read by every probe subtask.
+                        None => self.cut(child, Exchange::Broadcast, Vec::new(), 1)?,
+                    };
                 }
             } else if aligned_cut
                 && partitions(&child) == own_partitions
