@@ -479,10 +479,7 @@ impl FrameDecoder {
     /// Reads once from `r` into free space (at least `min` bytes of it);
     /// returns what `read` returned.
     pub fn read_from(&mut self, r: &mut impl std::io::Read, min: usize) -> std::io::Result<usize> {
-        self.ensure_space(min);
-        let n = r.read(&mut self.buf[self.end..])?;
-        self.end += n;
-        Ok(n)
+        self.read_with(min, |buf| r.read(buf))
     }
 
     /// Reads once with `read` into free space (at least `min` bytes of
