@@ -270,8 +270,6 @@ impl Splitter {
         &mut self,
         build: &Arc<dyn ExecutionPlan>,
     ) -> DfResult<Option<Arc<dyn ExecutionPlan>>> {
-        use datafusion::physical_plan::filter::FilterExec;
-        use datafusion::physical_plan::projection::ProjectionExec;
         let mut chain = Vec::new();
         let mut node = Arc::clone(build);
         loop {
@@ -294,7 +292,7 @@ impl Splitter {
                 return Ok(Some(Arc::new(reader)));
             }
             // A limit is not row by row: it must see the gathered rows.
-            if !(node.is::<ProjectionExec>() || node.is::<FilterExec>()) || node.fetch().is_some() {
+            if !row_wise(&node) || node.fetch().is_some() {
                 return Ok(None);
             }
             let [input] = node.children()[..] else {
@@ -620,6 +618,13 @@ pub fn adaptive_stages(plan: &StagePlan) -> Vec<bool> {
         .collect()
 }
 
+/// Whether `plan` works row by row: a projection or a filter.
+fn row_wise(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    use datafusion::physical_plan::filter::FilterExec;
+    use datafusion::physical_plan::projection::ProjectionExec;
+    plan.is::<ProjectionExec>() || plan.is::<FilterExec>()
+}
+
 /// Per input of `stage` (in `stage.inputs` order): whether a skewed
 /// subpartition of it may be split across subtasks (FLIP-475). Only the two
 /// hash sides of one partitioned hash join, under operators that do not
@@ -630,16 +635,11 @@ pub fn adaptive_stages(plan: &StagePlan) -> Vec<bool> {
 /// anti, mark: left; the RIGHT kinds: right).
 pub fn splittable_inputs(stage: &Stage) -> Vec<bool> {
     use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
-    use datafusion::physical_plan::filter::FilterExec;
-    use datafusion::physical_plan::projection::ProjectionExec;
 
     let none = vec![false; stage.inputs.len()];
     // A one-to-one consumer keeps relying on this stage's partitioning.
     if matches!(stage.exchange, Exchange::Forward { .. }) {
         return none;
-    }
-    fn row_wise(plan: &Arc<dyn ExecutionPlan>) -> bool {
-        plan.is::<ProjectionExec>() || plan.is::<FilterExec>()
     }
     fn reader_below(plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
         if let Some(r) = plan.downcast_ref::<ExchangeReaderExec>() {
@@ -849,8 +849,6 @@ fn broadcast_is_cheaper(hj: &HashJoinExec, parallelism: usize) -> bool {
 /// through operators that keep or drop rows one by one.
 fn child_duplicates_vanish(plan: &Arc<dyn ExecutionPlan>, duplicates_vanish: bool) -> bool {
     use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
-    use datafusion::physical_plan::filter::FilterExec;
-    use datafusion::physical_plan::projection::ProjectionExec;
     if let Some(a) = plan.downcast_ref::<AggregateExec>() {
         return a.aggr_expr().is_empty()
             && matches!(
@@ -858,7 +856,7 @@ fn child_duplicates_vanish(plan: &Arc<dyn ExecutionPlan>, duplicates_vanish: boo
                 AggregateMode::Partial | AggregateMode::Single | AggregateMode::SinglePartitioned
             );
     }
-    duplicates_vanish && (plan.is::<ProjectionExec>() || plan.is::<FilterExec>())
+    duplicates_vanish && row_wise(plan)
 }
 
 /// [`BroadcastSafety`] below `plan`; `duplicates_vanish`: the rows `plan`
