@@ -168,6 +168,13 @@ fn sql(args: &[&str]) -> Output {
     fluvia().arg("sql").args(args).output().unwrap()
 }
 
+/// `fluvia sql` with `args`, which must succeed; its standard output.
+fn sql_stdout(args: &[&str]) -> String {
+    let o = sql(args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).to_string()
+}
+
 fn q96_args(extra: &[&str]) -> Vec<String> {
     q96_args_at("2", extra)
 }
@@ -224,9 +231,7 @@ fn scans_of_one_row_group_run_one_subtask_instead_of_one_that_reads_nothing() {
     let run = |extra: &[&str]| {
         let mut a = vec!["--tables", &tables, "-f", &q96, "-p", "2"];
         a.extend(extra);
-        let o = sql(&a);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        String::from_utf8_lossy(&o.stdout).to_string()
+        sql_stdout(&a)
     };
     let split = run(&["--explain"]);
     assert!(split.contains("2 operators in 1 tasks"), "{split}");
@@ -302,9 +307,7 @@ fn the_inputs_of_a_one_partition_cross_join_that_scan_run_side_by_side() {
 #[test]
 fn a_projected_scalar_subquery_is_broadcast_by_the_task_that_computes_it() {
     let args = query_args("q44", "2", &["--explain"]);
-    let o = sql(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let explain = String::from_utf8_lossy(&o.stdout).to_string();
+    let explain = sql_stdout(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let broadcasting: Vec<&str> = explain
         .split("\n[")
         .filter(|t| {
@@ -328,9 +331,7 @@ fn a_projected_scalar_subquery_is_broadcast_by_the_task_that_computes_it() {
         let mut args = vec!["--tables", &data, "-p", "2", "-e", statement];
         args.extend(BYTE_RANGES);
         args.extend(extra);
-        let o = sql(&args);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        String::from_utf8_lossy(&o.stdout).to_string()
+        sql_stdout(&args)
     };
     let plan = run(&["--explain"]);
     assert!(plan.contains("] Aggregate -> Projection\n"), "{plan}");
@@ -345,9 +346,7 @@ fn a_projected_scalar_subquery_is_broadcast_by_the_task_that_computes_it() {
 
 fn q61_at_1(extra: &[&str]) -> String {
     let args = query_args("q61", "1", extra);
-    let o = sql(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8_lossy(&o.stdout).to_string()
+    sql_stdout(&args.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
 fn q72_args(extra: &[&str]) -> Vec<String> {
@@ -366,9 +365,7 @@ fn q72_reads_its_filtered_build_side_in_the_task_of_the_joins_that_filter_it() {
     let explain = |extra: &[&str]| {
         let mut a = q72_args(&["--explain"]);
         a.extend(extra.iter().map(|s| s.to_string()));
-        let o = sql(&a.iter().map(String::as_str).collect::<Vec<_>>());
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        String::from_utf8_lossy(&o.stdout).to_string()
+        sql_stdout(&a.iter().map(String::as_str).collect::<Vec<_>>())
     };
     // Tables scanned by a task of their own: `[n] Source: t[ -> ...]`.
     let own_tasks = |plan: &str| -> Vec<String> {
@@ -489,12 +486,12 @@ fn a_gathered_filtered_build_side_in_the_task_starts_when_its_join_asks() {
 fn small_build_sides_are_read_in_the_joins_task() {
     const SMALL: &str = "table.optimizer.small-build-side-in-task.max-size=100000000";
     let explain = |extra: &[&str]| {
-        let o = sql(&q96_args(&[&["--explain"], extra].concat())
-            .iter()
-            .map(String::as_str)
-            .collect::<Vec<_>>());
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let plan = String::from_utf8_lossy(&o.stdout).to_string();
+        let plan = sql_stdout(
+            &q96_args(&[&["--explain"], extra].concat())
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+        );
         let tasks = plan.lines().filter(|l| l.starts_with('[')).count();
         (plan, tasks)
     };
@@ -603,9 +600,7 @@ fn source_reuse_reads_a_table_once_for_every_fragment_that_scans_it() {
         let mut a = query_args_in(data, query, "2", &["--format", "csv", "--explain"]);
         a.extend(["-D", "table.optimizer.reuse-source.min-size=0"].map(String::from));
         a.extend(extra.iter().map(|s| s.to_string()));
-        let o = sql(&a.iter().map(String::as_str).collect::<Vec<_>>());
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        String::from_utf8_lossy(&o.stdout).to_string()
+        sql_stdout(&a.iter().map(String::as_str).collect::<Vec<_>>())
     };
     let on = explain("q9", &[]);
     println!("{on}");
