@@ -399,8 +399,10 @@ fn jobmanager(conf: ConfigArgs) -> Result<()> {
     block_on(async {
         let handle = fluvia_cluster::jobmanager::start(config).await?;
         // Scripts and tests read these two lines to find the ports.
-        println!("JobManager RPC {}", handle.rpc_address);
-        println!("REST http://{}", handle.rest_address);
+        fluvia_cluster::announce(&[
+            format!("JobManager RPC {}", handle.rpc_address),
+            format!("REST http://{}", handle.rest_address),
+        ]);
         handle.wait().await?;
         Ok(())
     })?

@@ -767,6 +767,42 @@ fn job_dirs(dir: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
+/// A shuffle service whose standard output was closed before it announced
+/// itself keeps running: whoever reads its addresses may stop reading after
+/// the first line. It used to die of the closed pipe at its second line.
+#[test]
+fn a_shuffle_service_outlives_a_closed_standard_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(&[], 0, &[]);
+    let mut service = fluvia()
+        .args(["shuffle-service", "--jobmanager", &cluster.rpc, "--dir"])
+        .arg(dir.path())
+        .args(common::FAST_HEARTBEATS)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    drop(service.stdout.take());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let services = get(&cluster.rest, "/shuffle-services");
+        if !services["shuffle-services"].as_array().unwrap().is_empty() {
+            break;
+        }
+        assert!(
+            service.try_wait().unwrap().is_none() && Instant::now() < deadline,
+            "the shuffle service never registered (exit: {:?})",
+            service.try_wait()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let exited = service.try_wait().unwrap();
+    let _ = service.kill();
+    let _ = service.wait();
+    assert!(exited.is_none(), "the shuffle service exited: {exited:?}");
+}
+
 #[test]
 fn with_an_external_shuffle_service_a_killed_task_manager_reruns_no_producer() {
     let dir = tempfile::tempdir().unwrap();

@@ -63,3 +63,18 @@ pub mod rpc {
     #![allow(clippy::all, missing_docs, clippy::unwrap_used)]
     tonic::include_proto!("fluvia.cluster");
 }
+
+/// Prints the lines a process announces its addresses with (scripts and
+/// tests read them to find the ports), in one write. A reader that took the
+/// first line and closed the pipe must not kill the process: `println!`
+/// panics on a closed standard output, and a shuffle service died so when
+/// its second line came after the reader had gone.
+pub fn announce(lines: &[String]) {
+    use std::io::Write;
+    let mut text = lines.join("\n");
+    text.push('\n');
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        tracing::warn!("announcing {lines:?} on standard output failed: {e}");
+    }
+}

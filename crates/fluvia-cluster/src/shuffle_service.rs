@@ -387,8 +387,10 @@ async fn heartbeat_loop(
 pub async fn run(jobmanager: &str, config: Configuration, dir: Option<PathBuf>) -> Result<()> {
     let handle = start(jobmanager, config, dir).await?;
     // Scripts and tests read these lines to find the ports.
-    println!("Shuffle service {}", handle.id);
-    println!("Shuffle service RPC {}", handle.rpc_address);
-    println!("Shuffle service data {}", handle.data_address);
+    crate::announce(&[
+        format!("Shuffle service {}", handle.id),
+        format!("Shuffle service RPC {}", handle.rpc_address),
+        format!("Shuffle service data {}", handle.data_address),
+    ]);
     handle.wait().await
 }
