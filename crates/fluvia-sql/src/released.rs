@@ -50,8 +50,9 @@ pub fn end_when_released(
 #[derive(Debug, Clone)]
 pub enum EndSignal {
     /// Every consumer of every output of the task released it. Checked at
-    /// each poll: such leaves are scans, which reach their next batch soon,
-    /// and exchange readers, which their gate wakes.
+    /// each poll, and a leaf waiting for its input (an exchange reader whose
+    /// producer is still at work) is woken to end: the release then reaches
+    /// that producer at once instead of when it next sends.
     Released(ConsumersReleased),
     /// A join needs no more of this input ([`ReaderStop`]); a leaf waiting
     /// for its input is woken to end as well.
@@ -63,6 +64,14 @@ impl EndSignal {
         match self {
             EndSignal::Released(r) => r.all(),
             EndSignal::Stopped(s) => s.is_stopped(),
+        }
+    }
+
+    /// Calls `wake` when the signal may have become set.
+    fn watch(&self, wake: Arc<dyn Fn() + Send + Sync>) {
+        match self {
+            EndSignal::Released(r) => r.watch(wake),
+            EndSignal::Stopped(s) => s.watch(wake),
         }
     }
 }
@@ -96,7 +105,7 @@ impl PassThrough for EndWhen {
         let schema = inner.schema();
         let signal = self.signal.clone();
         let mut inner = Some(inner);
-        // The waker of the last poll that found nothing, for a stop signal.
+        // The waker of the last poll that found nothing, for the signal.
         let waker: Arc<Mutex<Option<Waker>>> = Arc::new(Mutex::new(None));
         let mut watching = false;
         let stream = futures::stream::poll_fn(move |cx| {
@@ -107,18 +116,18 @@ impl PassThrough for EndWhen {
                 return Poll::Ready(None);
             };
             let next = s.poll_next_unpin(cx);
-            if let (Poll::Pending, EndSignal::Stopped(stop)) = (&next, &signal) {
+            if next.is_pending() {
                 *lock(&waker) = Some(cx.waker().clone());
                 if !watching {
                     watching = true;
                     let cell = Arc::clone(&waker);
-                    stop.watch(Arc::new(move || {
+                    signal.watch(Arc::new(move || {
                         if let Some(w) = lock(&cell).take() {
                             w.wake();
                         }
                     }));
                 }
-                if stop.is_stopped() {
+                if signal.is_set() {
                     inner = None;
                     return Poll::Ready(None);
                 }
