@@ -199,7 +199,20 @@ pub fn planning_context(
     Ok(SessionContext::new_with_state(state))
 }
 
+/// Idle task runtimes at most: as many as task threads a TaskManager keeps.
+const IDLE_RUNTIMES: usize = 64;
+
+/// Runtimes of ended tasks, for the next ones. Building a runtime (its
+/// driver's file descriptors, its timer) cost about 50 µs per subtask, and
+/// each new runtime started its own threads for the file reads its scans
+/// hand off; a kept runtime keeps them.
+static IDLE: std::sync::Mutex<Vec<tokio::runtime::Runtime>> = std::sync::Mutex::new(Vec::new());
+
 fn current_thread_runtime() -> Result<TaskRuntime> {
+    let idle = IDLE.lock().unwrap_or_else(|p| p.into_inner()).pop();
+    if let Some(rt) = idle {
+        return Ok(TaskRuntime(Some(rt)));
+    }
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -207,9 +220,12 @@ fn current_thread_runtime() -> Result<TaskRuntime> {
         .map_err(|e| FluviaError::io("starting a task runtime", e))
 }
 
-/// A task's runtime. Dropping a runtime waits until each of its blocking
-/// threads (the file reads a scan handed off) has exited, on the task's
-/// path to reporting its end; this one lets them exit on their own.
+/// A task's runtime, back among the idle ones when the task is done. What
+/// the task left on it (tasks DataFusion spawned and aborted) is cleared
+/// when the next task runs it. Dropping a runtime waits until each of its
+/// blocking threads (the file reads a scan handed off) has exited, on the
+/// task's path to reporting its end; one beyond [`IDLE_RUNTIMES`] lets them
+/// exit on their own.
 struct TaskRuntime(Option<tokio::runtime::Runtime>);
 
 impl std::ops::Deref for TaskRuntime {
@@ -223,7 +239,14 @@ impl std::ops::Deref for TaskRuntime {
 
 impl Drop for TaskRuntime {
     fn drop(&mut self) {
-        if let Some(rt) = self.0.take() {
+        let Some(rt) = self.0.take() else {
+            return;
+        };
+        let mut idle = IDLE.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < IDLE_RUNTIMES {
+            idle.push(rt);
+        } else {
+            drop(idle);
             rt.shutdown_background();
         }
     }
