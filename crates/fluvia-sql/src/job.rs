@@ -298,7 +298,11 @@ pub fn plan(req: &PlanRequest) -> std::result::Result<PlannedQuery, PlanError> {
             };
             let plan = df.create_physical_plan().await?;
             if split_on_row_groups {
-                crate::row_group_split::split_scans_on_row_groups(&ctx.state(), plan).await
+                // The session read in place: `ctx.state()` copies it, with
+                // its maps of every function.
+                let state = ctx.state_ref();
+                let state = state.read();
+                crate::row_group_split::split_scans_on_row_groups(&state, plan).await
             } else {
                 Ok(plan)
             }
@@ -320,10 +324,11 @@ pub fn plan(req: &PlanRequest) -> std::result::Result<PlannedQuery, PlanError> {
             max_build_bytes: req.config.get(&options::RUNTIME_FILTER_MAX_BUILD_SIZE)?,
             min_probe_bytes: req.config.get(&options::RUNTIME_FILTER_MIN_PROBE_SIZE)?,
         };
+        let config_options = Arc::clone(ctx.state_ref().read().config_options());
         let planted = crate::runtime_filter::plant_runtime_filters(
             &mut stage_plan,
             filters,
-            ctx.state().config_options(),
+            &config_options,
         )
         .map_err(|e| PlanError::Query(QueryError(e.to_string())))?;
         if planted > 0 {
