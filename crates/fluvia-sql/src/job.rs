@@ -325,12 +325,9 @@ pub fn plan(req: &PlanRequest) -> std::result::Result<PlannedQuery, PlanError> {
             min_probe_bytes: req.config.get(&options::RUNTIME_FILTER_MIN_PROBE_SIZE)?,
         };
         let config_options = Arc::clone(ctx.state_ref().read().config_options());
-        let planted = crate::runtime_filter::plant_runtime_filters(
-            &mut stage_plan,
-            filters,
-            &config_options,
-        )
-        .map_err(|e| PlanError::Query(QueryError(e.to_string())))?;
+        let planted =
+            crate::runtime_filter::plant_runtime_filters(&mut stage_plan, filters, &config_options)
+                .map_err(|e| PlanError::Query(QueryError(e.to_string())))?;
         if planted > 0 {
             tracing::debug!("{}: {planted} runtime filters planted", req.name);
         }
