@@ -9,7 +9,7 @@
 
 use crate::catalog::Catalog;
 use crate::codec::FluviaCodec;
-use crate::exchange::{OutputOf, SqlBatch, SqlBatchType, TaskInputs};
+use crate::exchange::{OutputOf, SqlBatch, SqlBatchType, TaskInputs, lock};
 use crate::file_sink::{FileSinkFactory, FileSinkSpec};
 use crate::reuse::ReuseGroup;
 use crate::session::{datafusion_options, session_config};
@@ -26,10 +26,10 @@ use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::metrics::Time;
 use datafusion::physical_plan::repartition::{BatchPartitioner, RepartitionExec};
-use datafusion_proto::bytes::{
-    physical_plan_from_bytes_with_proto_converter, physical_plan_to_bytes_with_proto_converter,
+use datafusion_proto::bytes::physical_plan_to_bytes_with_proto_converter;
+use datafusion_proto::physical_plan::{
+    DeduplicatingProtoConverter, PhysicalPlanDecodeContext, PhysicalProtoConverterExtension,
 };
-use datafusion_proto::physical_plan::DeduplicatingProtoConverter;
 use datafusion_proto::protobuf;
 use fluvia_core::config::options;
 use fluvia_core::{Configuration, ExchangeMode, FluviaError, PartitionerKind, Result, RuntimeMode};
@@ -44,7 +44,7 @@ use prost::Message;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// The name of the SQL program in a binary's program catalog.
 pub const PROGRAM: &str = "sql";
@@ -109,6 +109,11 @@ pub struct SqlJob {
     /// Broadcast build sides this process's subtasks cluster once.
     #[serde(skip)]
     pub shared_clusters: Arc<crate::cluster::SharedClusters>,
+    /// Each fragment's protobuf message, read from its bytes once per
+    /// process: its subtasks each build their own plan from it (a plan holds
+    /// the state of one execution), but need not parse the bytes again.
+    #[serde(skip)]
+    pub parsed: Arc<Mutex<BTreeMap<usize, Arc<protobuf::PhysicalPlanNode>>>>,
 }
 
 /// How to plan a query.
@@ -206,7 +211,7 @@ const IDLE_RUNTIMES: usize = 64;
 /// driver's file descriptors, its timer) cost about 50 µs per subtask, and
 /// each new runtime started its own threads for the file reads its scans
 /// hand off; a kept runtime keeps them.
-static IDLE: std::sync::Mutex<Vec<tokio::runtime::Runtime>> = std::sync::Mutex::new(Vec::new());
+static IDLE: Mutex<Vec<tokio::runtime::Runtime>> = Mutex::new(Vec::new());
 
 fn current_thread_runtime() -> Result<TaskRuntime> {
     let idle = IDLE.lock().unwrap_or_else(|p| p.into_inner()).pop();
@@ -448,6 +453,7 @@ pub fn plan(req: &PlanRequest) -> std::result::Result<PlannedQuery, PlanError> {
                 }),
             },
             shared_clusters: Default::default(),
+            parsed: Default::default(),
         },
         stage_plan,
         physical,
@@ -685,6 +691,23 @@ impl SqlJob {
             c.set(k, v.clone());
         }
         c
+    }
+
+    /// Fragment `id`'s protobuf message, parsed at its first use here.
+    fn parsed(&self, id: usize) -> Result<Arc<protobuf::PhysicalPlanNode>> {
+        if let Some(p) = lock(&self.parsed).get(&id) {
+            return Ok(Arc::clone(p));
+        }
+        let spec = self
+            .stages
+            .get(id)
+            .ok_or_else(|| FluviaError::Internal(format!("the job has no stage {id}")))?;
+        let p = Arc::new(
+            protobuf::PhysicalPlanNode::decode(spec.plan.as_slice())
+                .map_err(|e| FluviaError::Serialization(format!("stage {id}'s plan: {e}")))?,
+        );
+        lock(&self.parsed).insert(id, Arc::clone(&p));
+        Ok(p)
     }
 
     fn stage_schema(&self, id: usize) -> Result<SchemaRef> {
@@ -1273,15 +1296,15 @@ impl StageDriver {
         task_ctx: &Arc<TaskContext>,
     ) -> Result<(Arc<dyn ExecutionPlan>, FragmentOutput, Arc<TaskContext>)> {
         let spec = &self.job.stages[stage];
+        let parsed = self.job.parsed(stage)?;
         // Deduplicating keeps one dynamic filter shared by the join that
         // fills it and the scan that reads it.
-        let plan = physical_plan_from_bytes_with_proto_converter(
-            &spec.plan,
-            task_ctx,
-            &FluviaCodec,
-            &DeduplicatingProtoConverter {},
-        )
-        .map_err(df_err)?;
+        let plan = DeduplicatingProtoConverter {}
+            .proto_to_execution_plan(
+                &parsed,
+                &PhysicalPlanDecodeContext::new(task_ctx, &FluviaCodec),
+            )
+            .map_err(df_err)?;
         // Files it writes are private to this attempt until the job commits.
         let task_ctx = if crate::staging::writes_files(&plan) {
             let mut env = (*task_ctx.runtime_env()).clone();
