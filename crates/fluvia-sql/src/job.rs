@@ -305,9 +305,15 @@ pub fn plan(req: &PlanRequest) -> std::result::Result<PlannedQuery, PlanError> {
             if split_on_row_groups {
                 // The session read in place: `ctx.state()` copies it, with
                 // its maps of every function.
-                let state = ctx.state_ref();
-                let state = state.read();
-                crate::row_group_split::split_scans_on_row_groups(&state, plan).await
+                let (env, options) = {
+                    let state = ctx.state_ref();
+                    let state = state.read();
+                    (
+                        Arc::clone(state.runtime_env()),
+                        Arc::clone(state.config_options()),
+                    )
+                };
+                crate::row_group_split::split_scans_on_row_groups(&env, &options, plan).await
             } else {
                 Ok(plan)
             }

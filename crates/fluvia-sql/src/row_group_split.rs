@@ -18,6 +18,7 @@
 //! nothing of stages or tasks.
 
 use datafusion::common::Result as DfResult;
+use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::datasource::listing::{FileRange, PartitionedFile};
 use datafusion::datasource::physical_plan::parquet::metadata::DFParquetMetadata;
@@ -25,7 +26,7 @@ use datafusion::datasource::physical_plan::{
     FileGroup, FileScanConfig, FileScanConfigBuilder, ParquetSource,
 };
 use datafusion::datasource::source::DataSourceExec;
-use datafusion::execution::SessionState;
+use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::parquet::file::metadata::{PageIndexPolicy, ParquetMetaData};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_optimizer::sanity_checker::SanityCheckPlan;
@@ -83,7 +84,8 @@ fn parquet_scan(plan: &Arc<dyn ExecutionPlan>) -> Option<&FileScanConfig> {
 /// range would hold none; the plan unchanged if none does, or if the
 /// rewritten plan would not satisfy its operators' requirements.
 pub async fn split_scans_on_row_groups(
-    state: &SessionState,
+    env: &RuntimeEnv,
+    options: &ConfigOptions,
     plan: Arc<dyn ExecutionPlan>,
 ) -> DfResult<Arc<dyn ExecutionPlan>> {
     // Each file once, though a file split in ranges is in several groups.
@@ -101,10 +103,10 @@ pub async fn split_scans_on_row_groups(
     if files.is_empty() {
         return Ok(plan);
     }
-    let cache = state.runtime_env().cache_manager.get_file_metadata_cache();
+    let cache = env.cache_manager.get_file_metadata_cache();
     let mut row_groups: HashMap<String, Vec<RowGroupSpan>> = HashMap::new();
     for (key, (url, meta)) in files {
-        let store = state.runtime_env().object_store(&url)?;
+        let store = env.object_store(&url)?;
         let metadata = DFParquetMetadata::new(store.as_ref(), &meta)
             .with_file_metadata_cache(Some(Arc::clone(&cache)))
             .with_page_index_policy(Some(PageIndexPolicy::Skip))
@@ -165,7 +167,7 @@ pub async fn split_scans_on_row_groups(
     }
     // The operators above a scan were rebuilt for its new partition count;
     // any requirement that no longer holds keeps the plan as planned.
-    match SanityCheckPlan::new().optimize(Arc::clone(&rewritten), state.config_options()) {
+    match SanityCheckPlan::new().optimize(Arc::clone(&rewritten), options) {
         Ok(_) => {
             tracing::debug!(
                 "Parquet scans split on row groups: {} partitions at the root, {} as planned",
@@ -478,7 +480,13 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let (ctx, plan) = scan_plan(dir.path(), &[5000], 2).await;
             assert_eq!(rows_per_partition(&ctx, &plan).await, vec![5000, 0]);
-            let split = split_scans_on_row_groups(&ctx.state(), plan).await.unwrap();
+            let split = split_scans_on_row_groups(
+                ctx.state().runtime_env(),
+                ctx.state().config_options(),
+                plan,
+            )
+            .await
+            .unwrap();
             assert_eq!(rows_per_partition(&ctx, &split).await, vec![5000]);
             assert_eq!(count_and_sum(&ctx, split).await, (5000, (0..5000).sum()));
         });
@@ -493,7 +501,13 @@ mod tests {
             let before = rows_per_partition(&ctx, &plan).await;
             assert_eq!(before.len(), 4);
             assert!(before.contains(&0), "{before:?}");
-            let split = split_scans_on_row_groups(&ctx.state(), plan).await.unwrap();
+            let split = split_scans_on_row_groups(
+                ctx.state().runtime_env(),
+                ctx.state().config_options(),
+                plan,
+            )
+            .await
+            .unwrap();
             // Whole row groups, in file order, every row once.
             assert_eq!(
                 rows_per_partition(&ctx, &split).await,
@@ -510,9 +524,13 @@ mod tests {
             let (ctx, plan) = scan_plan(dir.path(), &[2000; 4], 2).await;
             let before = rows_per_partition(&ctx, &plan).await;
             assert!(before.len() == 2 && !before.contains(&0), "{before:?}");
-            let split = split_scans_on_row_groups(&ctx.state(), Arc::clone(&plan))
-                .await
-                .unwrap();
+            let split = split_scans_on_row_groups(
+                ctx.state().runtime_env(),
+                ctx.state().config_options(),
+                Arc::clone(&plan),
+            )
+            .await
+            .unwrap();
             assert!(Arc::ptr_eq(&split, &plan));
         });
     }
@@ -525,7 +543,13 @@ mod tests {
             // second row group does.
             let (ctx, plan) = scan_plan(dir.path(), &[2000, 2000], 2).await;
             assert_eq!(rows_per_partition(&ctx, &plan).await, vec![4000, 0]);
-            let split = split_scans_on_row_groups(&ctx.state(), plan).await.unwrap();
+            let split = split_scans_on_row_groups(
+                ctx.state().runtime_env(),
+                ctx.state().config_options(),
+                plan,
+            )
+            .await
+            .unwrap();
             assert_eq!(rows_per_partition(&ctx, &split).await, vec![2000, 2000]);
             assert_eq!(count_and_sum(&ctx, split).await, (4000, (0..4000).sum()));
         });
