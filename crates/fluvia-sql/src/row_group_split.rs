@@ -474,19 +474,21 @@ mod tests {
         (value(0), value(1))
     }
 
+    /// The plan with its scans split, with the session's runtime and options.
+    async fn split(ctx: &SessionContext, plan: Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
+        let state = ctx.state();
+        split_scans_on_row_groups(state.runtime_env(), state.config_options(), plan)
+            .await
+            .unwrap()
+    }
+
     #[test]
     fn a_file_of_one_row_group_is_read_by_one_partition_instead_of_an_empty_one_beside_it() {
         block_on(async {
             let dir = tempfile::tempdir().unwrap();
             let (ctx, plan) = scan_plan(dir.path(), &[5000], 2).await;
             assert_eq!(rows_per_partition(&ctx, &plan).await, vec![5000, 0]);
-            let split = split_scans_on_row_groups(
-                ctx.state().runtime_env(),
-                ctx.state().config_options(),
-                plan,
-            )
-            .await
-            .unwrap();
+            let split = split(&ctx, plan).await;
             assert_eq!(rows_per_partition(&ctx, &split).await, vec![5000]);
             assert_eq!(count_and_sum(&ctx, split).await, (5000, (0..5000).sum()));
         });
@@ -501,13 +503,7 @@ mod tests {
             let before = rows_per_partition(&ctx, &plan).await;
             assert_eq!(before.len(), 4);
             assert!(before.contains(&0), "{before:?}");
-            let split = split_scans_on_row_groups(
-                ctx.state().runtime_env(),
-                ctx.state().config_options(),
-                plan,
-            )
-            .await
-            .unwrap();
+            let split = split(&ctx, plan).await;
             // Whole row groups, in file order, every row once.
             assert_eq!(
                 rows_per_partition(&ctx, &split).await,
@@ -524,13 +520,7 @@ mod tests {
             let (ctx, plan) = scan_plan(dir.path(), &[2000; 4], 2).await;
             let before = rows_per_partition(&ctx, &plan).await;
             assert!(before.len() == 2 && !before.contains(&0), "{before:?}");
-            let split = split_scans_on_row_groups(
-                ctx.state().runtime_env(),
-                ctx.state().config_options(),
-                Arc::clone(&plan),
-            )
-            .await
-            .unwrap();
+            let split = split(&ctx, Arc::clone(&plan)).await;
             assert!(Arc::ptr_eq(&split, &plan));
         });
     }
@@ -543,13 +533,7 @@ mod tests {
             // second row group does.
             let (ctx, plan) = scan_plan(dir.path(), &[2000, 2000], 2).await;
             assert_eq!(rows_per_partition(&ctx, &plan).await, vec![4000, 0]);
-            let split = split_scans_on_row_groups(
-                ctx.state().runtime_env(),
-                ctx.state().config_options(),
-                plan,
-            )
-            .await
-            .unwrap();
+            let split = split(&ctx, plan).await;
             assert_eq!(rows_per_partition(&ctx, &split).await, vec![2000, 2000]);
             assert_eq!(count_and_sum(&ctx, split).await, (4000, (0..4000).sum()));
         });
