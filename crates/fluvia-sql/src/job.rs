@@ -247,6 +247,11 @@ impl Drop for TaskRuntime {
         let Some(rt) = self.0.take() else {
             return;
         };
+        // A runtime a panic unwound out of is not lent again.
+        if std::thread::panicking() {
+            rt.shutdown_background();
+            return;
+        }
         let mut idle = IDLE.lock().unwrap_or_else(|p| p.into_inner());
         if idle.len() < IDLE_RUNTIMES {
             idle.push(rt);

@@ -50,9 +50,9 @@ pub fn end_when_released(
 #[derive(Debug, Clone)]
 pub enum EndSignal {
     /// Every consumer of every output of the task released it. Checked at
-    /// each poll, and a leaf waiting for its input (an exchange reader whose
-    /// producer is still at work) is woken to end: the release then reaches
-    /// that producer at once instead of when it next sends.
+    /// each poll, and a leaf waiting for its input (a scan's file read) is
+    /// woken to end at once rather than at its next batch. (An exchange
+    /// reader's gate wakes it too.)
     Released(ConsumersReleased),
     /// A join needs no more of this input ([`ReaderStop`]); a leaf waiting
     /// for its input is woken to end as well.
