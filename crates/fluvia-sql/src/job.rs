@@ -298,6 +298,16 @@ pub fn plan(req: &PlanRequest) -> std::result::Result<PlannedQuery, PlanError> {
     )?;
     rt.block_on(req.catalog.register(&ctx))?;
     let registered = started.elapsed();
+    // What the steps after DataFusion's planning read of the session, read
+    // in place: `ctx.state()` copies it, with its maps of every function.
+    let (runtime_env, config_options) = {
+        let state = ctx.state_ref();
+        let state = state.read();
+        (
+            Arc::clone(state.runtime_env()),
+            Arc::clone(state.config_options()),
+        )
+    };
     let split_on_row_groups = req.config.get(&options::SPLIT_SCANS_ON_ROW_GROUPS)?;
     let physical = rt
         .block_on(async {
@@ -308,17 +318,12 @@ pub fn plan(req: &PlanRequest) -> std::result::Result<PlannedQuery, PlanError> {
             };
             let plan = df.create_physical_plan().await?;
             if split_on_row_groups {
-                // The session read in place: `ctx.state()` copies it, with
-                // its maps of every function.
-                let (env, options) = {
-                    let state = ctx.state_ref();
-                    let state = state.read();
-                    (
-                        Arc::clone(state.runtime_env()),
-                        Arc::clone(state.config_options()),
-                    )
-                };
-                crate::row_group_split::split_scans_on_row_groups(&env, &options, plan).await
+                crate::row_group_split::split_scans_on_row_groups(
+                    &runtime_env,
+                    &config_options,
+                    plan,
+                )
+                .await
             } else {
                 Ok(plan)
             }
@@ -340,7 +345,6 @@ pub fn plan(req: &PlanRequest) -> std::result::Result<PlannedQuery, PlanError> {
             max_build_bytes: req.config.get(&options::RUNTIME_FILTER_MAX_BUILD_SIZE)?,
             min_probe_bytes: req.config.get(&options::RUNTIME_FILTER_MIN_PROBE_SIZE)?,
         };
-        let config_options = Arc::clone(ctx.state_ref().read().config_options());
         let planted =
             crate::runtime_filter::plant_runtime_filters(&mut stage_plan, filters, &config_options)
                 .map_err(|e| PlanError::Query(QueryError(e.to_string())))?;
