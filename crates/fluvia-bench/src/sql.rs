@@ -238,6 +238,10 @@ pub fn run_suite(a: Args) -> Result<()> {
             on_with(options::CLUSTER_BUILD_SIDE.key, "false"),
         ),
         (
+            "no-read-once",
+            on_with(options::READ_BUILD_SIDE_ONCE.key, "false"),
+        ),
+        (
             "no-rf",
             on_with(options::RUNTIME_FILTER_ENABLED.key, "false"),
         ),

@@ -208,8 +208,8 @@ pub mod options {
     pub const SMALL_BUILD_IN_TASK_MAX_SIZE: ConfigOption<u64> = ConfigOption {
         key: "table.optimizer.small-build-side-in-task.max-size",
         fallback_keys: &[],
-        default: 0,
-        description: "SQL, with multiple input on: a broadcast join's build side that is a plain scan pipeline over at most this many bytes of files is read inside the join's task by each of its subtasks instead of in a task of its own that broadcasts it; 0 never.",
+        default: 1536 * 1024,
+        description: "SQL, with multiple input on: a broadcast join's build side that is a plain scan pipeline over at most this many bytes of files is read inside the join's task instead of in a task of its own that broadcasts it (once per process for its subtasks, with table.exec.hash-join.read-build-side-once); 0 never.",
     };
 
     /// Fluvia's key.
@@ -284,6 +284,14 @@ pub mod options {
         fallback_keys: &[],
         default: true,
         description: "SQL: a hash join's build side of at least 32K rows whose keys repeat (two or more rows per key in a sample) is reordered by key before the join builds its table, so the rows a probe row matches are neighbours in memory; false builds the table in arrival order.",
+    };
+
+    /// Fluvia's key.
+    pub const READ_BUILD_SIDE_ONCE: ConfigOption<bool> = ConfigOption {
+        key: "table.exec.hash-join.read-build-side-once",
+        fallback_keys: &[],
+        default: true,
+        description: "SQL: a broadcast hash join's build side that every subtask reads whole from the same files (a dimension table kept in the join's task) is read, filtered and clustered by one subtask per process for all the others of its stage, which wait for it and never open the files; false has each subtask read its own. Needs table.exec.hash-join.cluster-build-side.",
     };
 
     /// Flink's `BatchExecutionOptions` (with the deprecated
@@ -491,7 +499,7 @@ pub mod options {
             ),
             (
                 SMALL_BUILD_IN_TASK_MAX_SIZE.key,
-                SMALL_BUILD_IN_TASK_MAX_SIZE.default.to_string(),
+                "1536 kb".to_string(),
                 SMALL_BUILD_IN_TASK_MAX_SIZE.description,
             ),
             (
@@ -558,6 +566,11 @@ pub mod options {
                 CLUSTER_BUILD_SIDE.key,
                 CLUSTER_BUILD_SIDE.default.to_string(),
                 CLUSTER_BUILD_SIDE.description,
+            ),
+            (
+                READ_BUILD_SIDE_ONCE.key,
+                READ_BUILD_SIDE_ONCE.default.to_string(),
+                READ_BUILD_SIDE_ONCE.description,
             ),
             (
                 REUSE_SOURCE_MIN_SIZE.key,
@@ -665,6 +678,7 @@ pub mod options {
         config.get(&MULTIPLE_INPUT)?;
         config.get(&FILTERED_BUILD_IN_TASK)?;
         config.get(&SMALL_BUILD_IN_TASK_MAX_SIZE)?;
+        config.get(&READ_BUILD_SIDE_ONCE)?;
         config.get(&BATCH_SHUFFLE_MODE)?;
         config.get(&CSV_READER)?;
         config.get(&REUSE_SOURCE)?;

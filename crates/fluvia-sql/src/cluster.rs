@@ -23,7 +23,11 @@
 //! ended clusters it and hands the result to the others, which still read
 //! their own input and take the shared result only if it has as many rows
 //! (a build side cut short, because its join no longer needed it, is never
-//! handed to a subtask that read its whole input).
+//! handed to a subtask that read its whole input). A build side that reads
+//! no exchange (a scan kept in the join's task, read whole by every
+//! subtask) is read once: the others wait for the first and never run their
+//! own input, unless the first was cut short (one of its leaves' end
+//! signals set), failed or was dropped, when each reads its own.
 
 use datafusion::arrow::array::{ArrayRef, UInt32Array};
 use datafusion::arrow::compute::{concat_batches, take, take_record_batch};
@@ -43,7 +47,7 @@ use datafusion::physical_plan::metrics::{
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use futures::TryStreamExt;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 
@@ -74,21 +78,24 @@ pub fn cluster_build_sides(plan: Arc<dyn ExecutionPlan>) -> DfResult<Arc<dyn Exe
 }
 
 /// `plan` (a task's, with its build sides clustered) with each clustered
-/// build side that reads only broadcast inputs (`broadcast`: the stages
-/// whose output every consumer subtask receives whole) clustered once for
-/// the subtasks of `stage` that run in this process.
+/// build side that is the same in every subtask (it reads broadcast inputs,
+/// `broadcast` being the stages whose output every consumer subtask
+/// receives whole, or scans read whole) clustered once for the subtasks of
+/// `stage` that run in this process; with `read_once`, one that reads no
+/// exchange is also read once for them.
 pub fn share_broadcast_builds(
     plan: Arc<dyn ExecutionPlan>,
     shared: &Arc<SharedClusters>,
-    stage: usize,
-    attempt: u32,
+    (stage, attempt): (usize, u32),
     broadcast: &dyn Fn(usize) -> bool,
+    read_once: bool,
 ) -> DfResult<Arc<dyn ExecutionPlan>> {
+    let uniform = uniform_filters(&plan, broadcast)?;
     plan.transform_up(|node| {
         let Some(c) = node.downcast_ref::<ClusterByKeyExec>() else {
             return Ok(Transformed::no(node));
         };
-        if c.share.is_some() || !same_in_every_subtask(&c.input, broadcast)? {
+        if c.share.is_some() || !same_in_every_subtask(&c.input, broadcast, &uniform)? {
             return Ok(Transformed::no(node));
         }
         // Named by what it computes (inputs, filters, keys), not by its
@@ -100,6 +107,7 @@ pub fn share_broadcast_builds(
         let key = (stage, what, attempt);
         let mut shared_node = ClusterByKeyExec::new(Arc::clone(&c.input), c.keys.clone());
         shared_node.share = Some(Arc::new(SharedClusters::join(shared, key)));
+        shared_node.read_once = read_once && !reads_exchange(&c.input)?;
         Ok(Transformed::yes(
             Arc::new(shared_node) as Arc<dyn ExecutionPlan>
         ))
@@ -108,28 +116,33 @@ pub fn share_broadcast_builds(
 }
 
 /// Whether `plan` gives every subtask the same rows: it reads only
-/// broadcast inputs, through filters (without runtime filters, which a
-/// subtask's own joins fill) and projections.
+/// broadcast inputs or scans it reads whole (a scan a subtask reads part of
+/// shows its own file ranges, and so another key), through filters and
+/// projections. The dynamic filters it reads must be `uniform`: those of
+/// joins whose build side is the same in every subtask, which hold the same
+/// keys everywhere (a filter only drops rows that join's build side cannot
+/// match, whenever it is filled).
 fn same_in_every_subtask(
     plan: &Arc<dyn ExecutionPlan>,
     broadcast: &dyn Fn(usize) -> bool,
+    uniform: &HashSet<u64>,
 ) -> DfResult<bool> {
-    use datafusion::physical_expr::expressions::DynamicFilterPhysicalExpr;
+    use datafusion::datasource::source::DataSourceExec;
+    use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
     use datafusion::physical_plan::filter::FilterExec;
     use datafusion::physical_plan::projection::ProjectionExec;
     let mut same = true;
     plan.apply(|node| {
         let ok = if let Some(r) = node.downcast_ref::<crate::exchange::ExchangeReaderExec>() {
             broadcast(r.stage())
-        } else if let Some(f) = node.downcast_ref::<FilterExec>() {
-            let mut dynamic = false;
-            f.predicate().apply(|e| {
-                dynamic |= e.downcast_ref::<DynamicFilterPhysicalExpr>().is_some();
-                Ok(TreeNodeRecursion::Continue)
-            })?;
-            !dynamic
+        } else if node.is::<FilterExec>() || node.is::<DataSourceExec>() {
+            dynamic_filter_ids(node)?.is_subset(uniform)
         } else {
-            node.is::<ProjectionExec>() || node.is::<crate::demand::FirstRowExec>()
+            node.is::<ProjectionExec>()
+                || node.is::<CoalescePartitionsExec>()
+                || node.is::<crate::demand::FirstRowExec>()
+                || node.is::<crate::deferred::DeferredExec>()
+                || node.is::<ClusterByKeyExec>()
         };
         same &= ok;
         Ok(if ok {
@@ -139,6 +152,56 @@ fn same_in_every_subtask(
         })
     })?;
     Ok(same)
+}
+
+/// The dynamic filters `node`'s own expressions read.
+fn dynamic_filter_ids(node: &Arc<dyn ExecutionPlan>) -> DfResult<HashSet<u64>> {
+    let mut ids = HashSet::new();
+    node.apply_expressions(&mut |root| {
+        root.apply(|e| {
+            if let Some(id) = e.expression_id() {
+                ids.insert(id);
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })
+    })?;
+    Ok(ids)
+}
+
+/// The dynamic filters of the hash joins in `plan` whose build side is the
+/// same in every subtask (a join's build side may read another such
+/// join's filter, hence the rounds).
+fn uniform_filters(
+    plan: &Arc<dyn ExecutionPlan>,
+    broadcast: &dyn Fn(usize) -> bool,
+) -> DfResult<HashSet<u64>> {
+    let mut uniform = HashSet::new();
+    loop {
+        let mut found = HashSet::new();
+        plan.apply(|node| {
+            if let Some(j) = node.downcast_ref::<HashJoinExec>() {
+                let ids: HashSet<u64> = j
+                    .dynamic_expressions_produced()
+                    .iter()
+                    .filter_map(|f| f.expression_id())
+                    .filter(|id| !uniform.contains(id))
+                    .collect();
+                if !ids.is_empty() && same_in_every_subtask(j.left(), broadcast, &uniform)? {
+                    found.extend(ids);
+                }
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+        if found.is_empty() {
+            return Ok(uniform);
+        }
+        uniform.extend(found);
+    }
+}
+
+/// Whether `plan` reads an exchange.
+fn reads_exchange(plan: &Arc<dyn ExecutionPlan>) -> DfResult<bool> {
+    plan.exists(|n| Ok(n.is::<crate::exchange::ExchangeReaderExec>()))
 }
 
 /// The build sides one job's subtasks in this process cluster once, by
@@ -195,6 +258,10 @@ enum SlotState {
     AsIs { rows: usize },
     /// The one that claimed it failed or was stopped.
     Abandoned,
+    /// One subtask reads the input for all ([`ClusterByKeyExec::read_once`]).
+    Reading,
+    /// What it read: its rows as the joins take them.
+    Read { batches: Vec<RecordBatch> },
 }
 
 /// A subtask's place at one shared build side.
@@ -275,6 +342,26 @@ impl Claim {
     }
 }
 
+impl Claim {
+    /// Hands the rows read for all to the others.
+    fn publish(mut self, batches: Vec<RecordBatch>) {
+        self.slot.0.send_replace(SlotState::Read { batches });
+        self.done = true;
+    }
+}
+
+/// What a subtask whose input is read once does when its join asks.
+enum ReadTurn {
+    /// Reads it for all.
+    Lead(Claim),
+    /// Waits for the one that does.
+    Wait(tokio::sync::watch::Receiver<SlotState>),
+    /// Takes what it read.
+    Take(Vec<RecordBatch>),
+    /// Reads its own (the one that read for all was cut short).
+    Own,
+}
+
 impl Drop for Claim {
     fn drop(&mut self) {
         if !self.done {
@@ -284,6 +371,31 @@ impl Drop for Claim {
 }
 
 impl Member {
+    fn read_turn(&self) -> ReadTurn {
+        let mut turn = ReadTurn::Own;
+        self.slot.0.send_if_modified(|state| match state {
+            SlotState::Open => {
+                *state = SlotState::Reading;
+                turn = ReadTurn::Lead(Claim {
+                    slot: Arc::clone(&self.slot),
+                    rows: 0,
+                    done: false,
+                });
+                true
+            }
+            SlotState::Reading => {
+                turn = ReadTurn::Wait(self.slot.0.subscribe());
+                false
+            }
+            SlotState::Read { batches } => {
+                turn = ReadTurn::Take(batches.clone());
+                false
+            }
+            _ => false,
+        });
+        turn
+    }
+
     fn turn(&self, rows: usize) -> Turn {
         let mut turn = Turn::Own;
         self.slot.0.send_if_modified(|state| match state {
@@ -320,6 +432,9 @@ pub struct ClusterByKeyExec {
     keys: Vec<Arc<dyn PhysicalExpr>>,
     /// Set where the subtasks of this process share the result.
     share: Option<Arc<Member>>,
+    /// With `share`: the input is read by one subtask for all (it reads no
+    /// exchange, which each subtask must drain of its own).
+    read_once: bool,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
 }
@@ -336,6 +451,7 @@ impl ClusterByKeyExec {
             input,
             keys,
             share: None,
+            read_once: false,
             properties: Arc::new(properties),
             metrics: ExecutionPlanMetricsSet::new(),
         }
@@ -348,6 +464,9 @@ impl DisplayAs for ClusterByKeyExec {
         write!(f, "ClusterByKeyExec: keys=[{}]", keys.join(", "))?;
         if self.share.is_some() {
             write!(f, ", shared")?;
+            if self.read_once {
+                write!(f, ", read once")?;
+            }
         }
         Ok(())
     }
@@ -386,6 +505,7 @@ impl ExecutionPlan for ClusterByKeyExec {
             Some(input) if children.is_empty() => {
                 let mut node = ClusterByKeyExec::new(input, self.keys.clone());
                 node.share = self.share.clone();
+                node.read_once = self.read_once;
                 Ok(Arc::new(node))
             }
             _ => Err(DataFusionError::Internal(
@@ -403,6 +523,16 @@ impl ExecutionPlan for ClusterByKeyExec {
         partition: usize,
         ctx: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
+        if self.read_once
+            && let Some(member) = &self.share
+            // A consumer of a scan this task shares between fragments must
+            // read its part, or the others wait for it.
+            && !self
+                .input
+                .exists(|n| Ok(n.is::<crate::reuse::SharedScanExec>()))?
+        {
+            return self.execute_once(Arc::clone(member), partition, ctx);
+        }
         let input = self.input.execute(partition, ctx)?;
         let schema = input.schema();
         let keys = self.keys.clone();
@@ -442,6 +572,71 @@ impl ExecutionPlan for ClusterByKeyExec {
                     out?.0
                 }
             };
+            baseline.record_output(out.iter().map(|b| b.num_rows()).sum());
+            Ok::<_, DataFusionError>(out)
+        })
+        .map_ok(|batches| futures::stream::iter(batches.into_iter().map(Ok)))
+        .try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    }
+}
+
+impl ClusterByKeyExec {
+    /// The stream of a build side one subtask reads for all: when the join
+    /// first asks, the subtask takes what another read, waits for the one
+    /// reading, or reads and hands it on. The input of one that takes is
+    /// never run; what its first row would have started is started.
+    fn execute_once(
+        &self,
+        member: Arc<Member>,
+        partition: usize,
+        ctx: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        let input = Arc::clone(&self.input);
+        let schema = input.schema();
+        let keys = self.keys.clone();
+        let baseline = BaselineMetrics::new(&self.metrics, partition);
+        let sorted = MetricBuilder::new(&self.metrics).counter("sorted", partition);
+        let taken = MetricBuilder::new(&self.metrics).counter("shared_taken", partition);
+        let stream = futures::stream::once(async move {
+            let (lead, read) = match member.read_turn() {
+                ReadTurn::Take(b) => (None, Some(b)),
+                ReadTurn::Wait(mut rx) => {
+                    let state = rx
+                        .wait_for(|s| !matches!(s, SlotState::Reading))
+                        .await
+                        .map(|s| s.clone());
+                    match state {
+                        Ok(SlotState::Read { batches }) => (None, Some(batches)),
+                        _ => (None, None),
+                    }
+                }
+                ReadTurn::Lead(c) => (Some(c), None),
+                ReadTurn::Own => (None, None),
+            };
+            if let Some(batches) = read {
+                taken.add(1);
+                if batches.iter().any(|b| b.num_rows() > 0) {
+                    crate::demand::signal_first_rows(&input);
+                }
+                baseline.record_output(batches.iter().map(|b| b.num_rows()).sum());
+                return Ok(batches);
+            }
+            let batches: Vec<RecordBatch> = input.execute(partition, ctx)?.try_collect().await?;
+            let timer = baseline.elapsed_compute().timer();
+            let (mut out, _) = cluster(batches, &keys, &sorted)?;
+            // One batch: the joins index it as it is, without a copy each.
+            if out.len() > 1 {
+                out = vec![concat_batches(&out[0].schema(), &out)?];
+            }
+            timer.done();
+            // A leaf ended early read part of the input: not for the others
+            // (dropping the claim lets them read their own).
+            if let Some(c) = lead
+                && !crate::released::cut_short(&input)
+            {
+                c.publish(out.clone());
+            }
             baseline.record_output(out.iter().map(|b| b.num_rows()).sum());
             Ok::<_, DataFusionError>(out)
         })
@@ -991,7 +1186,7 @@ mod tests {
         ];
         let plan = UnionExec::try_new(builds).expect("union");
         let shared = Arc::new(SharedClusters::default());
-        let plan = share_broadcast_builds(plan, &shared, 7, 0, &|s| s == 1).expect("share");
+        let plan = share_broadcast_builds(plan, &shared, (7, 0), &|s| s == 1, true).expect("share");
         let mut marked = Vec::new();
         plan.apply(|node| {
             if let Some(c) = node.downcast_ref::<ClusterByKeyExec>() {
@@ -1019,10 +1214,13 @@ mod tests {
         };
         let shared = Arc::new(SharedClusters::default());
         let broadcast = |_| true;
-        let a = share_broadcast_builds(plan_reading(5), &shared, 9, 0, &broadcast).expect("a");
-        let b = share_broadcast_builds(plan_reading(8), &shared, 9, 0, &broadcast).expect("b");
+        let a =
+            share_broadcast_builds(plan_reading(5), &shared, (9, 0), &broadcast, true).expect("a");
+        let b =
+            share_broadcast_builds(plan_reading(8), &shared, (9, 0), &broadcast, true).expect("b");
         assert_eq!(shared.len(), 2, "one entry per input");
-        let c = share_broadcast_builds(plan_reading(8), &shared, 9, 0, &broadcast).expect("c");
+        let c =
+            share_broadcast_builds(plan_reading(8), &shared, (9, 0), &broadcast, true).expect("c");
         assert_eq!(shared.len(), 2, "the same input: the same entry");
         drop((a, b, c));
         assert!(shared.is_empty());
@@ -1053,5 +1251,128 @@ mod tests {
         assert_eq!(metric(&second, "shared_taken"), 0);
         assert_eq!(contents(&a), contents(&input));
         assert_eq!(contents(&b), contents(&input));
+    }
+
+    /// A clustering of `input` read once for the members of `slot`, its
+    /// input wrapped in `wrap`.
+    fn read_once_node(
+        input: &[RecordBatch],
+        shared: &Arc<SharedClusters>,
+        slot: SlotKey,
+        wrap: impl FnOnce(Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan>,
+    ) -> Arc<dyn ExecutionPlan> {
+        use datafusion::datasource::memory::MemorySourceConfig;
+        let scan = MemorySourceConfig::try_new_exec(&[input.to_vec()], input[0].schema(), None)
+            .expect("scan");
+        let mut node = ClusterByKeyExec::new(wrap(scan), key());
+        node.share = Some(Arc::new(SharedClusters::join(shared, slot)));
+        node.read_once = true;
+        Arc::new(node)
+    }
+
+    /// Counts the executions of its input (a scan opening its files).
+    struct Opened(Arc<std::sync::atomic::AtomicUsize>);
+
+    impl crate::pass_through::PassThrough for Opened {
+        fn name(&self) -> &'static str {
+            "OpenedExec"
+        }
+
+        fn execute(
+            &self,
+            input: &Arc<dyn ExecutionPlan>,
+            partition: usize,
+            ctx: Arc<TaskContext>,
+        ) -> DfResult<SendableRecordBatchStream> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            input.execute(partition, ctx)
+        }
+    }
+
+    /// The second subtask never runs its input, and what the first row of
+    /// that input would have started (a probe side's scans) still starts.
+    #[test]
+    fn a_build_side_read_once_is_read_by_one_subtask_for_all() {
+        use crate::pass_through::PassThroughExec;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let shared = Arc::new(SharedClusters::default());
+        let input = repeating(40_000);
+        let (opened, first_rows) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let wrap = |scan: Arc<dyn ExecutionPlan>| -> Arc<dyn ExecutionPlan> {
+            let counted = Arc::new(PassThroughExec::of(scan, Opened(Arc::clone(&opened))));
+            let rows = Arc::clone(&first_rows);
+            Arc::new(crate::demand::FirstRowExec::new(
+                counted,
+                Arc::new(move || {
+                    rows.fetch_add(1, Ordering::SeqCst);
+                }),
+            ))
+        };
+        let first = read_once_node(&input, &shared, (2, "j".into(), 0), wrap);
+        let second = read_once_node(&input, &shared, (2, "j".into(), 0), wrap);
+        let a = run(&first);
+        let b = run(&second);
+        assert_eq!(opened.load(Ordering::SeqCst), 1, "the input was read twice");
+        assert_eq!(
+            first_rows.load(Ordering::SeqCst),
+            2,
+            "one first row per subtask"
+        );
+        assert_eq!(metric(&second, "shared_taken"), 1);
+        assert_eq!(contents(&a), contents(&input));
+        assert_eq!(contents(&b), contents(&input));
+        assert!(runs_of_one_key(&b), "the clustering is handed on");
+        drop((first, second));
+        assert!(shared.is_empty(), "the entry outlived its subtasks' plans");
+    }
+
+    /// The first subtask's leaf was stopped (its join needed no more): the
+    /// part it read is not handed on, and the other reads all of its own.
+    #[test]
+    fn a_build_side_cut_short_is_not_handed_on() {
+        use crate::released::{EndSignal, end_leaf_when};
+        let shared = Arc::new(SharedClusters::default());
+        let input = repeating(40_000);
+        let stop = Arc::new(crate::exchange::ReaderStop::default());
+        stop.stop();
+        let first = read_once_node(&input, &shared, (2, "j".into(), 0), |scan| {
+            end_leaf_when(scan, EndSignal::Stopped(Arc::clone(&stop)))
+        });
+        let second = read_once_node(&input, &shared, (2, "j".into(), 0), |scan| scan);
+        assert!(run(&first).is_empty(), "the stopped leaf read nothing");
+        let b = run(&second);
+        assert_eq!(metric(&second, "shared_taken"), 0);
+        assert_eq!(contents(&b), contents(&input));
+    }
+
+    /// A scan read whole is the same in every subtask unless it reads a
+    /// dynamic filter that is not known to be the same everywhere.
+    #[test]
+    fn a_scan_is_shared_only_with_dynamic_filters_of_shared_build_sides() {
+        use datafusion::physical_expr::expressions::DynamicFilterPhysicalExpr;
+        use datafusion::physical_plan::filter::FilterExec;
+        let schema = batch(vec![1]).schema();
+        let dynamic = Arc::new(DynamicFilterPhysicalExpr::new(
+            key(),
+            datafusion::physical_expr::expressions::lit(true),
+        ));
+        let id = dynamic.expression_id().expect("a dynamic filter has an id");
+        let scan = datafusion::datasource::memory::MemorySourceConfig::try_new_exec(
+            &[vec![batch(vec![1, 2])]],
+            Arc::clone(&schema),
+            None,
+        )
+        .expect("scan");
+        let filtered: Arc<dyn ExecutionPlan> =
+            Arc::new(FilterExec::try_new(dynamic, scan).expect("filter"));
+        let broadcast = |_| true;
+        assert!(
+            !same_in_every_subtask(&filtered, &broadcast, &HashSet::new()).expect("walk"),
+            "a filter of unknown keys"
+        );
+        assert!(
+            same_in_every_subtask(&filtered, &broadcast, &HashSet::from([id])).expect("walk"),
+            "a filter of a build side the same everywhere"
+        );
     }
 }

@@ -127,6 +127,18 @@ impl FirstRowExec {
     }
 }
 
+/// Calls what every [`FirstRowExec`] in `plan` calls at its first row:
+/// for a build side whose rows came from elsewhere (another subtask read
+/// them) and whose own input is therefore never run.
+pub fn signal_first_rows(plan: &Arc<dyn ExecutionPlan>) {
+    let _ = plan.apply(|node| {
+        if let Some(f) = node.downcast_ref::<FirstRowExec>() {
+            (f.node().on_row)();
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+}
+
 impl PassThrough for FirstRow {
     fn name(&self) -> &'static str {
         "FirstRowExec"

@@ -1099,6 +1099,7 @@ impl TaskDriver for StageDriver {
         let configuration = self.job.configuration();
         let release_unread = configuration.get(&options::RELEASE_UNREAD_INPUTS)?;
         let cluster = configuration.get(&options::CLUSTER_BUILD_SIDE)?;
+        let read_once = configuration.get(&options::READ_BUILD_SIDE_ONCE)?;
         let end_on_empty_probe = configuration.get(&options::END_JOIN_ON_EMPTY_PROBE)?;
         let skip_on_pruned_probe = configuration.get(&options::SKIP_BUILD_ON_PRUNED_PROBE)?;
         let task_inputs = Arc::new(TaskInputs::new(
@@ -1159,13 +1160,13 @@ impl TaskDriver for StageDriver {
                 crate::cluster::share_broadcast_builds(
                     plan,
                     &job.shared_clusters,
-                    stage,
-                    self.attempt,
+                    (stage, self.attempt),
                     &|s| {
                         job.stages
                             .get(s)
                             .is_some_and(|s| s.exchange == Exchange::Broadcast)
                     },
+                    read_once,
                 )
                 .map_err(df_err)?
             } else {

@@ -76,6 +76,25 @@ impl EndSignal {
     }
 }
 
+/// Whether a leaf of `plan` was (or may have been) ended early: one of its
+/// end signals is set. Signals stay set, so a stream that ended asks this
+/// after the fact to tell all of its input from a part of it.
+pub fn cut_short(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    let mut cut = false;
+    // Walking a plan that is not being rewritten cannot fail.
+    let _ = datafusion::common::tree_node::TreeNode::apply(plan, |node| {
+        if let Some(e) = node.downcast_ref::<PassThroughExec<EndWhen>>() {
+            cut |= e.node().signal.is_set();
+        }
+        Ok(if cut {
+            datafusion::common::tree_node::TreeNodeRecursion::Stop
+        } else {
+            datafusion::common::tree_node::TreeNodeRecursion::Continue
+        })
+    });
+    cut
+}
+
 /// `leaf`, its stream ended (and dropped at once, so an exchange reader
 /// releases its own inputs in turn) once `signal` is set.
 pub fn end_leaf_when(leaf: Arc<dyn ExecutionPlan>, signal: EndSignal) -> Arc<dyn ExecutionPlan> {
