@@ -27,7 +27,10 @@
 //! no exchange (a scan kept in the join's task, read whole by every
 //! subtask) is read once: the others wait for the first and never run their
 //! own input, unless the first was cut short (one of its leaves' end
-//! signals set), failed or was dropped, when each reads its own.
+//! signals set), failed or was dropped, when each reads its own. The read
+//! runs on threads of the process ([`build_readers`]), not on the first's
+//! task thread, which its exchange readers may block on data that a waiting
+//! subtask holds up.
 
 use datafusion::arrow::array::{ArrayRef, UInt32Array};
 use datafusion::arrow::compute::{concat_batches, take, take_record_batch};
@@ -599,20 +602,42 @@ impl ClusterByKeyExec {
         let sorted = MetricBuilder::new(&self.metrics).counter("sorted", partition);
         let taken = MetricBuilder::new(&self.metrics).counter("shared_taken", partition);
         let stream = futures::stream::once(async move {
-            let (lead, read) = match member.read_turn() {
-                ReadTurn::Take(b) => (None, Some(b)),
+            let read = match member.read_turn() {
+                ReadTurn::Take(b) => Some(b),
                 ReadTurn::Wait(mut rx) => {
                     let state = rx
                         .wait_for(|s| !matches!(s, SlotState::Reading))
                         .await
                         .map(|s| s.clone());
                     match state {
-                        Ok(SlotState::Read { batches }) => (None, Some(batches)),
-                        _ => (None, None),
+                        Ok(SlotState::Read { batches }) => Some(batches),
+                        _ => None,
                     }
                 }
-                ReadTurn::Lead(c) => (Some(c), None),
-                ReadTurn::Own => (None, None),
+                ReadTurn::Lead(claim) => match build_readers() {
+                    // Not on this task's thread: an exchange reader blocks
+                    // it while it waits for data, and that data may come
+                    // from a producer held up by a subtask waiting here.
+                    Some(readers) => {
+                        let time = baseline.elapsed_compute().clone();
+                        let read = readers.spawn(read_for_all(
+                            claim,
+                            Arc::clone(&input),
+                            (partition, ctx),
+                            keys,
+                            (sorted, time),
+                        ));
+                        let _abort = AbortOnDrop(read.abort_handle());
+                        let out = read.await.map_err(|e| {
+                            DataFusionError::Execution(format!("reading a build side: {e}"))
+                        })??;
+                        baseline.record_output(out.iter().map(|b| b.num_rows()).sum());
+                        return Ok(out);
+                    }
+                    // No thread for it: each reads its own.
+                    None => None,
+                },
+                ReadTurn::Own => None,
             };
             if let Some(batches) = read {
                 taken.add(1);
@@ -624,19 +649,8 @@ impl ClusterByKeyExec {
             }
             let batches: Vec<RecordBatch> = input.execute(partition, ctx)?.try_collect().await?;
             let timer = baseline.elapsed_compute().timer();
-            let (mut out, _) = cluster(batches, &keys, &sorted)?;
-            // One batch: the joins index it as it is, without a copy each.
-            if out.len() > 1 {
-                out = vec![concat_batches(&out[0].schema(), &out)?];
-            }
+            let (out, _) = cluster(batches, &keys, &sorted)?;
             timer.done();
-            // A leaf ended early read part of the input: not for the others
-            // (dropping the claim lets them read their own).
-            if let Some(c) = lead
-                && !crate::released::cut_short(&input)
-            {
-                c.publish(out.clone());
-            }
             baseline.record_output(out.iter().map(|b| b.num_rows()).sum());
             Ok::<_, DataFusionError>(out)
         })
@@ -644,6 +658,59 @@ impl ClusterByKeyExec {
         .try_flatten();
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
     }
+}
+
+/// The threads build sides read once are read on, shared by the process:
+/// `None` if they could not be started.
+fn build_readers() -> Option<&'static tokio::runtime::Runtime> {
+    static READERS: std::sync::OnceLock<Option<tokio::runtime::Runtime>> =
+        std::sync::OnceLock::new();
+    READERS
+        .get_or_init(|| {
+            let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(threads)
+                .thread_name("fluvia-build-reader")
+                .enable_all()
+                .build()
+                .ok()
+        })
+        .as_ref()
+}
+
+/// Aborts a spawned read whose subtask no longer wants it (its join ended,
+/// its task was cancelled); dropping its claim lets the others read their
+/// own.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Reads `input` for every subtask of the claim: clustered, as one batch
+/// (the joins index it as it is, without a copy each), handed on unless a
+/// leaf ended early and read part of it (then only the reader's own join
+/// takes it, and the others read their own).
+async fn read_for_all(
+    claim: Claim,
+    input: Arc<dyn ExecutionPlan>,
+    (partition, ctx): (usize, Arc<TaskContext>),
+    keys: Vec<Arc<dyn PhysicalExpr>>,
+    (sorted, time): (Count, datafusion::physical_plan::metrics::Time),
+) -> DfResult<Vec<RecordBatch>> {
+    let batches: Vec<RecordBatch> = input.execute(partition, ctx)?.try_collect().await?;
+    let timer = time.timer();
+    let (mut out, _) = cluster(batches, &keys, &sorted)?;
+    if out.len() > 1 {
+        out = vec![concat_batches(&out[0].schema(), &out)?];
+    }
+    timer.done();
+    if !crate::released::cut_short(&input) {
+        claim.publish(out.clone());
+    }
+    Ok(out)
 }
 
 /// `batches` as they are, or as one batch sorted by the hash of `keys`;
@@ -1374,5 +1441,73 @@ mod tests {
             same_in_every_subtask(&filtered, &broadcast, &HashSet::from([id])).expect("walk"),
             "a filter of a build side the same everywhere"
         );
+    }
+
+    /// Its input's rows, after one wait (a file read), as a scan.
+    struct WaitsOnce;
+
+    impl crate::pass_through::PassThrough for WaitsOnce {
+        fn name(&self) -> &'static str {
+            "WaitsOnceExec"
+        }
+
+        fn execute(
+            &self,
+            input: &Arc<dyn ExecutionPlan>,
+            partition: usize,
+            ctx: Arc<TaskContext>,
+        ) -> DfResult<SendableRecordBatchStream> {
+            use futures::StreamExt;
+            let rows = input.execute(partition, ctx)?;
+            let schema = rows.schema();
+            let waited = futures::stream::once(tokio::task::yield_now())
+                .filter_map(|()| async { None::<DfResult<RecordBatch>> });
+            Ok(Box::pin(RecordBatchStreamAdapter::new(
+                schema,
+                waited.chain(rows),
+            )))
+        }
+    }
+
+    /// The first subtask's thread blocks after the read started (as an
+    /// exchange reader blocks it while waiting for data another subtask
+    /// holds up): the read goes on without it, and the waiting subtask gets
+    /// the rows.
+    #[test]
+    fn a_build_side_read_for_all_goes_on_while_the_first_subtasks_thread_is_blocked() {
+        use futures::StreamExt;
+        let shared = Arc::new(SharedClusters::default());
+        let input = repeating(40_000);
+        // A scan waits for its file read once before its rows come.
+        let slow = |scan| -> Arc<dyn ExecutionPlan> {
+            Arc::new(crate::pass_through::PassThroughExec::of(scan, WaitsOnce))
+        };
+        let first = read_once_node(&input, &shared, (4, "j".into(), 0), slow);
+        let second = read_once_node(&input, &shared, (4, "j".into(), 0), slow);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let mut stream = first
+            .execute(0, Arc::new(TaskContext::default()))
+            .expect("stream");
+        // The first poll claims the read and starts it.
+        let started = rt.block_on(async { futures::poll!(stream.next()) });
+        assert!(started.is_pending(), "the scan waits once");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiting = std::thread::spawn(move || {
+            let _ = tx.send(run(&second));
+        });
+        // This thread now blocks, its runtime unpolled.
+        let taken = rx
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("the waiting subtask never got the rows");
+        waiting.join().expect("the waiting subtask");
+        assert_eq!(contents(&taken), contents(&input));
+        let own: Vec<RecordBatch> = rt
+            .block_on(stream.collect::<Vec<_>>())
+            .into_iter()
+            .collect::<DfResult<_>>()
+            .expect("the first's rows");
+        assert_eq!(contents(&own), contents(&input));
     }
 }
