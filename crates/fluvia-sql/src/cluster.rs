@@ -139,7 +139,9 @@ fn same_in_every_subtask(
         let ok = if let Some(r) = node.downcast_ref::<crate::exchange::ExchangeReaderExec>() {
             broadcast(r.stage())
         } else if node.is::<FilterExec>() || node.is::<DataSourceExec>() {
-            dynamic_filter_ids(node)?.is_subset(uniform)
+            crate::split::dynamic_filter_ids(node)
+                .iter()
+                .all(|id| uniform.contains(id))
         } else {
             node.is::<ProjectionExec>()
                 || node.is::<CoalescePartitionsExec>()
@@ -155,20 +157,6 @@ fn same_in_every_subtask(
         })
     })?;
     Ok(same)
-}
-
-/// The dynamic filters `node`'s own expressions read.
-fn dynamic_filter_ids(node: &Arc<dyn ExecutionPlan>) -> DfResult<HashSet<u64>> {
-    let mut ids = HashSet::new();
-    node.apply_expressions(&mut |root| {
-        root.apply(|e| {
-            if let Some(id) = e.expression_id() {
-                ids.insert(id);
-            }
-            Ok(TreeNodeRecursion::Continue)
-        })
-    })?;
-    Ok(ids)
 }
 
 /// The dynamic filters of the hash joins in `plan` whose build side is the
