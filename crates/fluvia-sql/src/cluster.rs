@@ -635,10 +635,8 @@ impl ClusterByKeyExec {
                 baseline.record_output(batches.iter().map(|b| b.num_rows()).sum());
                 return Ok(batches);
             }
-            let batches: Vec<RecordBatch> = input.execute(partition, ctx)?.try_collect().await?;
-            let timer = baseline.elapsed_compute().timer();
-            let (out, _) = cluster(batches, &keys, &sorted)?;
-            timer.done();
+            let time = baseline.elapsed_compute();
+            let out = read_clustered(&input, (partition, ctx), &keys, (&sorted, time)).await?;
             baseline.record_output(out.iter().map(|b| b.num_rows()).sum());
             Ok::<_, DataFusionError>(out)
         })
@@ -688,17 +686,30 @@ async fn read_for_all(
     keys: Vec<Arc<dyn PhysicalExpr>>,
     (sorted, time): (Count, datafusion::physical_plan::metrics::Time),
 ) -> DfResult<Vec<RecordBatch>> {
-    let batches: Vec<RecordBatch> = input.execute(partition, ctx)?.try_collect().await?;
-    let timer = time.timer();
-    let (mut out, _) = cluster(batches, &keys, &sorted)?;
+    let mut out = read_clustered(&input, (partition, ctx), &keys, (&sorted, &time)).await?;
     if out.len() > 1 {
+        let timer = time.timer();
         out = vec![concat_batches(&out[0].schema(), &out)?];
+        timer.done();
     }
-    timer.done();
     if !crate::released::cut_short(&input) {
         claim.publish(out.clone());
     }
     Ok(out)
+}
+
+/// `input` read whole and clustered by `keys`, the clustering timed.
+async fn read_clustered(
+    input: &Arc<dyn ExecutionPlan>,
+    (partition, ctx): (usize, Arc<TaskContext>),
+    keys: &[Arc<dyn PhysicalExpr>],
+    (sorted, time): (&Count, &datafusion::physical_plan::metrics::Time),
+) -> DfResult<Vec<RecordBatch>> {
+    let batches: Vec<RecordBatch> = input.execute(partition, ctx)?.try_collect().await?;
+    let timer = time.timer();
+    let out = cluster(batches, keys, sorted);
+    timer.done();
+    Ok(out?.0)
 }
 
 /// `batches` as they are, or as one batch sorted by the hash of `keys`;
