@@ -176,7 +176,7 @@ impl LocalBufferPool {
                 waited = Some(std::time::Instant::now());
                 // A segment usually comes back within a few yields.
                 drop(st);
-                for _ in 0..crate::gate::SPINS_BEFORE_BLOCKING {
+                for _ in 0..crate::cancel::SPINS_BEFORE_BLOCKING {
                     std::thread::yield_now();
                     if self.free_hint.load(std::sync::atomic::Ordering::Acquire) > 0 {
                         break;

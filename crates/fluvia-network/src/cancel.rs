@@ -9,6 +9,12 @@ use std::time::Duration;
 /// How long a blocked thread sleeps before it re-checks cancellation.
 pub const CANCEL_POLL: Duration = Duration::from_millis(20);
 
+/// How many times a consumer yields, watching for data, before it blocks.
+/// Blocking and waking cost a system call on each side (several
+/// microseconds in a VM); a producer that is about to hand over a buffer
+/// usually does so within a few yields.
+pub(crate) const SPINS_BEFORE_BLOCKING: usize = 16;
+
 #[derive(Debug, Clone, Default)]
 pub struct CancelToken(Arc<AtomicBool>);
 

@@ -6,11 +6,19 @@
 //! `inputChannelsWithData`: a subpartition that goes from empty to non-empty
 //! enqueues its channel, and the gate re-enqueues a channel after taking one
 //! buffer if more is waiting, so busy channels are served round robin.
+//! A channel with a priority event (an unaligned barrier) goes to the front.
 //! Local channels take the producer's buffers without copying them.
+//!
+//! Events other than a channel's end are handed out as
+//! [`GateEvent::Event`]; what they mean is the task's input processor's
+//! business. It may [`block`](InputGate::block_channel) a channel (an
+//! aligned barrier arrived there) and [`resume`](InputGate::resume_channel)
+//! it later: a blocked channel is not read, the others go on.
 
+use crate::availability::AvailabilityListener;
 use crate::buffer::{Buffer, lock_state};
-use crate::cancel::{CANCEL_POLL, CancelToken};
-use crate::partition::{AvailabilityListener, BufferOrEvent, Event};
+use crate::cancel::{CANCEL_POLL, CancelToken, SPINS_BEFORE_BLOCKING};
+use crate::event::{BufferOrEvent, Event};
 use fluvia_core::{FluviaError, Result};
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex};
@@ -72,12 +80,6 @@ struct GateNotifier {
     pending: std::sync::atomic::AtomicUsize,
 }
 
-/// How many times a consumer yields, watching for data, before it blocks.
-/// Blocking and waking cost a system call on each side (several
-/// microseconds in a VM); a producer that is about to hand over a buffer
-/// usually does so within a few yields.
-pub(crate) const SPINS_BEFORE_BLOCKING: usize = 16;
-
 impl AvailabilityListener for GateNotifier {
     fn notify_available(&self, channel: usize) {
         let mut st = lock_state(&self.state);
@@ -93,6 +95,25 @@ impl AvailabilityListener for GateNotifier {
             }
         }
     }
+
+    fn notify_priority(&self, channel: usize) {
+        let mut st = lock_state(&self.state);
+        if st.queued[channel] {
+            if let Some(at) = st.queue.iter().position(|&c| c == channel) {
+                st.queue.remove(at);
+            }
+        } else {
+            st.queued[channel] = true;
+            self.pending
+                .fetch_add(1, std::sync::atomic::Ordering::Release);
+        }
+        st.queue.push_front(channel);
+        let wake = st.waiting;
+        drop(st);
+        if wake {
+            self.available.notify_one();
+        }
+    }
 }
 
 /// What the gate hands to the task.
@@ -105,6 +126,8 @@ pub enum GateEvent {
         subpartition: u32,
         buffer: Buffer,
     },
+    /// An event from `channel` (any but its end).
+    Event { channel: usize, event: Event },
     /// `channel` ended; when it was the last of its input, that input ended.
     ChannelFinished { channel: usize },
 }
@@ -119,6 +142,10 @@ pub struct InputGate {
     bytes_received: u64,
     /// Whether the channels were told the consumer reads (at the first poll).
     demanded: bool,
+    /// Channels not read until resumed.
+    blocked: Vec<bool>,
+    /// Blocked channels that had something readable when last looked at.
+    parked: Vec<bool>,
 }
 
 impl std::fmt::Debug for InputGate {
@@ -132,6 +159,7 @@ impl std::fmt::Debug for InputGate {
 
 impl InputGate {
     pub fn new(channels: Vec<InputChannelSpec>) -> Self {
+        let n = channels.len();
         let notifier = Arc::new(GateNotifier::default());
         lock_state(&notifier.state).queued = vec![false; channels.len()];
         for (i, c) in channels.iter().enumerate() {
@@ -146,7 +174,29 @@ impl InputGate {
             buffers_received: 0,
             bytes_received: 0,
             demanded: false,
+            blocked: vec![false; n],
+            parked: vec![false; n],
         }
+    }
+
+    /// Stops reading `channel` until [`resume_channel`](Self::resume_channel)
+    /// (Flink's `blockConsumption`): what arrives there waits, and its
+    /// producer, once out of buffers or credit, waits too; the other
+    /// channels go on.
+    pub fn block_channel(&mut self, channel: usize) {
+        self.blocked[channel] = true;
+    }
+
+    /// Reads `channel` again; what arrived while it was blocked is readable.
+    pub fn resume_channel(&mut self, channel: usize) {
+        if std::mem::take(&mut self.blocked[channel]) && std::mem::take(&mut self.parked[channel]) {
+            self.notifier.notify_available(channel);
+        }
+    }
+
+    /// Whether `channel` is blocked.
+    pub fn is_blocked(&self, channel: usize) -> bool {
+        self.blocked[channel]
     }
 
     pub fn num_channels(&self) -> usize {
@@ -200,6 +250,10 @@ impl InputGate {
             if self.finished[channel] {
                 continue;
             }
+            if self.blocked[channel] {
+                self.parked[channel] = true;
+                continue;
+            }
             let Some(Polled {
                 item,
                 subpartition,
@@ -226,6 +280,7 @@ impl InputGate {
                     self.num_finished += 1;
                     GateEvent::ChannelFinished { channel }
                 }
+                BufferOrEvent::Event(event) => GateEvent::Event { channel, event },
             }));
         }
     }
@@ -310,8 +365,8 @@ impl InputGate {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::local_channel::LocalInputChannel;
     use crate::partition::ResultPartition;
-    use crate::view::LocalInputChannel;
 
     #[test]
     fn gate_reads_all_channels_and_reports_ends() {
@@ -348,6 +403,7 @@ mod tests {
                     channel, buffer, ..
                 } => seen[channel].push(buffer.as_slice()[0]),
                 GateEvent::ChannelFinished { .. } => ends += 1,
+                GateEvent::Event { event, .. } => panic!("no event was written: {event:?}"),
             }
         }
         writer.join().unwrap();
@@ -475,5 +531,144 @@ mod tests {
         assert!(ended.unwrap(), "the waiting gate gave up without an event");
         assert!(waited < std::time::Duration::from_secs(5));
         assert_eq!(kept.in_use(), 0, "every buffer went back to the pool");
+    }
+
+    fn local_gate(partitions: &[&Arc<ResultPartition>]) -> InputGate {
+        InputGate::new(
+            partitions
+                .iter()
+                .map(|p| InputChannelSpec {
+                    channel: LocalInputChannel::new(Arc::clone(p), 0, 0).unwrap(),
+                    input_index: 0,
+                })
+                .collect(),
+        )
+    }
+
+    /// What the gate hands out now, as (channel, first byte or event).
+    fn drain_now(gate: &mut InputGate) -> Vec<(usize, Result<u8, Event>)> {
+        let mut out = Vec::new();
+        while let Some(ev) = gate.poll_next().unwrap() {
+            out.push(match ev {
+                GateEvent::Buffer {
+                    channel, buffer, ..
+                } => (channel, Ok(buffer.as_slice()[0])),
+                GateEvent::Event { channel, event } => (channel, Err(event)),
+                GateEvent::ChannelFinished { channel } => (channel, Err(Event::EndOfPartition)),
+            });
+        }
+        out
+    }
+
+    /// A blocked channel is not read while the others go on; what reached
+    /// it meanwhile is read, in order, once it is resumed.
+    #[test]
+    fn a_blocked_channel_waits_while_the_others_go_on() {
+        let (p0, p1) = (
+            Arc::new(ResultPartition::pipelined("a", 1, 64)),
+            Arc::new(ResultPartition::pipelined("b", 1, 64)),
+        );
+        let mut gate = local_gate(&[&p0, &p1]);
+        gate.block_channel(0);
+        assert!(gate.is_blocked(0) && !gate.is_blocked(1));
+        for i in 0..3u8 {
+            p0.subpartition(0)
+                .add_buffer(Buffer::from_vec(vec![i]))
+                .unwrap();
+            p1.subpartition(0)
+                .add_buffer(Buffer::from_vec(vec![10 + i]))
+                .unwrap();
+        }
+        assert_eq!(
+            drain_now(&mut gate),
+            vec![(1, Ok(10)), (1, Ok(11)), (1, Ok(12))]
+        );
+        gate.resume_channel(0);
+        assert_eq!(
+            drain_now(&mut gate),
+            vec![(0, Ok(0)), (0, Ok(1)), (0, Ok(2))]
+        );
+    }
+
+    /// A priority event overtakes the buffers queued in its subpartition
+    /// and the channels queued before its own; an ordinary event keeps its
+    /// place among the buffers.
+    #[test]
+    fn a_priority_event_overtakes_and_an_ordinary_one_keeps_its_place() {
+        let (p0, p1) = (
+            Arc::new(ResultPartition::pipelined("a", 1, 64)),
+            Arc::new(ResultPartition::pipelined("b", 1, 64)),
+        );
+        let mut gate = local_gate(&[&p0, &p1]);
+        let barrier = Event::CheckpointBarrier(crate::CheckpointBarrier {
+            id: 3,
+            timestamp: 0,
+            options: crate::CheckpointOptions::unaligned(),
+        });
+        p0.subpartition(0)
+            .add_buffer(Buffer::from_vec(vec![0]))
+            .unwrap();
+        p0.broadcast_event(&Event::Watermark(7)).unwrap();
+        p0.subpartition(0)
+            .add_buffer(Buffer::from_vec(vec![1]))
+            .unwrap();
+        p1.subpartition(0)
+            .add_buffer(Buffer::from_vec(vec![10]))
+            .unwrap();
+        p1.broadcast_event(&barrier).unwrap();
+        assert_eq!(
+            drain_now(&mut gate),
+            vec![
+                (1, Err(barrier)),
+                (0, Ok(0)),
+                (1, Ok(10)),
+                (0, Err(Event::Watermark(7))),
+                (0, Ok(1)),
+            ]
+        );
+        assert_eq!(p0.subpartition(0).backlog(), 0, "events are no backlog");
+    }
+
+    /// A channel over several subpartitions hands out an event once, when
+    /// every subpartition of its range reached it, after the data before it
+    /// in each.
+    #[test]
+    fn a_range_channel_hands_out_an_event_once_every_subpartition_reached_it() {
+        let p = Arc::new(ResultPartition::pipelined("a", 2, 64));
+        let mut gate = InputGate::new(vec![InputChannelSpec {
+            channel: LocalInputChannel::new(Arc::clone(&p), 0, 1).unwrap(),
+            input_index: 0,
+        }]);
+        p.subpartition(0)
+            .add_buffer(Buffer::from_vec(vec![0]))
+            .unwrap();
+        p.subpartition(0).add_event(Event::Watermark(5)).unwrap();
+        p.subpartition(0)
+            .add_buffer(Buffer::from_vec(vec![1]))
+            .unwrap();
+        assert_eq!(
+            drain_now(&mut gate),
+            vec![(0, Ok(0))],
+            "waits for subpartition 1"
+        );
+        p.subpartition(1)
+            .add_buffer(Buffer::from_vec(vec![10]))
+            .unwrap();
+        p.subpartition(1).add_event(Event::Watermark(5)).unwrap();
+        assert_eq!(
+            drain_now(&mut gate),
+            vec![(0, Ok(10)), (0, Err(Event::Watermark(5))), (0, Ok(1))]
+        );
+        // Different events at the heads of one range are an error.
+        p.subpartition(0).add_event(Event::Watermark(6)).unwrap();
+        p.subpartition(1).add_event(Event::Watermark(8)).unwrap();
+        let err = loop {
+            match gate.poll_next() {
+                Ok(Some(_)) => {}
+                Ok(None) => panic!("no error"),
+                Err(e) => break e,
+            }
+        };
+        assert!(err.to_string().contains("different events"), "{err}");
     }
 }

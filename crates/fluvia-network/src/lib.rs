@@ -21,23 +21,35 @@
 //! This crate does not know record types, operators or the job graph; the
 //! runtime encodes records to bytes and picks the target subpartition.
 
+pub mod availability;
 pub mod buffer;
 pub mod cancel;
+pub mod compression;
+pub mod event;
 pub mod gate;
+pub mod local_channel;
 pub mod metrics;
 pub mod net;
 pub mod partition;
 pub mod partitioner;
+pub mod release;
 pub mod serialization;
 pub mod sortmerge;
+pub mod subpartition;
 pub mod view;
 
 pub use buffer::{Buffer, BufferBuilder, LocalBufferPool, NetworkBufferPool};
 pub use cancel::CancelToken;
+pub use event::{
+    AlignmentType, BufferOrEvent, CheckpointBarrier, CheckpointOptions, Event, SnapshotType,
+    StopMode, WatermarkStatus,
+};
 pub use gate::{GateEvent, InputChannel, InputChannelSpec, InputGate, Polled};
-pub use partition::{BufferOrEvent, ConsumersReleased, Event, ResultPartition};
+pub use local_channel::LocalInputChannel;
+pub use partition::ResultPartition;
 pub use partitioner::{ChannelSelector, Target};
+pub use release::ConsumersReleased;
 pub use serialization::{
     ChannelDeserializers, PartitionWriter, RECORD_HEADER, RecordBytes, RecordDeserializer,
 };
-pub use view::{LocalInputChannel, SubpartitionView};
+pub use view::SubpartitionView;

@@ -349,6 +349,25 @@ impl PartitionWriter {
         Ok(())
     }
 
+    /// Writes `event` to every subpartition. An ordinary event follows
+    /// every record written before it, so partly filled buffers are handed
+    /// over first; a priority event overtakes them and whatever is queued.
+    pub fn broadcast_event(&mut self, event: &crate::Event) -> Result<()> {
+        if self.finished {
+            return Err(FluviaError::Internal(format!(
+                "event {event:?} written to finished partition {}",
+                self.partition.name()
+            )));
+        }
+        if *event == crate::Event::EndOfPartition {
+            return self.finish();
+        }
+        if !event.is_priority() {
+            self.flush_all()?;
+        }
+        self.partition.broadcast_event(event)
+    }
+
     /// Flushes and ends every subpartition.
     /// Idempotent: only the first call ends the partition.
     pub fn finish(&mut self) -> Result<()> {
@@ -535,7 +554,7 @@ fn corrupt(len: usize) -> FluviaError {
 mod tests {
     use super::*;
     use crate::buffer::NetworkBufferPool;
-    use crate::partition::BufferOrEvent;
+    use crate::event::BufferOrEvent;
 
     fn round_trip(segment: usize, records: &[Vec<u8>]) -> Vec<Vec<u8>> {
         round_trip_as(segment, records, Target::One(0), false)

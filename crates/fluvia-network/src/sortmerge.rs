@@ -32,9 +32,10 @@
 //!
 //! This module knows nothing of records' contents, jobs or the network.
 
+use crate::availability::AvailabilityListener;
 use crate::buffer::{Buffer, BufferBuilder, BufferRecycler, LocalBufferPool, lock_state};
 use crate::cancel::CancelToken;
-use crate::partition::{AvailabilityListener, BufferOrEvent, Event, NextKind};
+use crate::event::{BufferOrEvent, Event, NextKind};
 use crate::view::{SubpartitionView, ViewPoll};
 use fluvia_core::{FluviaError, Result};
 use std::collections::VecDeque;
@@ -655,7 +656,7 @@ impl SortMergeWriter {
             return Ok(());
         }
         let compressed = if self.target.config.compression {
-            let c = crate::net::compress(&self.out);
+            let c = crate::compression::compress(&self.out);
             (c.len() < self.out.len()).then_some(c)
         } else {
             None
@@ -1080,7 +1081,7 @@ impl SortMergeView {
             }
             let buffer = if flags & FLAG_COMPRESSED != 0 {
                 let mut out = budget.segment(BUFFER_HEADER + seg);
-                crate::net::decompress_into(&segment[BUFFER_HEADER..end], &mut out, seg)
+                crate::compression::decompress_into(&segment[BUFFER_HEADER..end], &mut out, seg)
                     .map_err(|e| corrupt(&file.name, format!("buffer at offset {offset}: {e}")))?;
                 budget.recycle_segment(segment);
                 let size = out.len();

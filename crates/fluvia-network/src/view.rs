@@ -9,14 +9,15 @@
 //! subpartition. The view ends with one `EndOfPartition` for the whole range.
 //!
 //! The server serves a remote consumer from a view under its credit; a
-//! [`LocalInputChannel`] serves a consumer on the same TaskManager.
+//! [`LocalInputChannel`](crate::local_channel::LocalInputChannel) serves a
+//! consumer on the same TaskManager.
 
+use crate::availability::AvailabilityListener;
 use crate::buffer::lock_state;
-use crate::gate::{InputChannel, Polled};
-use crate::partition::{AvailabilityListener, BufferOrEvent, CreditPoll, NextKind, Subpartition};
-use crate::{Event, ResultPartition};
+use crate::event::{BufferOrEvent, Event, NextKind};
+use crate::subpartition::{CreditPoll, Subpartition};
 use fluvia_core::{FluviaError, Result};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 /// The outcome of [`SubpartitionView::poll`].
 #[derive(Debug)]
@@ -65,7 +66,53 @@ pub struct SubpartitionRangeView {
 #[derive(Debug)]
 struct RangeState {
     finished: Vec<bool>,
+    /// An event a subpartition reached, held until every unfinished
+    /// subpartition of the range reached it (Flink's
+    /// `UnionResultSubpartitionView`): the consumer sees one barrier or
+    /// watermark per channel, after the data that precedes it in every
+    /// subpartition of the range.
+    events: Vec<Option<Event>>,
     next: usize,
+}
+
+impl RangeState {
+    /// The event every unfinished subpartition waits at, taken once, if
+    /// they all do; an error if they wait at different events (a producer
+    /// writes events to all its subpartitions in the same order).
+    fn aligned_event(&mut self, first: u32) -> Result<Option<ViewPoll>> {
+        let mut waiting = self
+            .finished
+            .iter()
+            .zip(&self.events)
+            .enumerate()
+            .filter(|(_, (f, _))| !**f);
+        let Some((at, (_, Some(event)))) = waiting.next() else {
+            return Ok(None);
+        };
+        for (i, (_, other)) in waiting {
+            match other {
+                None => return Ok(None),
+                Some(o) if o != event => {
+                    return Err(FluviaError::Execution(format!(
+                        "subpartitions {} and {} of one channel reached different events ({event:?}, {o:?})",
+                        first as usize + at,
+                        first as usize + i
+                    )));
+                }
+                Some(_) => {}
+            }
+        }
+        let event = event.clone();
+        for e in &mut self.events {
+            *e = None;
+        }
+        Ok(Some(ViewPoll::Item {
+            item: BufferOrEvent::Event(event),
+            subpartition: first + at as u32,
+            // The subpartitions were not read past the event: look again.
+            next: NextKind::Data,
+        }))
+    }
 }
 
 impl SubpartitionRangeView {
@@ -88,6 +135,7 @@ impl SubpartitionRangeView {
             generations,
             state: Mutex::new(RangeState {
                 finished: vec![false; n],
+                events: vec![None; n],
                 next: 0,
             }),
         });
@@ -122,7 +170,9 @@ impl SubpartitionView for SubpartitionRangeView {
         while k < n {
             let i = (st.next + k) % n;
             k += 1;
-            if st.finished[i] {
+            // A finished subpartition, or one that waits at an event for the
+            // rest of the range, is not read.
+            if st.finished[i] || st.events[i].is_some() {
                 continue;
             }
             match self.subpartitions[i].poll_as(credit > 0, Some(self.generations[i]))? {
@@ -137,6 +187,19 @@ impl SubpartitionView for SubpartitionRangeView {
                             subpartition: self.first + i as u32,
                             next: NextKind::Nothing,
                         });
+                    }
+                    // The others may all wait at an event that can go now.
+                    if let Some(item) = st.aligned_event(self.first)? {
+                        return Ok(item);
+                    }
+                }
+                CreditPoll::Item {
+                    item: BufferOrEvent::Event(event),
+                    ..
+                } => {
+                    st.events[i] = Some(event);
+                    if let Some(item) = st.aligned_event(self.first)? {
+                        return Ok(item);
                     }
                 }
                 CreditPoll::Item { item, next } => {
@@ -182,105 +245,6 @@ impl SubpartitionView for SubpartitionRangeView {
     fn demand(&self) {
         for sp in &self.subpartitions {
             sp.demand();
-        }
-    }
-}
-
-/// How many buffers a local consumer's view reads ahead from disk.
-const LOCAL_READ_AHEAD: u32 = 32;
-
-/// An input channel reading a partition of the same TaskManager in place:
-/// buffers are the producer's (pipelined) or the read scheduler's (blocking),
-/// never copied.
-pub struct LocalInputChannel {
-    partition: Arc<ResultPartition>,
-    first: u32,
-    last: u32,
-    view: OnceLock<std::result::Result<Arc<dyn SubpartitionView>, String>>,
-    failure: Mutex<Option<String>>,
-}
-
-impl std::fmt::Debug for LocalInputChannel {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LocalInputChannel")
-            .field("partition", &self.partition.name())
-            .field("first", &self.first)
-            .field("last", &self.last)
-            .finish()
-    }
-}
-
-impl LocalInputChannel {
-    /// A channel over subpartitions `first..=last` of `partition`; the range
-    /// is checked here so a bad descriptor fails the deployment, not a read.
-    pub fn new(partition: Arc<ResultPartition>, first: u32, last: u32) -> Result<Arc<Self>> {
-        partition.check_range(first, last)?;
-        Ok(Arc::new(LocalInputChannel {
-            partition,
-            first,
-            last,
-            view: OnceLock::new(),
-            failure: Mutex::new(None),
-        }))
-    }
-}
-
-impl InputChannel for LocalInputChannel {
-    fn set_listener(&self, target: Arc<dyn AvailabilityListener>, channel: usize) {
-        let created = self
-            .partition
-            .create_view(self.first, self.last, Arc::clone(&target), channel)
-            .map_err(|e| e.to_string());
-        let failed = created.is_err();
-        let _ = self.view.set(created);
-        if failed {
-            target.notify_available(channel);
-        }
-    }
-
-    fn poll(&self) -> Result<Option<Polled>> {
-        let view = match self.view.get() {
-            None => return Ok(None),
-            Some(Err(e)) => {
-                lock_state(&self.failure).get_or_insert_with(|| e.clone());
-                return Err(FluviaError::Execution(e.clone()));
-            }
-            Some(Ok(v)) => v,
-        };
-        let polled = view.poll(LOCAL_READ_AHEAD).inspect_err(|e| {
-            lock_state(&self.failure).get_or_insert_with(|| e.to_string());
-        })?;
-        Ok(match polled {
-            ViewPoll::Item {
-                item,
-                subpartition,
-                next,
-            } => Some(Polled {
-                item,
-                subpartition: subpartition - self.first,
-                more: next != NextKind::Nothing,
-            }),
-            ViewPoll::Nothing | ViewPoll::NeedsCredit => None,
-        })
-    }
-
-    fn failure(&self) -> Option<String> {
-        lock_state(&self.failure).clone()
-    }
-
-    fn release(&self) {
-        if let Some(Ok(view)) = self.view.get() {
-            view.release();
-        }
-    }
-
-    fn demand(&self) {
-        // Also before the view exists: a consumer may want the data before
-        // its reader is created.
-        for i in self.first..=self.last {
-            if let Some(sp) = self.partition.get_subpartition(i as usize) {
-                sp.demand();
-            }
         }
     }
 }

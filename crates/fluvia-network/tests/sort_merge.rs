@@ -102,6 +102,7 @@ fn read_all(channels: Vec<(Arc<dyn InputChannel>, u32)>) -> fluvia_core::Result<
             GateEvent::ChannelFinished { channel } => {
                 assert!(!deser.has_partial_record(channel));
             }
+            GateEvent::Event { event, .. } => panic!("a blocking partition carried {event:?}"),
         }
     }
     Ok(out)

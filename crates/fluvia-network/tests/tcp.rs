@@ -8,7 +8,8 @@ use fluvia_network::gate::{GateEvent, InputChannel, InputChannelSpec};
 use fluvia_network::net::environment::{NetworkConfig, NetworkEnvironment, RemoteChannelSpec};
 use fluvia_network::net::protocol::ResultPartitionId;
 use fluvia_network::{
-    CancelToken, InputGate, PartitionWriter, RecordDeserializer, ResultPartition, Target,
+    CancelToken, CheckpointBarrier, CheckpointOptions, Event, InputGate, PartitionWriter,
+    RecordDeserializer, ResultPartition, Target,
 };
 use std::io::Write;
 use std::net::SocketAddr;
@@ -617,8 +618,75 @@ fn a_producer_goes_on_while_its_consumer_does_not_read_and_nothing_it_sent_is_lo
                     })
                     .unwrap(),
                 DataType::EndOfPartition => ended = true,
+                DataType::Event | DataType::PriorityEvent => panic!("no event was written"),
             }
         }
     }
     assert_eq!(next, N);
+}
+
+/// Events cross the connection without credit: an in-order event (a
+/// watermark) arrives after every record written before it and before the
+/// ones after it; a priority event (an unaligned barrier) written while
+/// buffers wait in the subpartition and in the receiving channel overtakes
+/// all of them.
+#[test]
+fn events_cross_tcp_in_order_and_a_priority_event_overtakes_queued_buffers() {
+    let (a, b) = (env(false), env(false));
+    let RemoteRead {
+        writer: mut w,
+        mut gate,
+        gate_pool: _gate_pool,
+        ..
+    } = remote_read(&a, &b, pid(9));
+    let barrier = Event::CheckpointBarrier(CheckpointBarrier {
+        id: 1,
+        timestamp: 5,
+        options: CheckpointOptions::unaligned(),
+    });
+    // 100 records, a watermark, 300 more (about ten full buffers), then the
+    // barrier while nothing was read.
+    for seq in 0..100 {
+        w.emit(Target::One(0), &record(0, seq, 1000)).unwrap();
+    }
+    w.broadcast_event(&Event::Watermark(100)).unwrap();
+    for seq in 100..400 {
+        w.emit(Target::One(0), &record(0, seq, 1000)).unwrap();
+    }
+    w.flush_all().unwrap();
+    // Let the credit's worth of buffers reach the receiving channel.
+    std::thread::sleep(Duration::from_millis(200));
+    w.broadcast_event(&barrier).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let cancel = CancelToken::new();
+    match gate.get_next(&cancel).unwrap() {
+        Some(GateEvent::Event { event, .. }) => assert_eq!(event, barrier),
+        other => panic!("the priority event did not overtake: {other:?}"),
+    }
+    let writer = std::thread::spawn(move || {
+        w.finish().unwrap();
+    });
+    let (mut next, mut watermark_at) = (0u64, None);
+    let mut d = RecordDeserializer::new();
+    while let Some(ev) = gate.get_next(&cancel).unwrap() {
+        match ev {
+            GateEvent::Buffer { buffer, .. } => d
+                .feed(buffer.as_slice(), |r| {
+                    let seq = u64::from_le_bytes(r[4..12].try_into().unwrap());
+                    assert_eq!(seq, next, "in order, exactly once");
+                    next += 1;
+                    Ok(())
+                })
+                .unwrap(),
+            GateEvent::Event { event, .. } => {
+                assert_eq!(event, Event::Watermark(100));
+                assert!(!d.has_partial_record(), "an event splits no record");
+                watermark_at = Some(next);
+            }
+            GateEvent::ChannelFinished { .. } => {}
+        }
+    }
+    writer.join().unwrap();
+    assert_eq!(next, 400);
+    assert_eq!(watermark_at, Some(100));
 }

@@ -22,9 +22,10 @@
 use super::protocol::{
     DataType, Frame, FrameDecoder, Message, ReceiverId, ResultPartitionId, encode,
 };
+use crate::availability::AvailabilityListener;
 use crate::buffer::{BufferBuilder, BufferRecycler, LocalBufferPool, lock_state};
+use crate::event::{BufferOrEvent, Event};
 use crate::gate::{InputChannel, Polled};
-use crate::partition::{AvailabilityListener, BufferOrEvent, Event};
 use fluvia_core::{FluviaError, Result};
 use std::collections::{HashMap, VecDeque};
 use std::io::Write;
@@ -246,6 +247,14 @@ impl RemoteInputChannel {
         }
     }
 
+    fn notify_priority(&self, st: std::sync::MutexGuard<'_, RemoteState>) {
+        if let Some((l, ch)) = &st.listener {
+            let (l, ch) = (Arc::clone(l), *ch);
+            drop(st);
+            l.notify_priority(ch);
+        }
+    }
+
     /// A BufferResponse arrived (reader thread).
     fn on_buffer(
         &self,
@@ -276,6 +285,7 @@ impl RemoteInputChannel {
             ));
         }
         let was_empty = st.received.is_empty();
+        let mut priority = false;
         match data_type {
             DataType::Data => {
                 st.sender_credit = st.sender_credit.saturating_sub(1);
@@ -283,7 +293,7 @@ impl RemoteInputChannel {
                     return Err(format!("{} sent a buffer without credit", self.describe()));
                 };
                 if compressed {
-                    super::decompress_into(payload, &mut segment, self.segment_size)?;
+                    crate::compression::decompress_into(payload, &mut segment, self.segment_size)?;
                 } else {
                     if payload.len() > self.segment_size {
                         return Err(format!(
@@ -310,6 +320,25 @@ impl RemoteInputChannel {
                 st.received
                     .push_back((BufferOrEvent::Event(Event::EndOfPartition), subpartition));
             }
+            DataType::Event | DataType::PriorityEvent => {
+                let event = Event::decode(payload)
+                    .map_err(|e| format!("{} sent a bad event: {e}", self.describe()))?;
+                if data_type == DataType::PriorityEvent {
+                    // Ahead of the buffers not yet handed out, behind
+                    // earlier priority events.
+                    let at = st
+                        .received
+                        .iter()
+                        .take_while(|(e, _)| e.is_priority())
+                        .count();
+                    st.received
+                        .insert(at, (BufferOrEvent::Event(event), subpartition));
+                    priority = true;
+                } else {
+                    st.received
+                        .push_back((BufferOrEvent::Event(event), subpartition));
+                }
+            }
         }
         // Borrow floating segments for the announced backlog.
         st.required = backlog as usize + self.initial_credit;
@@ -332,7 +361,11 @@ impl RemoteInputChannel {
             }
         }
         let announce = self.add_credit(&mut st, gained);
-        self.notify(st, was_empty);
+        if priority {
+            self.notify_priority(st);
+        } else {
+            self.notify(st, was_empty);
+        }
         if announce {
             self.connection.schedule_credit(self.receiver);
         }

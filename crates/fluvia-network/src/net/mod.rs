@@ -17,34 +17,6 @@ pub mod peer;
 pub mod protocol;
 pub mod server;
 
-/// LZ4 block compression with the uncompressed size prepended.
-pub(crate) fn compress(payload: &[u8]) -> Vec<u8> {
-    lz4_flex::block::compress_prepend_size(payload)
-}
-
-/// Decompresses into `out` (cleared first), refusing sizes above `max`.
-pub(crate) fn decompress_into(payload: &[u8], out: &mut Vec<u8>, max: usize) -> Result<(), String> {
-    if payload.len() < 4 {
-        return Err("compressed buffer shorter than its size header".into());
-    }
-    let size = u32::from_le_bytes([payload[0], payload[1], payload[2], payload[3]]) as usize;
-    if size > max {
-        return Err(format!(
-            "compressed buffer claims {size} bytes, more than a segment ({max})"
-        ));
-    }
-    out.clear();
-    out.resize(size, 0);
-    let n = lz4_flex::block::decompress_into(&payload[4..], out)
-        .map_err(|e| format!("corrupt LZ4 buffer: {e}"))?;
-    if n != size {
-        return Err(format!(
-            "LZ4 buffer decompressed to {n} bytes, header says {size}"
-        ));
-    }
-    Ok(())
-}
-
 /// Reads what the socket has into `decoder` (at least `min` bytes of free
 /// space). When nothing has arrived, the thread yields and looks again a
 /// few times before it blocks in the kernel.
@@ -62,7 +34,7 @@ pub(crate) fn read_socket(
 ) -> std::io::Result<usize> {
     decoder.read_with(min, |buf| {
         let socket = socket2::SockRef::from(stream);
-        for _ in 0..crate::gate::SPINS_BEFORE_BLOCKING {
+        for _ in 0..crate::cancel::SPINS_BEFORE_BLOCKING {
             // SAFETY: `MaybeUninit<u8>` has the layout of `u8`, and `recv`
             // only writes initialised bytes into the slice, so `buf` stays
             // initialised whatever it returns.

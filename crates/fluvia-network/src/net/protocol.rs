@@ -42,6 +42,12 @@ pub enum DataType {
     Data = 0,
     /// The subpartition ended; free of credit.
     EndOfPartition = 1,
+    /// An event in order with the data ([`crate::Event`]'s byte form);
+    /// free of credit.
+    Event = 2,
+    /// A priority event (an unaligned checkpoint barrier): the receiver
+    /// queues it ahead of the buffers it has not handed out; free of credit.
+    PriorityEvent = 3,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -354,6 +360,8 @@ fn decode_frame(id: u8, body: &[u8]) -> Result<Frame<'_>, ProtocolError> {
             let data_type = match r.u8()? {
                 0 => DataType::Data,
                 1 => DataType::EndOfPartition,
+                2 => DataType::Event,
+                3 => DataType::PriorityEvent,
                 t => return Err(ProtocolError(format!("unknown buffer data type {t}"))),
             };
             let compressed = match r.u8()? {

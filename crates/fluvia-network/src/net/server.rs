@@ -19,8 +19,10 @@ use super::protocol::{
     DataType, FrameDecoder, Message, ReceiverId, ResultPartitionId, encode,
     encode_buffer_response_header,
 };
+use crate::availability::AvailabilityListener;
 use crate::buffer::lock_state;
-use crate::partition::{AvailabilityListener, BufferOrEvent, NextKind, ResultPartition};
+use crate::event::{BufferOrEvent, NextKind};
+use crate::partition::ResultPartition;
 use crate::view::{SubpartitionView, ViewPoll};
 use fluvia_core::{FluviaError, Result};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -252,6 +254,18 @@ impl AvailabilityListener for ReaderListener {
             c.send_ready();
         }
     }
+
+    /// A priority event overtakes the other readers' queued buffers too:
+    /// its reader goes to the front (Flink's `PartitionRequestQueue`
+    /// `notifyPriorityEvent`).
+    fn notify_priority(&self, _channel: usize) {
+        if let Some(c) = self.connection.upgrade() {
+            let mut st = lock_state(&c.state);
+            c.enqueue_first(&mut st, self.receiver);
+            drop(st);
+            c.send_ready();
+        }
+    }
 }
 
 /// One element to send, taken under the lock and written outside it.
@@ -267,6 +281,14 @@ enum Outgoing {
         receiver: ReceiverId,
         subpartition: u32,
         sequence: u32,
+    },
+    /// An event other than the end.
+    Event {
+        receiver: ReceiverId,
+        subpartition: u32,
+        sequence: u32,
+        backlog: u32,
+        event: crate::Event,
     },
     Control(Message),
 }
@@ -319,6 +341,23 @@ impl ServerConnection {
                 Ordering::SeqCst,
             );
         }
+    }
+
+    /// Like [`enqueue`](Self::enqueue), at the front of the queue.
+    fn enqueue_first(&self, st: &mut ConnState, receiver: ReceiverId) {
+        if st.closed || !st.readers.contains_key(&receiver) {
+            return;
+        }
+        if !st.queued.insert(receiver)
+            && let Some(at) = st.available.iter().position(|r| *r == receiver)
+        {
+            st.available.remove(at);
+        }
+        st.available.push_front(receiver);
+        self.work_hint.store(
+            (st.available.len() + st.control.len()) as u64,
+            Ordering::SeqCst,
+        );
     }
 
     fn close(&self) {
@@ -555,6 +594,25 @@ impl ServerConnection {
                         buffer,
                     }
                 }
+                BufferOrEvent::Event(event) if event != crate::Event::EndOfPartition => {
+                    // Events take no credit.
+                    let backlog = reader.view.backlog();
+                    let resend = match next {
+                        NextKind::Event => true,
+                        NextKind::Data => reader.credit > 0,
+                        NextKind::Nothing => false,
+                    };
+                    if resend {
+                        self.enqueue(&mut st, receiver);
+                    }
+                    Outgoing::Event {
+                        receiver,
+                        subpartition,
+                        sequence,
+                        backlog: backlog as u32,
+                        event,
+                    }
+                }
                 BufferOrEvent::Event(_) => {
                     let partition = reader.partition;
                     st.readers.remove(&receiver);
@@ -734,7 +792,7 @@ impl ServerConnection {
                 buffer,
             } => {
                 let compressed = if self.config.compression {
-                    let c = super::compress(buffer.as_slice());
+                    let c = crate::compression::compress(buffer.as_slice());
                     (c.len() < buffer.len()).then_some(c)
                 } else {
                     None
@@ -759,6 +817,31 @@ impl ServerConnection {
                     Some(c) => Payload::Compressed(c),
                     None => Payload::Buffer(buffer),
                 }
+            }
+            Outgoing::Event {
+                receiver,
+                subpartition,
+                sequence,
+                backlog,
+                event,
+            } => {
+                let bytes = event.to_bytes();
+                let data_type = if event.is_priority() {
+                    DataType::PriorityEvent
+                } else {
+                    DataType::Event
+                };
+                encode_buffer_response_header(
+                    headers,
+                    receiver,
+                    subpartition,
+                    sequence,
+                    backlog,
+                    data_type,
+                    false,
+                    bytes.len(),
+                );
+                Payload::Compressed(bytes)
             }
             Outgoing::End {
                 receiver,
@@ -800,6 +883,7 @@ const MAX_BATCH_BYTES: usize = 256 * 1024;
 enum Payload {
     None,
     Buffer(crate::buffer::Buffer),
+    /// A compressed buffer, or an event's bytes.
     Compressed(Vec<u8>),
 }
 
