@@ -267,6 +267,7 @@ impl Shared {
             cancel: cancel.clone(),
             flush_epoch: Arc::clone(&self.flush_epoch),
             counters,
+            mailbox: fluvia_runtime::Mailbox::new(),
         };
         let key: AttemptKey = (desc.vertex_index, desc.subtask, desc.attempt);
         {

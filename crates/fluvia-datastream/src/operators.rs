@@ -7,10 +7,10 @@
 //! state exists in exactly one subtask whatever the parallelism.
 
 use fluvia_core::keygroup::{KeyHash, key_group_for_hash};
+use fluvia_runtime::state::KeyedState;
 use fluvia_runtime::{
     Collector, Data, OneInputOperator, OperatorContext, TwoInputOperator, UserError,
 };
-use rustc_hash::FxHashMap;
 use std::hash::Hash;
 use std::io::Write;
 use std::path::PathBuf;
@@ -83,7 +83,8 @@ where
 pub struct ReduceOp<T, K, KF: ?Sized, F> {
     pub key: Arc<KF>,
     pub reduce: Arc<F>,
-    pub state: FxHashMap<K, Option<T>>,
+    /// Per key, in key groups (the keyed-state layer).
+    pub state: KeyedState<K, Option<T>>,
     pub batch: bool,
 }
 
@@ -146,7 +147,7 @@ impl<K: KeyHash, S> KeyedContext<'_, K, S> {
 pub struct KeyedProcessOp<K, S, KF: ?Sized, F> {
     pub key: Arc<KF>,
     pub f: Arc<F>,
-    pub state: FxHashMap<K, Option<S>>,
+    pub state: KeyedState<K, Option<S>>,
     pub max_parallelism: usize,
     pub subtask_index: usize,
     pub key_group_range: (usize, usize),

@@ -13,10 +13,10 @@ use fluvia_core::{ChainingStrategy, ExchangeMode, FluviaError, PartitionerKind};
 use fluvia_graph::StreamNodeId;
 use fluvia_runtime::operator::{OneInputFactory, OperatorFactory, TwoInputFactory};
 use fluvia_runtime::output::KeyHasher;
+use fluvia_runtime::state::KeyedState;
 use fluvia_runtime::{
     Collector, Data, OneInputOperator, OperatorContext, TwoInputOperator, UserError,
 };
-use rustc_hash::FxHashMap;
 use std::hash::Hash;
 use std::marker::PhantomData;
 use std::path::PathBuf;
@@ -416,11 +416,11 @@ where
     ) -> DataStream<T> {
         let f = Arc::new(f);
         let key = Arc::clone(&self.key);
-        let factory = OneInputFactory::<T, T>::new(move |_| {
+        let factory = OneInputFactory::<T, T>::new(move |ctx| {
             Ok(Box::new(ReduceOp {
                 key: Arc::clone(&key),
                 reduce: Arc::clone(&f),
-                state: FxHashMap::default(),
+                state: KeyedState::new(ctx.max_parallelism),
                 batch: false,
             }))
         });
@@ -451,11 +451,11 @@ where
     ) -> DataStream<O> {
         let f = Arc::new(f);
         let key = Arc::clone(&self.key);
-        let factory = OneInputFactory::<T, O>::new(move |_| {
+        let factory = OneInputFactory::<T, O>::new(move |ctx| {
             Ok(Box::new(KeyedProcessOp {
                 key: Arc::clone(&key),
                 f: Arc::clone(&f),
-                state: FxHashMap::<K, Option<S>>::default(),
+                state: KeyedState::<K, Option<S>>::new(ctx.max_parallelism),
                 max_parallelism: 1,
                 subtask_index: 0,
                 key_group_range: (0, 0),

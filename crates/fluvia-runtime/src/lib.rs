@@ -7,20 +7,28 @@
 //! non-chained edges serialise records (with [`record`]'s codec) into network
 //! buffers.
 //!
+//! The [`input`] processor reads a task's gate for every kind of task
+//! (DataStream and SQL) and handles the data plane's events in one place.
+//!
 //! Tasks run inside TaskManagers (`fluvia-cluster`), embedded or remote;
 //! [`result`] sums what their attempts report into a job's outcome.
 //!
 //! Record types are known only to [`operator`] factories and [`output`]s;
 //! everything below (network, scheduler, graph) sees bytes and ids.
 
+pub mod input;
+pub mod mailbox;
 pub mod metrics;
 pub mod operator;
 pub mod output;
 pub mod record;
 pub mod registry;
 pub mod result;
+pub mod state;
 pub mod task;
 
+pub use input::{DataOutput, InputStatus, StreamInputProcessor};
+pub use mailbox::{Mail, Mailbox, MailboxSender, TaskControl};
 pub use metrics::{MetricRegistry, TaskMetricsSnapshot};
 pub use operator::{
     InputStats, OneInputOperator, OperatorContext, OperatorFactory, OperatorInstance, RecordType,

@@ -12,6 +12,7 @@ use crate::output::{
     set_current_operator,
 };
 use crate::record::{Data, decode};
+use crate::state::{StateInitializationContext, StateSnapshotContext};
 use fluvia_core::error::TaskLocation;
 use fluvia_core::keygroup::key_group_range_for_operator;
 use fluvia_core::{FluviaError, Result};
@@ -185,6 +186,12 @@ impl OperatorContext {
         }
     }
 
+    /// What `initialize_state` sees: the key groups this subtask owns and
+    /// nothing restored (restoring comes with checkpoints).
+    pub fn state_initialization(&self) -> StateInitializationContext {
+        StateInitializationContext::new(self.key_group_range(), None)
+    }
+
     /// Records this operator received (or, for a source, emitted).
     pub fn records_in(&self) -> u64 {
         self.records_in.get()
@@ -195,20 +202,96 @@ impl OperatorContext {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SourceStatus {
     MoreAvailable,
+    /// Nothing to emit now (an unbounded source waiting for data): the task
+    /// thread runs its mailbox and polls again once woken
+    /// ([`MailboxSender::wake`](crate::MailboxSender::wake)) or after a
+    /// short wait.
+    NothingAvailable,
     End,
 }
 
 /// A source: polled until it says [`SourceStatus::End`]. Each poll may emit
-/// any number of records; keeping polls short keeps cancellation prompt.
+/// any number of records; keeping polls short keeps cancellation prompt and
+/// lets the task thread run its mailbox in between.
+///
+/// Every operator kind follows Flink's `StreamOperator` lifecycle:
+/// `initialize_state` (restore), `open`, processing (records, watermarks),
+/// `prepare_snapshot_pre_barrier` and `snapshot_state` at a checkpoint,
+/// `notify_checkpoint_complete` / `_aborted`, `end_input`, then `close`.
+/// Only the processing method is required.
 pub trait SourceOperator<OUT>: 'static {
+    /// Called once before [`open`](Self::open), with the state this
+    /// subtask restores from (empty on a fresh start).
+    fn initialize_state(&mut self, _ctx: &mut StateInitializationContext) -> Result<(), UserError> {
+        Ok(())
+    }
+    /// A barrier is about to be sent downstream: emit what must precede it
+    /// (Flink's `prepareSnapshotPreBarrier`).
+    fn prepare_snapshot_pre_barrier(&mut self, _checkpoint_id: u64) -> Result<(), UserError> {
+        Ok(())
+    }
+    /// Writes this operator's state for checkpoint `ctx.checkpoint_id`.
+    fn snapshot_state(&mut self, _ctx: &mut StateSnapshotContext) -> Result<(), UserError> {
+        Ok(())
+    }
+    /// Checkpoint `id` completed everywhere: side effects it covers may be
+    /// committed.
+    fn notify_checkpoint_complete(&mut self, _id: u64) -> Result<(), UserError> {
+        Ok(())
+    }
+    /// Checkpoint `id` was given up.
+    fn notify_checkpoint_aborted(&mut self, _id: u64) -> Result<(), UserError> {
+        Ok(())
+    }
+    /// Releases resources, after the last record or on failure.
+    fn close(&mut self) -> Result<(), UserError> {
+        Ok(())
+    }
     fn open(&mut self, _ctx: &OperatorContext) -> Result<(), UserError> {
         Ok(())
     }
     fn poll_next(&mut self, out: &mut Collector<'_, OUT>) -> Result<SourceStatus, UserError>;
 }
 
-/// An operator with one input.
+/// An operator with one input (lifecycle as [`SourceOperator`]'s).
 pub trait OneInputOperator<IN, OUT>: 'static {
+    /// Called once before [`open`](Self::open), with the state this
+    /// subtask restores from (empty on a fresh start).
+    fn initialize_state(&mut self, _ctx: &mut StateInitializationContext) -> Result<(), UserError> {
+        Ok(())
+    }
+    /// A barrier is about to be sent downstream: emit what must precede it
+    /// (Flink's `prepareSnapshotPreBarrier`).
+    fn prepare_snapshot_pre_barrier(&mut self, _checkpoint_id: u64) -> Result<(), UserError> {
+        Ok(())
+    }
+    /// Writes this operator's state for checkpoint `ctx.checkpoint_id`.
+    fn snapshot_state(&mut self, _ctx: &mut StateSnapshotContext) -> Result<(), UserError> {
+        Ok(())
+    }
+    /// Checkpoint `id` completed everywhere: side effects it covers may be
+    /// committed.
+    fn notify_checkpoint_complete(&mut self, _id: u64) -> Result<(), UserError> {
+        Ok(())
+    }
+    /// Checkpoint `id` was given up.
+    fn notify_checkpoint_aborted(&mut self, _id: u64) -> Result<(), UserError> {
+        Ok(())
+    }
+    /// Releases resources, after the last record or on failure.
+    fn close(&mut self) -> Result<(), UserError> {
+        Ok(())
+    }
+    /// Event time advanced to `watermark`; by default it is forwarded.
+    /// Operators with event-time timers fire them here first.
+    fn process_watermark(
+        &mut self,
+        watermark: i64,
+        out: &mut Collector<'_, OUT>,
+    ) -> Result<(), UserError> {
+        out.emit_watermark(watermark);
+        Ok(())
+    }
     fn open(&mut self, _ctx: &OperatorContext) -> Result<(), UserError> {
         Ok(())
     }
@@ -223,8 +306,46 @@ pub trait OneInputOperator<IN, OUT>: 'static {
     }
 }
 
-/// An operator with two inputs (`connect`).
+/// An operator with two inputs (`connect`; lifecycle as
+/// [`SourceOperator`]'s). Its watermark is the minimum of its inputs'.
 pub trait TwoInputOperator<IN1, IN2, OUT>: 'static {
+    /// Called once before [`open`](Self::open), with the state this
+    /// subtask restores from (empty on a fresh start).
+    fn initialize_state(&mut self, _ctx: &mut StateInitializationContext) -> Result<(), UserError> {
+        Ok(())
+    }
+    /// A barrier is about to be sent downstream: emit what must precede it
+    /// (Flink's `prepareSnapshotPreBarrier`).
+    fn prepare_snapshot_pre_barrier(&mut self, _checkpoint_id: u64) -> Result<(), UserError> {
+        Ok(())
+    }
+    /// Writes this operator's state for checkpoint `ctx.checkpoint_id`.
+    fn snapshot_state(&mut self, _ctx: &mut StateSnapshotContext) -> Result<(), UserError> {
+        Ok(())
+    }
+    /// Checkpoint `id` completed everywhere: side effects it covers may be
+    /// committed.
+    fn notify_checkpoint_complete(&mut self, _id: u64) -> Result<(), UserError> {
+        Ok(())
+    }
+    /// Checkpoint `id` was given up.
+    fn notify_checkpoint_aborted(&mut self, _id: u64) -> Result<(), UserError> {
+        Ok(())
+    }
+    /// Releases resources, after the last record or on failure.
+    fn close(&mut self) -> Result<(), UserError> {
+        Ok(())
+    }
+    /// Event time advanced to `watermark`; by default it is forwarded.
+    /// Operators with event-time timers fire them here first.
+    fn process_watermark(
+        &mut self,
+        watermark: i64,
+        out: &mut Collector<'_, OUT>,
+    ) -> Result<(), UserError> {
+        out.emit_watermark(watermark);
+        Ok(())
+    }
     fn open(&mut self, _ctx: &OperatorContext) -> Result<(), UserError> {
         Ok(())
     }
@@ -244,9 +365,15 @@ pub trait TwoInputOperator<IN1, IN2, OUT>: 'static {
     }
 }
 
-/// Runs a chain headed by a source.
+/// Runs a chain headed by a source, yielding to the task's mailbox between
+/// polls.
 pub trait SourceDriver {
-    fn run(&mut self, cancel: &CancelToken) -> Result<()>;
+    fn run(
+        &mut self,
+        cancel: &CancelToken,
+        mailbox: &crate::Mailbox,
+        control: &mut crate::TaskControl<'_>,
+    ) -> Result<()>;
 }
 
 /// Feeds encoded records from the network into a chain's head.
@@ -255,6 +382,11 @@ pub trait NetworkInput {
     fn process(&mut self, input: usize, bytes: &[u8]) -> Result<()>;
     /// Every channel of `input` has ended.
     fn end_input(&mut self, input: usize) -> Result<()>;
+    /// The task's combined watermark advanced. Operators without event
+    /// time ignore it.
+    fn process_watermark(&mut self, _watermark: i64) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// What a [`TaskDriver`] read from the network.
@@ -403,6 +535,9 @@ impl<T: Data> NetworkInput for DecodingInput<T> {
     fn end_input(&mut self, _input: usize) -> Result<()> {
         self.inner.close()
     }
+    fn process_watermark(&mut self, watermark: i64) -> Result<()> {
+        self.inner.emit_watermark(watermark)
+    }
 }
 
 // ---------------------------------------------------------------- drivers
@@ -427,11 +562,24 @@ struct SourceDriverImpl<OUT> {
 }
 
 impl<OUT: Data> SourceDriver for SourceDriverImpl<OUT> {
-    fn run(&mut self, cancel: &CancelToken) -> Result<()> {
+    fn run(
+        &mut self,
+        cancel: &CancelToken,
+        mailbox: &crate::Mailbox,
+        control: &mut crate::TaskControl<'_>,
+    ) -> Result<()> {
         let index = self.ctx.operator_index;
+        let mut idle = false;
         loop {
             if cancel.is_cancelled() {
                 return Err(FluviaError::Cancelled);
+            }
+            if mailbox.has_mail() {
+                mailbox.run_pending(control)?;
+            }
+            if idle {
+                control.flush()?;
+                mailbox.wait(fluvia_network::cancel::CANCEL_POLL);
             }
             set_current_operator(index);
             let mut c = Collector::new(&mut *self.out, index);
@@ -439,10 +587,15 @@ impl<OUT: Data> SourceDriver for SourceDriverImpl<OUT> {
             self.ctx
                 .records_in
                 .set(self.ctx.records_in.get() + c.emitted());
-            if settle(&self.ctx, &mut c, status)? == SourceStatus::End {
-                break;
+            match settle(&self.ctx, &mut c, status)? {
+                SourceStatus::End => break,
+                SourceStatus::NothingAvailable => idle = true,
+                SourceStatus::MoreAvailable => idle = false,
             }
         }
+        let r = self.op.close();
+        let mut c = Collector::new(&mut *self.out, index);
+        settle(&self.ctx, &mut c, r)?;
         self.out.close()
     }
 }
@@ -475,7 +628,17 @@ impl<IN: Clone + 'static, OUT: 'static> Output<IN> for OneInputDriver<IN, OUT> {
         let mut c = Collector::new(&mut *self.out, index);
         let r = self.op.end_input(&mut c);
         settle(&self.ctx, &mut c, r)?;
+        let r = self.op.close();
+        settle(&self.ctx, &mut c, r)?;
         self.out.close()
+    }
+
+    fn emit_watermark(&mut self, watermark: i64) -> Result<()> {
+        let index = self.ctx.operator_index;
+        set_current_operator(index);
+        let mut c = Collector::new(&mut *self.out, index);
+        let r = self.op.process_watermark(watermark, &mut c);
+        settle(&self.ctx, &mut c, r)
     }
 }
 
@@ -523,9 +686,19 @@ impl<IN1: Data, IN2: Data, OUT: 'static> NetworkInput for TwoInputDriver<IN1, IN
         let r = self.op.end_input(input, &mut c);
         settle(&self.ctx, &mut c, r)?;
         if self.ended == [true, true] {
+            let r = self.op.close();
+            settle(&self.ctx, &mut c, r)?;
             self.out.close()?;
         }
         Ok(())
+    }
+
+    fn process_watermark(&mut self, watermark: i64) -> Result<()> {
+        let index = self.ctx.operator_index;
+        set_current_operator(index);
+        let mut c = Collector::new(&mut *self.out, index);
+        let r = self.op.process_watermark(watermark, &mut c);
+        settle(&self.ctx, &mut c, r)
     }
 }
 
@@ -573,6 +746,8 @@ impl<OUT: Data> OperatorFactory for SourceFactory<OUT> {
         let out = downcast_output::<OUT>(output)?;
         set_current_operator(ctx.operator_index);
         let mut op = (self.make)(ctx).map_err(|e| ctx.user_error(e))?;
+        op.initialize_state(&mut ctx.state_initialization())
+            .map_err(|e| ctx.user_error(e))?;
         op.open(ctx).map_err(|e| ctx.user_error(e))?;
         Ok(OperatorInstance::Source(Box::new(SourceDriverImpl {
             op,
@@ -613,6 +788,8 @@ impl<IN: Data, OUT: Data> OperatorFactory for OneInputFactory<IN, OUT> {
         let out = downcast_output::<OUT>(output)?;
         set_current_operator(ctx.operator_index);
         let mut op = (self.make)(ctx).map_err(|e| ctx.user_error(e))?;
+        op.initialize_state(&mut ctx.state_initialization())
+            .map_err(|e| ctx.user_error(e))?;
         op.open(ctx).map_err(|e| ctx.user_error(e))?;
         let driver: Box<dyn Output<IN>> = Box::new(OneInputDriver {
             op,
@@ -653,6 +830,8 @@ impl<IN1: Data, IN2: Data, OUT: Data> OperatorFactory for TwoInputFactory<IN1, I
         let out = downcast_output::<OUT>(output)?;
         set_current_operator(ctx.operator_index);
         let mut op = (self.make)(ctx).map_err(|e| ctx.user_error(e))?;
+        op.initialize_state(&mut ctx.state_initialization())
+            .map_err(|e| ctx.user_error(e))?;
         op.open(ctx).map_err(|e| ctx.user_error(e))?;
         Ok(OperatorInstance::TwoInput(Box::new(TwoInputDriver {
             op,

@@ -34,6 +34,12 @@ pub trait Output<T> {
     fn consumers_released(&self) -> Option<ConsumersReleased> {
         None
     }
+    /// The event time of the stream advanced to `watermark` (ms): a chained
+    /// operator sees it after every record before it, a network edge sends
+    /// it to every consumer. Outputs that lead nowhere drop it.
+    fn emit_watermark(&mut self, _watermark: i64) -> Result<()> {
+        Ok(())
+    }
 }
 
 thread_local! {
@@ -84,6 +90,18 @@ impl<'a, T> Collector<'a, T> {
         }
     }
 
+    /// Emits a watermark downstream (a source's or a watermark generator's
+    /// event time; operators forward the watermarks they receive by
+    /// default). A downstream failure is kept like a record's.
+    pub fn emit_watermark(&mut self, watermark: i64) {
+        if self.error.is_none() {
+            if let Err(e) = self.out.emit_watermark(watermark) {
+                self.error = Some(e);
+            }
+            set_current_operator(self.operator_index);
+        }
+    }
+
     /// Whether a downstream operator failed (sources stop producing then).
     pub fn is_failed(&self) -> bool {
         self.error.is_some()
@@ -119,6 +137,12 @@ impl<T: Clone> Output<T> for BroadcastingOutput<T> {
     fn close(&mut self) -> Result<()> {
         for o in &mut self.outputs {
             o.close()?;
+        }
+        Ok(())
+    }
+    fn emit_watermark(&mut self, watermark: i64) -> Result<()> {
+        for o in &mut self.outputs {
+            o.emit_watermark(watermark)?;
         }
         Ok(())
     }
@@ -189,6 +213,12 @@ impl<T: Data> Output<T> for RecordWriterOutput<T> {
 
     fn close(&mut self) -> Result<()> {
         self.writer.borrow_mut().finish()
+    }
+
+    fn emit_watermark(&mut self, watermark: i64) -> Result<()> {
+        self.writer
+            .borrow_mut()
+            .broadcast_event(&fluvia_network::Event::Watermark(watermark))
     }
 
     fn consumers_released(&self) -> Option<ConsumersReleased> {

@@ -5,21 +5,24 @@
 //! edge is a direct call; with object reuse off the receiving operator gets
 //! a copy. Each non-chained output writes through its own [`PartitionWriter`].
 //!
-//! The input loop takes buffers from the [`InputGate`], deserialises records
-//! and pushes them into the head. Before it blocks on an empty gate it flushes
-//! every output, so partly filled buffers never wait on our own idleness.
+//! The input loop reads through the [`StreamInputProcessor`], which
+//! deserialises records and pushes them into the head, and handles events.
+//! Before it blocks on an empty gate it flushes every output, so partly
+//! filled buffers never wait on our own idleness. Between input buffers (and
+//! between a source's polls) the task thread runs its [`Mailbox`].
 
+use crate::input::{DataOutput, InputStatus, StreamInputProcessor};
+use crate::mailbox::{Mailbox, TaskControl};
 use crate::operator::{AnyOutput, NetworkInput, OperatorContext, OperatorInstance};
 use crate::registry::OperatorRegistry;
 use fluvia_core::config::options;
 use fluvia_core::error::TaskLocation;
 use fluvia_core::{FluviaError, PartitionerKind, Result};
 use fluvia_graph::{JobGraph, JobVertex};
-use fluvia_network::gate::GateEvent;
 use fluvia_network::metrics::IoCounters;
 use fluvia_network::{
-    CancelToken, ChannelDeserializers, ChannelSelector, InputChannelSpec, InputGate,
-    LocalBufferPool, PartitionWriter, ResultPartition,
+    CancelToken, ChannelSelector, InputChannelSpec, InputGate, LocalBufferPool, PartitionWriter,
+    RecordBytes, ResultPartition,
 };
 use fluvia_scheduler::AttemptMetrics;
 use std::cell::RefCell;
@@ -57,6 +60,8 @@ pub struct TaskDeployment {
     pub flush_epoch: Arc<AtomicU64>,
     /// Live I/O counters, registered in the metric registry.
     pub counters: Arc<IoCounters>,
+    /// Where other threads leave work for the task thread.
+    pub mailbox: Mailbox,
 }
 
 impl TaskDeployment {
@@ -162,6 +167,15 @@ pub fn run_task_attributed(d: &TaskDeployment) -> Result<AttemptMetrics> {
     // The thread may have run another task before (a pool's).
     crate::output::set_current_operator(0);
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_task(d, &staged)));
+    // Mail that comes too late is refused; what is queued will not run.
+    let dropped = d.mailbox.close();
+    if !dropped.is_empty() {
+        tracing::debug!(
+            "{}: {} mail(s) left at the end",
+            d.task_name(),
+            dropped.len()
+        );
+    }
     if !matches!(outcome, Ok(Ok(_))) {
         // What a failed or cancelled attempt wrote is never committed.
         let files = std::mem::take(&mut *staged.lock().unwrap_or_else(|e| e.into_inner()));
@@ -261,14 +275,25 @@ fn run_task(d: &TaskDeployment, staged: &crate::operator::StagedFiles) -> Result
                     "source task {task_name} has inputs"
                 )));
             }
-            driver.run(&d.cancel)?;
+            let mut control = TaskControl::new(&builder.writers);
+            driver.run(&d.cancel, &d.mailbox, &mut control)?;
         }
         OperatorInstance::OneInput { input, input_type } => {
             let mut head = input_type.network_input(input)?;
-            run_input_loop(d, &mut *head, &builder.writers, &mut metrics)?;
+            run_input_loop(
+                d,
+                &mut ChainInput(&mut *head),
+                &builder.writers,
+                &mut metrics,
+            )?;
         }
         OperatorInstance::TwoInput(mut head) => {
-            run_input_loop(d, &mut *head, &builder.writers, &mut metrics)?;
+            run_input_loop(
+                d,
+                &mut ChainInput(&mut *head),
+                &builder.writers,
+                &mut metrics,
+            )?;
         }
         OperatorInstance::Driver(mut driver) => {
             let read = driver.run(d.inputs.clone(), &d.counters, &d.cancel)?;
@@ -298,66 +323,55 @@ fn run_task(d: &TaskDeployment, staged: &crate::operator::StagedFiles) -> Result
     Ok(metrics)
 }
 
+/// The head of a chain as the input processor's output.
+struct ChainInput<'a>(&'a mut dyn NetworkInput);
+
+impl DataOutput for ChainInput<'_> {
+    #[inline]
+    fn emit_record(&mut self, input: usize, record: RecordBytes<'_>) -> Result<()> {
+        self.0.process(input, record.as_slice())
+    }
+    fn emit_watermark(&mut self, watermark: i64) -> Result<()> {
+        self.0.process_watermark(watermark)
+    }
+    fn end_input(&mut self, input: usize) -> Result<()> {
+        self.0.end_input(input)
+    }
+}
+
 fn run_input_loop(
     d: &TaskDeployment,
-    head: &mut dyn NetworkInput,
+    head: &mut ChainInput<'_>,
     writers: &[Rc<RefCell<PartitionWriter>>],
     metrics: &mut AttemptMetrics,
 ) -> Result<()> {
-    let mut gate = InputGate::new(d.inputs.clone());
+    let gate = InputGate::new(d.inputs.clone());
     if gate.num_channels() == 0 {
         return Err(FluviaError::Internal(format!(
             "task {} has no input channels",
             d.task_name()
         )));
     }
-    let mut deserializers = ChannelDeserializers::new(gate.num_channels());
-    let mut records_in = 0u64;
+    d.mailbox.set_waker(gate.waker());
+    let mut input = StreamInputProcessor::new(gate).with_counters(Arc::clone(&d.counters));
     let counters = &d.counters;
+    let mailbox = &d.mailbox;
     loop {
-        let event = match gate.poll_next()? {
-            Some(ev) => ev,
-            None => {
+        if mailbox.has_mail() {
+            mailbox.run_pending(&mut TaskControl::new(writers))?;
+        }
+        match input.process(head)? {
+            InputStatus::MoreAvailable => {}
+            InputStatus::EndOfInput => break,
+            InputStatus::NothingAvailable => {
                 for w in writers {
                     w.borrow_mut().flush_all()?;
                 }
                 let idle_since = Instant::now();
-                let next = gate.get_next(&d.cancel)?;
+                let status = input.process_blocking(head, &d.cancel, &|| mailbox.has_mail())?;
                 IoCounters::add(&counters.idle_nanos, idle_since.elapsed().as_nanos() as u64);
-                match next {
-                    Some(ev) => ev,
-                    None => break,
-                }
-            }
-        };
-        match event {
-            GateEvent::Buffer {
-                channel,
-                subpartition,
-                buffer,
-            } => {
-                let input = gate.input_index(channel);
-                let before = records_in;
-                deserializers
-                    .get(channel, subpartition)
-                    .feed(buffer.as_slice(), |bytes| {
-                        records_in += 1;
-                        head.process(input, bytes)
-                    })?;
-                IoCounters::add(&counters.records_in, records_in - before);
-                IoCounters::add(&counters.bytes_in, buffer.len() as u64);
-                IoCounters::add(&counters.buffers_in, 1);
-                // `buffer` drops here and returns to the producer's pool.
-            }
-            GateEvent::ChannelFinished { channel } => {
-                if deserializers.has_partial_record(channel) {
-                    return Err(FluviaError::Serialization(format!(
-                        "input channel {channel} ended in the middle of a record"
-                    )));
-                }
-                let input = gate.input_index(channel);
-                if gate.is_input_finished(input) {
-                    head.end_input(input)?;
+                if status == InputStatus::EndOfInput {
+                    break;
                 }
             }
         }
@@ -365,8 +379,8 @@ fn run_input_loop(
             return Err(FluviaError::Cancelled);
         }
     }
-    metrics.records_in = records_in;
-    metrics.bytes_in = gate.bytes_received();
-    metrics.buffers_in = gate.buffers_received();
+    metrics.records_in = input.records_in();
+    metrics.bytes_in = input.gate().bytes_received();
+    metrics.buffers_in = input.gate().buffers_received();
     Ok(())
 }

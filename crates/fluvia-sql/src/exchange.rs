@@ -23,12 +23,12 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
 };
 use fluvia_core::{FluviaError, PartitionerKind, Result};
-use fluvia_network::gate::GateEvent;
 use fluvia_network::metrics::IoCounters;
 use fluvia_network::{
-    CancelToken, ChannelDeserializers, ChannelSelector, ConsumersReleased, InputChannelSpec,
-    InputGate, PartitionWriter, Target,
+    CancelToken, ChannelSelector, ConsumersReleased, InputChannelSpec, InputGate, PartitionWriter,
+    RecordBytes, Target,
 };
+use fluvia_runtime::input::{DataOutput, InputStatus, StreamInputProcessor};
 use fluvia_runtime::operator::{AnyOutput, NetworkInput, downcast_output};
 use fluvia_runtime::output::{BroadcastingOutput, DiscardingOutput, Output};
 use fluvia_runtime::{InputStats, RecordType};
@@ -289,10 +289,12 @@ impl ExecutionPlan for ExchangeReaderExec {
         for stop in &self.stops {
             stop.watch(gate.waker());
         }
+        let input = StreamInputProcessor::new(gate)
+            .with_owned_records(true)
+            .with_counters(Arc::clone(&inputs.counters));
         let stream = GateStream {
             stops: self.stops.clone(),
-            deserializers: ChannelDeserializers::new(gate.num_channels()),
-            gate: Some(gate),
+            input: Some(input),
             pending: VecDeque::new(),
             schema: Arc::clone(&self.schema),
             inputs: Arc::clone(&inputs),
@@ -445,9 +447,9 @@ impl TaskInputs {
 }
 
 struct GateStream {
-    gate: Option<InputGate>,
+    /// Reads the stage's channels; `None` once it ended.
+    input: Option<StreamInputProcessor>,
     stops: Vec<Arc<ReaderStop>>,
-    deserializers: ChannelDeserializers,
     pending: VecDeque<RecordBatch>,
     schema: SchemaRef,
     inputs: Arc<TaskInputs>,
@@ -457,55 +459,47 @@ fn external(e: FluviaError) -> DataFusionError {
     DataFusionError::External(Box::new(e))
 }
 
+/// Decodes the records the input processor hands over into batches.
+struct BatchDecoder<'a> {
+    schema: &'a SchemaRef,
+    pending: &'a mut VecDeque<RecordBatch>,
+}
+
+impl DataOutput for BatchDecoder<'_> {
+    fn emit_record(&mut self, _input: usize, record: RecordBytes<'_>) -> Result<()> {
+        let batch = ipc::decode_record(record, self.schema)
+            .map_err(|e| FluviaError::Serialization(format!("decoding an exchange batch: {e}")))?;
+        self.pending.push_back(batch);
+        Ok(())
+    }
+}
+
 impl GateStream {
     fn next_event(&mut self) -> Result<bool> {
-        let Some(gate) = self.gate.as_mut() else {
+        let Some(input) = self.input.as_mut() else {
             return Ok(false);
         };
         let (inputs, stops) = (&self.inputs, &self.stops);
         let stopped = || inputs.stopped() || stops.iter().any(|s| s.is_stopped());
-        match gate.get_next_until(&inputs.cancel, &stopped)? {
-            Some(GateEvent::Buffer {
-                channel,
-                subpartition,
-                buffer,
-            }) => {
-                let (schema, pending) = (&self.schema, &mut self.pending);
-                let mut records = 0u64;
-                self.deserializers.get(channel, subpartition).feed_records(
-                    buffer.as_slice(),
-                    true,
-                    |record| {
-                        let batch = ipc::decode_record(record, schema).map_err(|e| {
-                            FluviaError::Serialization(format!("decoding an exchange batch: {e}"))
-                        })?;
-                        records += 1;
-                        pending.push_back(batch);
-                        Ok(())
-                    },
-                )?;
-                let c = &self.inputs.counters;
-                IoCounters::add(&c.records_in, records);
-                IoCounters::add(&c.bytes_in, buffer.len() as u64);
-                IoCounters::add(&c.buffers_in, 1);
-                if let Ok(mut s) = self.inputs.stats.lock() {
-                    s.records += records;
-                }
-                Ok(true)
-            }
-            Some(GateEvent::ChannelFinished { channel }) => {
-                if self.deserializers.has_partial_record(channel) {
-                    return Err(FluviaError::Serialization(format!(
-                        "input channel {channel} ended in the middle of a batch"
-                    )));
-                }
-                Ok(true)
-            }
-            None => {
-                if !gate.is_finished() {
-                    // Nobody reads this task's output any more.
-                    gate.release();
-                }
+        if stopped() {
+            // Nobody reads this task's output any more.
+            input.gate_mut().release();
+            self.finish_gate();
+            return Ok(false);
+        }
+        let before = input.records_in();
+        let mut out = BatchDecoder {
+            schema: &self.schema,
+            pending: &mut self.pending,
+        };
+        let status = input.process_blocking(&mut out, &inputs.cancel, &stopped)?;
+        if let Ok(mut s) = self.inputs.stats.lock() {
+            s.records += input.records_in() - before;
+        }
+        match status {
+            // A stop is seen at the next call.
+            InputStatus::MoreAvailable | InputStatus::NothingAvailable => Ok(true),
+            InputStatus::EndOfInput => {
                 self.finish_gate();
                 Ok(false)
             }
@@ -513,8 +507,8 @@ impl GateStream {
     }
 
     fn finish_gate(&mut self) {
-        if let Some(gate) = self.gate.take() {
-            self.inputs.add_gate(&gate);
+        if let Some(input) = self.input.take() {
+            self.inputs.add_gate(input.gate());
         }
     }
 }
@@ -544,8 +538,8 @@ impl Drop for GateStream {
     /// build side was empty) releases (or reads to the end) its channels,
     /// so no producer waits on it.
     fn drop(&mut self) {
-        if let Some(gate) = self.gate.as_mut() {
-            let _ = self.inputs.release_or_drain(gate);
+        if let Some(input) = self.input.as_mut() {
+            let _ = self.inputs.release_or_drain(input.gate_mut());
         }
         self.finish_gate();
     }

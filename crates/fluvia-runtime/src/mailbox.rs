@@ -1,0 +1,303 @@
+//! The task mailbox (Flink's `MailboxProcessor`): other threads ask a task
+//! to do something (inject a checkpoint barrier at a source, fire timers,
+//! notify a completed checkpoint) by putting a [`Mail`] into its
+//! [`Mailbox`]; the task thread runs the mail between records or input
+//! buffers, never concurrently with its operators, so operator state needs
+//! no lock.
+//!
+//! The task thread checks [`Mailbox::has_mail`] (one atomic load) between
+//! units of work. A task waiting for input is woken by new mail (the
+//! mailbox calls the waker its input registered); a source that has nothing
+//! to emit waits in [`Mailbox::wait`] and is woken by mail or by
+//! [`MailboxSender::wake`].
+//!
+//! This module knows nothing of operators or the network: a mail acts on
+//! whatever the task hands it, [`TaskControl`].
+
+use fluvia_core::{FluviaError, Result};
+use fluvia_network::{Event, PartitionWriter};
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// What a mail can act on: the task's side, lent to it on the task thread.
+pub struct TaskControl<'a> {
+    writers: &'a [Rc<RefCell<PartitionWriter>>],
+}
+
+impl<'a> TaskControl<'a> {
+    pub fn new(writers: &'a [Rc<RefCell<PartitionWriter>>]) -> Self {
+        TaskControl { writers }
+    }
+
+    /// Hands every partly filled output buffer to its consumers.
+    pub fn flush(&mut self) -> Result<()> {
+        for w in self.writers {
+            w.borrow_mut().flush_all()?;
+        }
+        Ok(())
+    }
+
+    /// Writes `event` to every output of the task, after the records
+    /// written before it (a priority event overtakes them): how a source
+    /// injects a checkpoint barrier.
+    pub fn broadcast_event(&mut self, event: &Event) -> Result<()> {
+        for w in self.writers {
+            w.borrow_mut().broadcast_event(event)?;
+        }
+        Ok(())
+    }
+}
+
+type Action = Box<dyn FnOnce(&mut TaskControl<'_>) -> Result<()> + Send>;
+
+/// One action for the task thread.
+pub struct Mail {
+    description: String,
+    action: Action,
+}
+
+impl std::fmt::Debug for Mail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mail")
+            .field("description", &self.description)
+            .finish()
+    }
+}
+
+impl Mail {
+    pub fn new(
+        description: impl Into<String>,
+        action: impl FnOnce(&mut TaskControl<'_>) -> Result<()> + Send + 'static,
+    ) -> Self {
+        Mail {
+            description: description.into(),
+            action: Box::new(action),
+        }
+    }
+
+    pub fn description(&self) -> &str {
+        &self.description
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    queue: Mutex<VecDeque<Mail>>,
+    /// Mails queued, readable without the lock.
+    pending: AtomicUsize,
+    /// A wake-up without mail (a source has something again).
+    woken: AtomicBool,
+    signal: Condvar,
+    /// Called on every new mail: the task's input gate waker.
+    waker: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
+    closed: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A task's mailbox; the task thread owns it, others hold a
+/// [`MailboxSender`].
+#[derive(Clone, Default)]
+pub struct Mailbox {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Mailbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mailbox")
+            .field("pending", &self.inner.pending.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+/// Puts mail into a task's mailbox from any thread.
+#[derive(Clone)]
+pub struct MailboxSender {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for MailboxSender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MailboxSender").finish()
+    }
+}
+
+impl MailboxSender {
+    /// Queues `mail` for the task thread. Fails once the task ended (its
+    /// mailbox is closed): the mail would never run.
+    pub fn send(&self, mail: Mail) -> Result<()> {
+        {
+            let mut q = lock(&self.inner.queue);
+            if self.inner.closed.load(Ordering::Acquire) {
+                return Err(FluviaError::Execution(format!(
+                    "mail '{}' sent to a task that has ended",
+                    mail.description
+                )));
+            }
+            q.push_back(mail);
+            self.inner.pending.fetch_add(1, Ordering::Release);
+        }
+        self.notify();
+        Ok(())
+    }
+
+    /// Wakes a source waiting in [`Mailbox::wait`] (it has data again).
+    pub fn wake(&self) {
+        {
+            let _q = lock(&self.inner.queue);
+            self.inner.woken.store(true, Ordering::Release);
+        }
+        self.notify();
+    }
+
+    fn notify(&self) {
+        self.inner.signal.notify_all();
+        let waker = lock(&self.inner.waker).clone();
+        if let Some(w) = waker {
+            w();
+        }
+    }
+}
+
+impl Mailbox {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn sender(&self) -> MailboxSender {
+        MailboxSender {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+
+    /// Whether mail waits (cheap: checked between records).
+    #[inline]
+    pub fn has_mail(&self) -> bool {
+        self.inner.pending.load(Ordering::Acquire) > 0
+    }
+
+    /// Called whenever mail arrives, so a thread blocked elsewhere (on its
+    /// input gate) looks at the mailbox.
+    pub fn set_waker(&self, waker: Arc<dyn Fn() + Send + Sync>) {
+        *lock(&self.inner.waker) = Some(waker);
+    }
+
+    /// Runs every queued mail, in order, on this (the task) thread.
+    pub fn run_pending(&self, control: &mut TaskControl<'_>) -> Result<usize> {
+        let mut ran = 0;
+        while self.has_mail() {
+            let mail = {
+                let mut q = lock(&self.inner.queue);
+                let m = q.pop_front();
+                if m.is_some() {
+                    self.inner.pending.fetch_sub(1, Ordering::Release);
+                }
+                m
+            };
+            let Some(mail) = mail else { break };
+            tracing::trace!("running mail '{}'", mail.description);
+            (mail.action)(control)?;
+            ran += 1;
+        }
+        Ok(ran)
+    }
+
+    /// Blocks until mail arrives, the mailbox is woken, or `timeout`
+    /// passes (a source with nothing to emit).
+    pub fn wait(&self, timeout: Duration) {
+        let q = lock(&self.inner.queue);
+        if !q.is_empty() || self.inner.woken.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let (_q, _) = self
+            .inner
+            .signal
+            .wait_timeout(q, timeout)
+            .unwrap_or_else(|e| e.into_inner());
+        self.inner.woken.store(false, Ordering::Release);
+    }
+
+    /// No more mail is taken: the task ended. What is queued is dropped.
+    pub fn close(&self) -> Vec<Mail> {
+        let mut q = lock(&self.inner.queue);
+        self.inner.closed.store(true, Ordering::Release);
+        self.inner.pending.store(0, Ordering::Release);
+        q.drain(..).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// Mail sent from another thread runs on the task thread, between the
+    /// units of work of a busy loop, in the order sent.
+    #[test]
+    fn mail_from_another_thread_runs_on_the_task_thread_between_records() {
+        let mailbox = Mailbox::new();
+        let sender = mailbox.sender();
+        let task_thread = std::thread::current().id();
+        let ran = Arc::new(Mutex::new(Vec::new()));
+        let r = Arc::clone(&ran);
+        let other = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            for i in 0..3 {
+                let r = Arc::clone(&r);
+                sender
+                    .send(Mail::new(format!("mail {i}"), move |_| {
+                        r.lock().unwrap().push((i, std::thread::current().id()));
+                        Ok(())
+                    }))
+                    .unwrap();
+            }
+        });
+        let mut records = 0u64;
+        let mut ran_after = None;
+        while records < 50_000_000 {
+            records += 1;
+            if mailbox.has_mail() {
+                mailbox.run_pending(&mut TaskControl::new(&[])).unwrap();
+                if ran.lock().unwrap().len() == 3 {
+                    ran_after = Some(records);
+                    break;
+                }
+            }
+        }
+        other.join().unwrap();
+        let ran = ran.lock().unwrap();
+        assert_eq!(
+            ran.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+            vec![0, 1, 2]
+        );
+        assert!(ran.iter().all(|(_, t)| *t == task_thread));
+        assert!(ran_after.is_some_and(|n| n > 1), "ran between records");
+        // Once closed, mail is refused, not lost silently.
+        mailbox.close();
+        let err = mailbox
+            .sender()
+            .send(Mail::new("late", |_| Ok(())))
+            .unwrap_err();
+        assert!(err.to_string().contains("late"), "{err}");
+    }
+
+    #[test]
+    fn a_waiting_source_is_woken_by_mail_or_wake() {
+        let mailbox = Mailbox::new();
+        let sender = mailbox.sender();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            sender.wake();
+        });
+        let started = std::time::Instant::now();
+        mailbox.wait(Duration::from_secs(10));
+        assert!(started.elapsed() < Duration::from_secs(5));
+        t.join().unwrap();
+    }
+}
