@@ -140,7 +140,9 @@ pub struct ExampleCatalog;
 impl ProgramCatalog for ExampleCatalog {
     fn build(&self, spec: &ProgramSpec) -> fluvia_core::Result<(JobGraph, OperatorRegistry)> {
         if spec.name == fluvia_sql::job::PROGRAM {
-            return crate::sql::build_program(spec);
+            // A SQL statement's job, planned again from its arguments.
+            let job = std::sync::Arc::new(fluvia_sql::job::SqlJob::from_args(&spec.args)?);
+            return job.build();
         }
         let example = Example::parse_spec(spec)?;
         let env = example.environment()?;

@@ -12,7 +12,7 @@ use fluvia_core::Configuration;
 use fluvia_graph::JobGraph;
 use fluvia_sql::catalog::Catalog;
 use fluvia_sql::datafusion::arrow::record_batch::RecordBatch;
-use fluvia_sql::job::{InsertTarget, PROGRAM, PlanError, PlanRequest, PlannedQuery, SqlJob};
+use fluvia_sql::job::{InsertTarget, PROGRAM, PlanError, PlanRequest, PlannedQuery};
 use fluvia_sql::session::TableFormat;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -286,14 +286,6 @@ pub fn run_with(
         graph: Some(graph),
         status: Some(status),
     })
-}
-
-/// Builds the job of a `sql` program spec (every process of a cluster).
-pub fn build_program(
-    spec: &ProgramSpec,
-) -> fluvia_core::Result<(JobGraph, fluvia_runtime::OperatorRegistry)> {
-    let job = Arc::new(SqlJob::from_args(&spec.args)?);
-    job.build()
 }
 
 /// Rows an `INSERT INTO` job wrote, from its sinks' reports.

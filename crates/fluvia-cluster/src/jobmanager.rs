@@ -69,6 +69,7 @@ enum TmCall {
     ReleaseJob(String),
     CommitFiles(fluvia_core::JobId, crate::rpc::CommitFilesRequest),
     Ping,
+    OperatorEvent(crate::rpc::OperatorEventRequest),
 }
 
 /// What the shell keeps of a registered TaskManager beside the scheduler's
@@ -97,6 +98,8 @@ pub(crate) struct JmState {
     pub jobs: BTreeMap<JobId, JobMeta>,
     /// RPC clients of the registered shuffle services.
     pub shuffle_services: BTreeMap<String, ShuffleServiceClient<Channel>>,
+    /// The operator coordinators of the running jobs.
+    pub(crate) coordinators: crate::coordinators::JobCoordinators,
 }
 
 pub(crate) struct JmShared {
@@ -164,6 +167,7 @@ impl JmShared {
             let (tm, call) = match action {
                 Action::Deploy(d) => {
                     let tm = d.task_manager.clone();
+                    st.coordinators.deployed(&d.attempt, &tm, d.parallelism);
                     match self.descriptor(st, &d) {
                         Some(desc) if st.tms.contains_key(&tm) => {
                             deploys
@@ -246,6 +250,7 @@ impl JmShared {
                     continue;
                 }
                 Action::JobEnded { job, state } => {
+                    st.coordinators.job_ended(job);
                     if let Some(meta) = st.jobs.get_mut(&job) {
                         meta.end_time = Some(now_millis());
                         tracing::info!("job {} ({}) {}", meta.id, meta.graph.name, state.name());
@@ -396,6 +401,17 @@ impl JmShared {
                                 failure,
                             });
                         });
+                    }
+                    TmCall::OperatorEvent(e) => {
+                        let req = security::authorize(e, secret);
+                        if let Ok(Err(status)) = tokio::time::timeout(
+                            Duration::from_secs(5),
+                            client.send_operator_event(req),
+                        )
+                        .await
+                        {
+                            tracing::debug!("operator event to {tm}: {}", status.message());
+                        }
                     }
                     TmCall::Ping => {
                         let req = security::authorize(Empty {}, secret);
@@ -583,6 +599,14 @@ impl JmService {
                 continue;
             };
             for e in events {
+                if let Event::AttemptState {
+                    attempt,
+                    state: ExecutionState::Failed | ExecutionState::Canceled,
+                    ..
+                } = &e
+                {
+                    st.coordinators.attempt_failed(attempt);
+                }
                 if let Event::PartitionsLost { job, .. } = &e
                     && let Some(j) = st.scheduler.job(*job)
                 {
@@ -630,8 +654,58 @@ impl JmService {
     }
 }
 
+impl JmService {
+    /// Hands an operator's event to its coordinator and queues what the
+    /// coordinator answers for the TaskManagers of the addressed attempts.
+    fn operator_event(&self, e: crate::rpc::OperatorEventRequest) -> Result<()> {
+        let attempt = attempt_id(&crate::rpc::AttemptRef {
+            job_id: e.job_id.clone(),
+            vertex_index: e.vertex_index,
+            subtask: e.subtask,
+            attempt: e.attempt,
+        })
+        .ok_or_else(|| FluviaError::Execution(format!("bad job id '{}'", e.job_id)))?;
+        let mut st = self.shared.state();
+        let graph = st
+            .jobs
+            .get(&attempt.job)
+            .map(|m| Arc::clone(&m.graph))
+            .ok_or_else(|| FluviaError::Execution(format!("no job {}", e.job_id)))?;
+        let out = st.coordinators.handle_event(
+            &graph,
+            &e.job_id,
+            &attempt,
+            e.operator_index as usize,
+            &e.event,
+        )?;
+        for (tm, req) in out {
+            if let Some(t) = st.tms.get(&tm) {
+                let _ = t.queue.send(TmCall::OperatorEvent(req));
+            }
+        }
+        Ok(())
+    }
+}
+
 #[tonic::async_trait]
 impl JobManager for JmService {
+    async fn send_operator_event(
+        &self,
+        req: Request<crate::rpc::OperatorEventRequest>,
+    ) -> RpcResult<Ack> {
+        security::check_request(&self.shared.secret, &req, "SendOperatorEvent")?;
+        Ok(Response::new(match self.operator_event(req.into_inner()) {
+            Ok(()) => Ack {
+                ok: true,
+                message: String::new(),
+            },
+            Err(e) => Ack {
+                ok: false,
+                message: e.to_string(),
+            },
+        }))
+    }
+
     async fn register_task_manager(
         &self,
         req: Request<RegisterTaskManagerRequest>,
@@ -917,6 +991,7 @@ pub async fn start(config: Configuration) -> Result<JobManagerHandle> {
             tm_addresses: BTreeMap::new(),
             jobs: BTreeMap::new(),
             shuffle_services: BTreeMap::new(),
+            coordinators: crate::coordinators::JobCoordinators::new(),
         }),
         job_ended: tokio::sync::Notify::new(),
         heartbeat_interval: config.get(&cfg::HEARTBEAT_INTERVAL)?,

@@ -29,6 +29,7 @@
 pub mod allocator;
 pub mod client;
 pub mod config;
+mod coordinators;
 pub mod deployment;
 mod details;
 pub mod jobmanager;

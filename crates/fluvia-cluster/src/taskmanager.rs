@@ -18,9 +18,9 @@ use crate::program::{ProgramCatalog, ProgramSpec};
 use crate::rpc::job_manager_client::JobManagerClient;
 use crate::rpc::task_manager_server::{TaskManager, TaskManagerServer};
 use crate::rpc::{
-    Ack, Acks, AttemptRef, CommitFilesRequest, Empty, JobRequest, RegisterTaskManagerRequest,
-    ReleasePartitionsRequest, TaskDeployments as TaskDeploymentsMsg, TaskManagerHeartbeat,
-    TaskStateUpdate,
+    Ack, Acks, AttemptRef, CommitFilesRequest, Empty, JobRequest, OperatorEventRequest,
+    RegisterTaskManagerRequest, ReleasePartitionsRequest, TaskDeployments as TaskDeploymentsMsg,
+    TaskManagerHeartbeat, TaskStateUpdate,
 };
 use crate::security;
 use crate::shuffle::{
@@ -36,7 +36,7 @@ use fluvia_network::net::environment::{NetworkConfig, NetworkEnvironment};
 use fluvia_network::net::protocol::ResultPartitionId;
 use fluvia_runtime::metrics::TaskMetricGroup;
 use fluvia_runtime::task::{OutputSpec, TaskDeployment, discard_staged_file, run_task_attributed};
-use fluvia_runtime::{MetricRegistry, OperatorRegistry};
+use fluvia_runtime::{MailboxSender, MetricRegistry, OperatorRegistry};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -53,6 +53,8 @@ struct TmJob {
     registry: Arc<OperatorRegistry>,
     /// Attempts running here.
     running: HashMap<AttemptKey, CancelToken>,
+    /// Their mailboxes, for their coordinators' operator events.
+    mailboxes: HashMap<AttemptKey, fluvia_runtime::MailboxSender>,
     partitions: Vec<ResultPartitionId>,
     spill_dir: Option<tempfile_dir::Dir>,
     /// Files finished attempts staged here, until the JobManager commits
@@ -96,6 +98,9 @@ struct Shared {
     busy: Arc<BusyCount>,
     /// Where this TaskManager's jobs spill, one directory per job.
     workdir: crate::workdir::WorkDir,
+    /// Operator events of this TaskManager's tasks for their coordinators,
+    /// sent in order by one forwarder ([`forward_operator_events`]).
+    operator_events: tokio::sync::mpsc::UnboundedSender<(OperatorEventRequest, MailboxSender)>,
     internal_shuffle: InternalShuffleEnvironment,
     external_shuffle: ExternalShuffleEnvironment,
 }
@@ -142,6 +147,7 @@ impl Shared {
             graph: Arc::clone(&graph),
             registry: Arc::clone(&registry),
             running: HashMap::new(),
+            mailboxes: HashMap::new(),
             partitions: Vec::new(),
             spill_dir: None,
             staged: HashMap::new(),
@@ -253,6 +259,7 @@ impl Shared {
             .for_attempt(desc.vertex_index, desc.attempt),
         );
         let cancel = CancelToken::new();
+        let mailbox = fluvia_runtime::Mailbox::new();
         let deployment = TaskDeployment {
             job: Arc::clone(&graph),
             vertex_index: desc.vertex_index,
@@ -267,7 +274,8 @@ impl Shared {
             cancel: cancel.clone(),
             flush_epoch: Arc::clone(&self.flush_epoch),
             counters,
-            mailbox: fluvia_runtime::Mailbox::new(),
+            mailbox: mailbox.clone(),
+            coordinator_gateway: Some(self.coordinator_gateway(&desc, mailbox.sender())),
         };
         let key: AttemptKey = (desc.vertex_index, desc.subtask, desc.attempt);
         {
@@ -291,6 +299,7 @@ impl Shared {
                 )));
             };
             job.running.insert(key, cancel);
+            job.mailboxes.insert(key, mailbox.sender());
             job.partitions.extend(partition_ids);
         }
         let shared = Arc::clone(self);
@@ -386,6 +395,7 @@ impl Shared {
         if let Err(e) = spawned {
             if let Some(job) = lock(&self.jobs).get_mut(&job_id_of_spawn) {
                 job.running.remove(&key);
+                job.mailboxes.remove(&key);
             }
             return Err(FluviaError::io("starting a task thread", e));
         }
@@ -416,6 +426,7 @@ impl Shared {
             let mut pending = lock(&self.unacknowledged);
             if let Some(job) = jobs.get_mut(job_id) {
                 job.running.remove(&key);
+                job.mailboxes.remove(&key);
                 pending.insert((job_id.to_string(), key), update.clone());
             }
         }
@@ -475,6 +486,50 @@ impl Shared {
             }
         }
         Ok(files.len())
+    }
+
+    /// Where the operators of the attempt `desc` send their coordinator
+    /// events: the forwarder, which tells the task if the JobManager cannot
+    /// be reached (the task then fails, naming why, instead of waiting).
+    fn coordinator_gateway(
+        &self,
+        desc: &TaskDeploymentDescriptor,
+        mailbox: MailboxSender,
+    ) -> fluvia_runtime::CoordinatorGateway {
+        let (tx, job_id) = (self.operator_events.clone(), desc.job_id.clone());
+        let (vertex, subtask, attempt) = (desc.vertex_index, desc.subtask, desc.attempt);
+        fluvia_runtime::CoordinatorGateway(Arc::new(move |operator, event| {
+            let req = OperatorEventRequest {
+                job_id: job_id.clone(),
+                vertex_index: vertex as u32,
+                subtask: subtask as u32,
+                attempt,
+                operator_index: operator as u32,
+                event,
+            };
+            tx.send((req, mailbox.clone()))
+                .map_err(|_| FluviaError::Execution("the TaskManager is shutting down".to_string()))
+        }))
+    }
+
+    /// Hands a coordinator's event to the attempt's mailbox; an attempt that
+    /// ended is not an error (the event came too late).
+    fn deliver_operator_event(&self, e: OperatorEventRequest) {
+        let key = (e.vertex_index as usize, e.subtask as usize, e.attempt);
+        let mailbox = lock(&self.jobs)
+            .get(&e.job_id)
+            .and_then(|j| j.mailboxes.get(&key).cloned());
+        match mailbox {
+            Some(m) => {
+                if let Err(err) = m.send_operator_event(e.operator_index as usize, e.event) {
+                    tracing::debug!("operator event for {key:?}: {err}");
+                }
+            }
+            None => tracing::debug!(
+                "operator event for {key:?} of job {}, which ended",
+                e.job_id
+            ),
+        }
     }
 
     fn cancel_attempt(&self, a: &AttemptRef) {
@@ -608,6 +663,36 @@ async fn send_updates(shared: &Shared, updates: Vec<TaskStateUpdate>) -> bool {
 /// one call, instead of two per task.
 const RUNNING_HINT_DELAY: Duration = Duration::from_millis(10);
 
+/// Sends the tasks' operator events to the JobManager, one at a time, in
+/// the order the tasks sent them. An event the JobManager cannot take fails
+/// its task with the reason (through the task's mailbox).
+async fn forward_operator_events(
+    mut jobmanager: JobManagerClient<Channel>,
+    secret: Option<String>,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<(OperatorEventRequest, MailboxSender)>,
+) {
+    while let Some((event, mailbox)) = rx.recv().await {
+        let req = security::authorize(event, &secret);
+        let failure =
+            match tokio::time::timeout(RPC_TIMEOUT, jobmanager.send_operator_event(req)).await {
+                Ok(Ok(ack)) if ack.get_ref().ok => None,
+                Ok(Ok(ack)) => Some(ack.into_inner().message),
+                Ok(Err(status)) => Some(status.message().to_string()),
+                Err(_) => Some(format!("no answer in {} s", RPC_TIMEOUT.as_secs())),
+            };
+        if let Some(reason) = failure {
+            let _ = mailbox.send(fluvia_runtime::Mail::new(
+                "operator event refused",
+                move |_| {
+                    Err(FluviaError::Execution(format!(
+                        "the JobManager did not take an operator event: {reason}"
+                    )))
+                },
+            ));
+        }
+    }
+}
+
 struct TmService {
     shared: Arc<Shared>,
 }
@@ -643,6 +728,18 @@ impl TaskManager for TmService {
         .await
         .map_err(|e| Status::internal(e.to_string()))?;
         Ok(Response::new(Acks { acks }))
+    }
+
+    async fn send_operator_event(
+        &self,
+        req: Request<OperatorEventRequest>,
+    ) -> std::result::Result<Response<Ack>, Status> {
+        security::check_request(&self.shared.secret, &req, "SendOperatorEvent")?;
+        self.shared.deliver_operator_event(req.into_inner());
+        Ok(Response::new(Ack {
+            ok: true,
+            message: String::new(),
+        }))
     }
 
     async fn cancel_task(
@@ -902,7 +999,9 @@ async fn run_inner(
         .get(&cfg::METRICS_UPDATE_INTERVAL)?
         .max(Duration::from_millis(50));
     let timeout = config.get(&cfg::HEARTBEAT_TIMEOUT)?;
+    let (operator_events, operator_events_rx) = tokio::sync::mpsc::unbounded_channel();
     let shared = Arc::new(Shared {
+        operator_events,
         id: id.clone(),
         secret: secret.clone(),
         catalog: Arc::clone(&catalog),
@@ -930,6 +1029,11 @@ async fn run_inner(
         ),
     });
     let reporter = tokio::spawn(report_finished(Arc::clone(&shared)));
+    let forwarder = tokio::spawn(forward_operator_events(
+        shared.jobmanager.clone(),
+        secret.clone(),
+        operator_events_rx,
+    ));
     let ticker = {
         let epoch = Arc::clone(&shared.flush_epoch);
         let every = config
@@ -963,6 +1067,7 @@ async fn run_inner(
         server.abort_handle(),
         ticker.abort_handle(),
         reporter.abort_handle(),
+        forwarder.abort_handle(),
     ]);
     tracing::info!(
         "TaskManager {id}: {slots} slots, RPC {rpc_address}, data {}",

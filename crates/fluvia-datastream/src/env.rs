@@ -2,16 +2,13 @@
 //! path from API calls to a running job (StreamGraph → JobGraph → a cluster:
 //! the embedded mini-cluster, or a running one in application mode).
 
-use crate::sources::{CollectionSource, GeneratorSource, TextFileSource};
-use crate::stream::{DataStream, OperatorSettings};
 use fluvia_cluster::program::{ProgramCatalog, ProgramSpec};
 use fluvia_core::config::options;
 use fluvia_core::{Configuration, FluviaError, Result, RuntimeMode};
 use fluvia_graph::{JobGraph, JobGraphGenerator, StreamGraph, StreamGraphBuilder, StreamNodeId};
-use fluvia_runtime::operator::{OperatorFactory, SourceFactory};
-use fluvia_runtime::{Data, JobExecutionResult, OperatorRegistry, SourceOperator, validate_job};
+use fluvia_runtime::operator::OperatorFactory;
+use fluvia_runtime::{JobExecutionResult, OperatorRegistry, validate_job};
 use std::cell::RefCell;
-use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -175,102 +172,6 @@ impl StreamExecutionEnvironment {
 
     pub fn config(&self) -> Configuration {
         self.inner.borrow().config.clone()
-    }
-
-    // ------------------------------------------------------------ sources
-
-    /// Adds a source operator. `make` builds one instance per subtask.
-    pub fn add_source<T: Data>(
-        &self,
-        name: &str,
-        bounded: bool,
-        factory: Arc<dyn OperatorFactory>,
-    ) -> DataStream<T> {
-        let node = {
-            let mut inner = self.inner.borrow_mut();
-            let node = inner.builder.add_source(format!("Source: {name}"), bounded);
-            inner.registry.register(node, factory);
-            node
-        };
-        DataStream::from_node(self.clone(), node)
-    }
-
-    /// A source from a per-subtask constructor.
-    pub fn from_source<T: Data, S: SourceOperator<T>>(
-        &self,
-        name: &str,
-        bounded: bool,
-        make: impl Fn(&fluvia_runtime::OperatorContext) -> S + Send + Sync + 'static,
-    ) -> DataStream<T> {
-        let factory = SourceFactory::<T>::new(move |ctx| Ok(Box::new(make(ctx))));
-        self.add_source(name, bounded, Arc::new(factory))
-    }
-
-    /// The elements of `items`, in order (parallelism 1 by default, as Flink's
-    /// `fromCollection`; with more subtasks each takes every p-th element).
-    pub fn from_collection<T: Data + Sync>(&self, items: Vec<T>) -> DataStream<T> {
-        let items = Arc::new(items);
-        let stream = self.from_source("Collection Source", true, move |ctx| {
-            CollectionSource::new(Arc::clone(&items), ctx.subtask_index, ctx.parallelism)
-        });
-        stream.set_parallelism(1)
-    }
-
-    /// The numbers `from..=to`, split evenly across subtasks.
-    pub fn from_sequence(&self, from: i64, to: i64) -> DataStream<i64> {
-        let count = if to >= from {
-            (to - from) as u64 + 1
-        } else {
-            0
-        };
-        self.generator_source("Sequence Source", count, move |i| from + i as i64)
-    }
-
-    /// `count` records `f(0) .. f(count-1)`, split evenly across subtasks.
-    pub fn from_generator<T: Data>(
-        &self,
-        count: u64,
-        f: impl Fn(u64) -> T + Send + Sync + 'static,
-    ) -> DataStream<T> {
-        self.generator_source("Generator Source", count, f)
-    }
-
-    fn generator_source<T: Data>(
-        &self,
-        name: &str,
-        count: u64,
-        f: impl Fn(u64) -> T + Send + Sync + 'static,
-    ) -> DataStream<T> {
-        let f: Arc<dyn Fn(u64) -> T + Send + Sync> = Arc::new(f);
-        self.from_source(name, true, move |ctx| {
-            GeneratorSource::new(Arc::clone(&f), count, ctx.subtask_index, ctx.parallelism)
-        })
-    }
-
-    /// Lines of a text file; see [`read_text_files`](Self::read_text_files).
-    pub fn read_text_file(&self, path: impl Into<PathBuf>) -> DataStream<String> {
-        self.read_text_files(vec![path.into()])
-    }
-
-    /// Lines of text files, split into byte ranges shared out among the
-    /// parallel readers. A missing file fails the job before it runs.
-    pub fn read_text_files(&self, paths: Vec<PathBuf>) -> DataStream<String> {
-        let name = paths
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", ");
-        let paths = Arc::new(paths);
-        let check = Arc::clone(&paths);
-        let factory = SourceFactory::<String>::new(move |ctx| {
-            Ok(Box::new(TextFileSource::new(
-                Arc::clone(&paths),
-                ctx.subtask_index,
-                ctx.parallelism,
-            )))
-        })
-        .with_validation(move || TextFileSource::validate(&check));
-        self.add_source(&name, true, Arc::new(factory))
     }
 
     // ------------------------------------------------------------ building

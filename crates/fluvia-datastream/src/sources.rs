@@ -1,15 +1,127 @@
 //! Built-in bounded sources: a collection, a generator (and number
 //! sequence), and text files read as lines.
 //!
-//! Every source splits its work deterministically by subtask index, so the
-//! same job reads the same data whatever process a subtask runs in.
+//! The collection and the generator split their work deterministically by
+//! subtask index; text files are read as FLIP-27 splits handed out by the
+//! source's coordinator on the JobManager as readers ask for them.
 
+use crate::env::StreamExecutionEnvironment;
+use crate::stream::{DataStream, OperatorSettings};
 use fluvia_core::{FluviaError, Result};
-use fluvia_runtime::{Collector, Data, SourceOperator, SourceStatus, UserError};
-use std::fs::File;
-use std::io::{BufRead, BufReader, Seek, SeekFrom};
+use fluvia_graph::CoordinatorSpec;
+use fluvia_runtime::operator::{OperatorFactory, SourceFactory};
+use fluvia_runtime::source::SourceEvent;
+use fluvia_runtime::source::file::{FILE_SOURCE_COORDINATOR, FileSourceConfig, FileSplitReader};
+use fluvia_runtime::{Collector, Data, OperatorContext, SourceOperator, SourceStatus, UserError};
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::Arc;
+
+/// The sources of a job: each call adds a source node to the environment's
+/// graph and returns its stream.
+impl StreamExecutionEnvironment {
+    /// Adds a source operator. `make` builds one instance per subtask.
+    pub fn add_source<T: Data>(
+        &self,
+        name: &str,
+        bounded: bool,
+        factory: Arc<dyn OperatorFactory>,
+    ) -> DataStream<T> {
+        self.add_coordinated_source(name, bounded, factory, None)
+    }
+
+    /// A source with a coordinator on the JobManager (a FLIP-27 source's
+    /// split enumerator).
+    fn add_coordinated_source<T: Data>(
+        &self,
+        name: &str,
+        bounded: bool,
+        factory: Arc<dyn OperatorFactory>,
+        coordinator: Option<fluvia_graph::CoordinatorSpec>,
+    ) -> DataStream<T> {
+        let node = {
+            let mut inner = self.inner.borrow_mut();
+            let node = inner.builder.add_source(format!("Source: {name}"), bounded);
+            if let Some(spec) = coordinator {
+                inner.builder.set_coordinator(node, spec);
+            }
+            inner.registry.register(node, factory);
+            node
+        };
+        DataStream::from_node(self.clone(), node)
+    }
+
+    /// A source from a per-subtask constructor.
+    pub fn from_source<T: Data, S: SourceOperator<T>>(
+        &self,
+        name: &str,
+        bounded: bool,
+        make: impl Fn(&fluvia_runtime::OperatorContext) -> S + Send + Sync + 'static,
+    ) -> DataStream<T> {
+        let factory = SourceFactory::<T>::new(move |ctx| Ok(Box::new(make(ctx))));
+        self.add_source(name, bounded, Arc::new(factory))
+    }
+
+    /// The elements of `items`, in order (parallelism 1 by default, as Flink's
+    /// `fromCollection`; with more subtasks each takes every p-th element).
+    pub fn from_collection<T: Data + Sync>(&self, items: Vec<T>) -> DataStream<T> {
+        let items = Arc::new(items);
+        let stream = self.from_source("Collection Source", true, move |ctx| {
+            CollectionSource::new(Arc::clone(&items), ctx.subtask_index, ctx.parallelism)
+        });
+        stream.set_parallelism(1)
+    }
+
+    /// The numbers `from..=to`, split evenly across subtasks.
+    pub fn from_sequence(&self, from: i64, to: i64) -> DataStream<i64> {
+        let count = if to >= from {
+            (to - from) as u64 + 1
+        } else {
+            0
+        };
+        self.generator_source("Sequence Source", count, move |i| from + i as i64)
+    }
+
+    /// `count` records `f(0) .. f(count-1)`, split evenly across subtasks.
+    pub fn from_generator<T: Data>(
+        &self,
+        count: u64,
+        f: impl Fn(u64) -> T + Send + Sync + 'static,
+    ) -> DataStream<T> {
+        self.generator_source("Generator Source", count, f)
+    }
+
+    fn generator_source<T: Data>(
+        &self,
+        name: &str,
+        count: u64,
+        f: impl Fn(u64) -> T + Send + Sync + 'static,
+    ) -> DataStream<T> {
+        let f: Arc<dyn Fn(u64) -> T + Send + Sync> = Arc::new(f);
+        self.from_source(name, true, move |ctx| {
+            GeneratorSource::new(Arc::clone(&f), count, ctx.subtask_index, ctx.parallelism)
+        })
+    }
+
+    /// Lines of a text file; see [`read_text_files`](Self::read_text_files).
+    pub fn read_text_file(&self, path: impl Into<PathBuf>) -> DataStream<String> {
+        self.read_text_files(vec![path.into()])
+    }
+
+    /// Lines of text files, split into byte ranges shared out among the
+    /// parallel readers. A missing file fails the job before it runs.
+    pub fn read_text_files(&self, paths: Vec<PathBuf>) -> DataStream<String> {
+        let name = paths
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let coordinator = TextFileSource::coordinator(&paths);
+        let factory = SourceFactory::<String>::new(|_| Ok(Box::new(TextFileSource::new())))
+            .with_validation(move || TextFileSource::validate(&paths));
+        self.add_coordinated_source(&name, true, Arc::new(factory), Some(coordinator))
+    }
+}
 
 /// Records emitted per poll: large enough to amortise the poll, small enough
 /// to notice cancellation quickly.
@@ -82,68 +194,34 @@ impl<T: Data> SourceOperator<T> for GeneratorSource<T> {
     }
 }
 
-/// A byte range of one file; it owns the lines that *start* inside it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FileSplit {
-    pub path: PathBuf,
-    pub start: u64,
-    pub end: u64,
-}
+pub use fluvia_runtime::source::file::{FileSplit, create_splits};
 
-/// Splits files into ranges: at least one per reader overall, none smaller
-/// than 1 MiB unless the file is.
-pub fn create_splits(paths: &[PathBuf], parallelism: usize) -> Result<Vec<FileSplit>> {
-    let mut sizes = Vec::with_capacity(paths.len());
-    for p in paths {
-        let meta = std::fs::metadata(p)
-            .map_err(|e| FluviaError::io(format!("input file '{}'", p.display()), e))?;
-        sizes.push(meta.len());
-    }
-    let total: u64 = sizes.iter().sum();
-    let split_size = (total / parallelism.max(1) as u64).clamp(1 << 20, 64 << 20);
-    let mut splits = Vec::new();
-    for (p, &size) in paths.iter().zip(&sizes) {
-        let mut start = 0;
-        loop {
-            let end = (start + split_size).min(size);
-            splits.push(FileSplit {
-                path: p.clone(),
-                start,
-                end,
-            });
-            if end >= size {
-                break;
-            }
-            start = end;
-        }
-    }
-    Ok(splits)
-}
-
-/// Reads lines of the splits `i, i+p, i+2p, ...` for subtask `i`.
+/// Reads lines of text files as a FLIP-27 reader: it asks the source's
+/// coordinator on the JobManager for a split whenever it has none left, so
+/// a fast reader reads more of the input than a slow one.
 pub struct TextFileSource {
-    paths: Arc<Vec<PathBuf>>,
-    subtask: usize,
-    parallelism: usize,
-    splits: Vec<FileSplit>,
-    current: Option<SplitReader>,
+    ctx: Option<OperatorContext>,
+    splits: VecDeque<FileSplit>,
+    current: Option<FileSplitReader>,
+    /// A request is on its way to the coordinator.
+    requested: bool,
+    no_more_splits: bool,
 }
 
-struct SplitReader {
-    split: FileSplit,
-    reader: BufReader<File>,
-    pos: u64,
-    line: Vec<u8>,
+impl Default for TextFileSource {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl TextFileSource {
-    pub fn new(paths: Arc<Vec<PathBuf>>, subtask: usize, parallelism: usize) -> Self {
+    pub fn new() -> Self {
         TextFileSource {
-            paths,
-            subtask,
-            parallelism,
-            splits: Vec::new(),
+            ctx: None,
+            splits: VecDeque::new(),
             current: None,
+            requested: false,
+            no_more_splits: false,
         }
     }
 
@@ -169,40 +247,50 @@ impl TextFileSource {
         Ok(())
     }
 
-    fn open_split(split: FileSplit) -> Result<SplitReader> {
-        let file = File::open(&split.path)
-            .map_err(|e| FluviaError::io(format!("opening '{}'", split.path.display()), e))?;
-        let mut reader = BufReader::with_capacity(256 * 1024, file);
-        let mut pos = split.start;
-        if split.start > 0 {
-            // Skip the tail of a line that started in the previous split.
-            reader.seek(SeekFrom::Start(split.start - 1)).map_err(|e| {
-                FluviaError::io(format!("seeking in '{}'", split.path.display()), e)
-            })?;
-            let mut skipped = Vec::new();
-            let n = reader
-                .read_until(b'\n', &mut skipped)
-                .map_err(|e| FluviaError::io(format!("reading '{}'", split.path.display()), e))?;
-            pos = split.start - 1 + n as u64;
+    /// The coordinator spec of a text file source over `paths`.
+    pub fn coordinator(paths: &[PathBuf]) -> CoordinatorSpec {
+        CoordinatorSpec {
+            kind: FILE_SOURCE_COORDINATOR.to_string(),
+            config: FileSourceConfig {
+                paths: paths.to_vec(),
+            }
+            .encode(),
         }
-        Ok(SplitReader {
-            split,
-            reader,
-            pos,
-            line: Vec::with_capacity(256),
-        })
+    }
+
+    fn request_split(&mut self) -> Result<(), UserError> {
+        if !self.requested && !self.no_more_splits {
+            if let Some(ctx) = &self.ctx {
+                ctx.send_operator_event(SourceEvent::RequestSplit.encode())?;
+            }
+            self.requested = true;
+        }
+        Ok(())
     }
 }
 
 impl SourceOperator<String> for TextFileSource {
-    fn open(&mut self, _ctx: &fluvia_runtime::OperatorContext) -> Result<(), UserError> {
-        self.splits = create_splits(&self.paths, self.parallelism)?
-            .into_iter()
-            .enumerate()
-            .filter(|(i, _)| i % self.parallelism == self.subtask)
-            .map(|(_, s)| s)
-            .collect();
-        self.splits.reverse(); // popped from the back, in order
+    fn open(&mut self, ctx: &OperatorContext) -> Result<(), UserError> {
+        self.ctx = Some(ctx.clone());
+        self.request_split()
+    }
+
+    fn handle_operator_event(&mut self, event: &[u8]) -> Result<(), UserError> {
+        match SourceEvent::decode(event)? {
+            SourceEvent::AddSplits(splits) => {
+                for s in splits {
+                    self.splits.push_back(FileSplit::decode(&s)?);
+                }
+                self.requested = false;
+            }
+            SourceEvent::NoMoreSplits => {
+                self.no_more_splits = true;
+                self.requested = false;
+            }
+            SourceEvent::RequestSplit => {
+                return Err("the coordinator sent a split request to a reader".into());
+            }
+        }
         Ok(())
     }
 
@@ -211,93 +299,33 @@ impl SourceOperator<String> for TextFileSource {
         while emitted < BATCH {
             let current = match &mut self.current {
                 Some(c) => c,
-                None => match self.splits.pop() {
-                    Some(s) => self.current.insert(Self::open_split(s)?),
-                    None => return Ok(SourceStatus::End),
+                None => match self.splits.pop_front() {
+                    Some(s) => {
+                        // Ask for the next split while this one is read.
+                        if self.splits.is_empty() {
+                            self.request_split()?;
+                        }
+                        self.current.insert(FileSplitReader::open(s)?)
+                    }
+                    None if self.no_more_splits => return Ok(SourceStatus::End),
+                    None => {
+                        self.request_split()?;
+                        return Ok(if emitted > 0 {
+                            SourceStatus::MoreAvailable
+                        } else {
+                            SourceStatus::NothingAvailable
+                        });
+                    }
                 },
             };
-            if current.pos >= current.split.end {
-                self.current = None;
-                continue;
+            match current.next_line()? {
+                Some(line) => {
+                    out.collect(line.to_string());
+                    emitted += 1;
+                }
+                None => self.current = None,
             }
-            current.line.clear();
-            let line_start = current.pos;
-            let n = current
-                .reader
-                .read_until(b'\n', &mut current.line)
-                .map_err(|e| {
-                    FluviaError::io(format!("reading '{}'", current.split.path.display()), e)
-                })?;
-            if n == 0 {
-                self.current = None;
-                continue;
-            }
-            current.pos += n as u64;
-            let mut bytes = &current.line[..];
-            if let Some(b) = bytes.strip_suffix(b"\n") {
-                bytes = b;
-            }
-            if let Some(b) = bytes.strip_suffix(b"\r") {
-                bytes = b;
-            }
-            let line = std::str::from_utf8(bytes).map_err(|e| {
-                FluviaError::Execution(format!(
-                    "'{}': the line at byte offset {line_start} is not valid UTF-8 ({e})",
-                    current.split.path.display()
-                ))
-            })?;
-            out.collect(line.to_string());
-            emitted += 1;
         }
         Ok(SourceStatus::MoreAvailable)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::io::Write;
-
-    /// Reads every split of `paths` as `p` readers would, concatenating lines.
-    fn read_all(paths: &[PathBuf], p: usize) -> Vec<String> {
-        let mut lines = Vec::new();
-        for split in create_splits(paths, p).unwrap() {
-            let mut r = TextFileSource::open_split(split.clone()).unwrap();
-            while r.pos < split.end {
-                r.line.clear();
-                let n = r.reader.read_until(b'\n', &mut r.line).unwrap();
-                if n == 0 {
-                    break;
-                }
-                r.pos += n as u64;
-                lines.push(
-                    String::from_utf8(r.line.clone())
-                        .unwrap()
-                        .trim_end_matches('\n')
-                        .to_string(),
-                );
-            }
-        }
-        lines
-    }
-
-    #[test]
-    fn splits_cover_every_line_exactly_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("in.txt");
-        let mut f = File::create(&path).unwrap();
-        let mut expected = Vec::new();
-        // ~3.5 MiB so that several 1 MiB splits cut lines in the middle.
-        for i in 0..200_000 {
-            let line = format!("line {i}:{}", "x".repeat(i % 13));
-            writeln!(f, "{line}").unwrap();
-            expected.push(line);
-        }
-        drop(f);
-        let splits = create_splits(std::slice::from_ref(&path), 4).unwrap();
-        assert!(splits.len() >= 3, "{splits:?}");
-        let got = read_all(&[path], 4);
-        assert_eq!(got.len(), expected.len());
-        assert!(got == expected, "lines differ");
     }
 }

@@ -131,6 +131,7 @@ impl<'a> JobGraphGenerator<'a> {
                     node_id: m,
                     operator_id: format!("{:032x}", self.node_hashes[m]),
                     name: g.node(m).name.clone(),
+                    coordinator: g.node(m).coordinator.clone(),
                     chained_outputs: Vec::new(),
                     network_outputs: Vec::new(),
                 })

@@ -34,6 +34,9 @@ pub struct ChainedOperator {
     /// Stable hash of the operator (its uid, or its position in the graph).
     pub operator_id: String,
     pub name: String,
+    /// The operator's coordinator on the JobManager, if any.
+    #[serde(default)]
+    pub coordinator: Option<crate::CoordinatorSpec>,
     /// Operators of the same vertex this one calls directly (indices into
     /// [`JobVertex::operators`]).
     pub chained_outputs: Vec<usize>,

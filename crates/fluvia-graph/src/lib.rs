@@ -24,4 +24,6 @@ pub use job_graph::{
     ChainedOperator, IntermediateDataSet, JobEdge, JobGraph, JobType, JobVertex, NetworkOutput,
     components,
 };
-pub use stream_graph::{StreamEdge, StreamGraph, StreamGraphBuilder, StreamNode, StreamNodeId};
+pub use stream_graph::{
+    CoordinatorSpec, StreamEdge, StreamGraph, StreamGraphBuilder, StreamNode, StreamNodeId,
+};

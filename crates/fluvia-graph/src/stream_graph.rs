@@ -22,6 +22,14 @@ pub type StreamNodeId = usize;
 /// The default slot sharing group.
 pub const DEFAULT_SLOT_SHARING_GROUP: &str = "default";
 
+/// What the JobManager builds an operator's coordinator from: a kind it
+/// knows by name and the kind's config bytes (no user closure crosses).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CoordinatorSpec {
+    pub kind: String,
+    pub config: Vec<u8>,
+}
+
 /// An operator as the user declared it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StreamNode {
@@ -46,6 +54,10 @@ pub struct StreamNode {
     pub supports_concurrent_attempts: bool,
     /// Number of logical inputs of the operator (0 source, 1, or 2 for connect).
     pub num_inputs: usize,
+    /// The operator's JobManager-side half, if it has one (a FLIP-27
+    /// source's split enumerator).
+    #[serde(default)]
+    pub coordinator: Option<CoordinatorSpec>,
     pub in_edges: Vec<usize>,
     pub out_edges: Vec<usize>,
 }
@@ -145,6 +157,7 @@ struct NodeSpec {
     bounded: bool,
     num_inputs: usize,
     supports_concurrent_attempts: bool,
+    coordinator: Option<CoordinatorSpec>,
 }
 
 #[derive(Debug, Clone)]
@@ -228,6 +241,7 @@ impl StreamGraphBuilder {
             bounded,
             num_inputs,
             supports_concurrent_attempts: true,
+            coordinator: None,
         });
         self.nodes.len() - 1
     }
@@ -282,6 +296,11 @@ impl StreamGraphBuilder {
     /// execution); true unless said otherwise.
     pub fn set_supports_concurrent_attempts(&mut self, id: StreamNodeId, supports: bool) {
         self.nodes[id].supports_concurrent_attempts = supports;
+    }
+
+    /// Gives the operator a coordinator on the JobManager.
+    pub fn set_coordinator(&mut self, id: StreamNodeId, spec: CoordinatorSpec) {
+        self.nodes[id].coordinator = Some(spec);
     }
 
     pub fn set_max_parallelism(&mut self, id: StreamNodeId, p: usize) {
@@ -384,6 +403,7 @@ impl StreamGraphBuilder {
                 bounded: spec.bounded,
                 supports_concurrent_attempts: spec.supports_concurrent_attempts,
                 num_inputs: spec.num_inputs,
+                coordinator: spec.coordinator.clone(),
                 in_edges: in_edges[id].clone(),
                 out_edges: out_edges[id].clone(),
             });

@@ -16,6 +16,7 @@
 //! Record types are known only to [`operator`] factories and [`output`]s;
 //! everything below (network, scheduler, graph) sees bytes and ids.
 
+pub mod coordinator;
 pub mod input;
 pub mod mailbox;
 pub mod metrics;
@@ -24,11 +25,12 @@ pub mod output;
 pub mod record;
 pub mod registry;
 pub mod result;
+pub mod source;
 pub mod state;
 pub mod task;
 
 pub use input::{DataOutput, InputStatus, StreamInputProcessor};
-pub use mailbox::{Mail, Mailbox, MailboxSender, TaskControl};
+pub use mailbox::{CoordinatorGateway, Mail, Mailbox, MailboxSender, TaskControl};
 pub use metrics::{MetricRegistry, TaskMetricsSnapshot};
 pub use operator::{
     InputStats, OneInputOperator, OperatorContext, OperatorFactory, OperatorInstance, RecordType,

@@ -54,10 +54,20 @@ impl<'a> TaskControl<'a> {
 
 type Action = Box<dyn FnOnce(&mut TaskControl<'_>) -> Result<()> + Send>;
 
+enum MailKind {
+    Action(Action),
+    /// An event from an operator's coordinator, for the operator at this
+    /// index of the chain.
+    OperatorEvent {
+        operator: usize,
+        event: Vec<u8>,
+    },
+}
+
 /// One action for the task thread.
 pub struct Mail {
     description: String,
-    action: Action,
+    kind: MailKind,
 }
 
 impl std::fmt::Debug for Mail {
@@ -75,7 +85,15 @@ impl Mail {
     ) -> Self {
         Mail {
             description: description.into(),
-            action: Box::new(action),
+            kind: MailKind::Action(Box::new(action)),
+        }
+    }
+
+    /// An event from the coordinator of the chain's operator `operator`.
+    pub fn operator_event(operator: usize, event: Vec<u8>) -> Self {
+        Mail {
+            description: format!("operator event for operator {operator}"),
+            kind: MailKind::OperatorEvent { operator, event },
         }
     }
 
@@ -147,6 +165,11 @@ impl MailboxSender {
         Ok(())
     }
 
+    /// Hands `event` from its coordinator to the chain's operator `operator`.
+    pub fn send_operator_event(&self, operator: usize, event: Vec<u8>) -> Result<()> {
+        self.send(Mail::operator_event(operator, event))
+    }
+
     /// Wakes a source waiting in [`Mailbox::wait`] (it has data again).
     pub fn wake(&self) {
         {
@@ -188,8 +211,13 @@ impl Mailbox {
         *lock(&self.inner.waker) = Some(waker);
     }
 
-    /// Runs every queued mail, in order, on this (the task) thread.
-    pub fn run_pending(&self, control: &mut TaskControl<'_>) -> Result<usize> {
+    /// Runs every queued mail, in order, on this (the task) thread; operator
+    /// events go to `on_event` (operator index, event).
+    pub fn run_pending(
+        &self,
+        control: &mut TaskControl<'_>,
+        on_event: &mut dyn FnMut(usize, Vec<u8>) -> Result<()>,
+    ) -> Result<usize> {
         let mut ran = 0;
         while self.has_mail() {
             let mail = {
@@ -202,7 +230,10 @@ impl Mailbox {
             };
             let Some(mail) = mail else { break };
             tracing::trace!("running mail '{}'", mail.description);
-            (mail.action)(control)?;
+            match mail.kind {
+                MailKind::Action(action) => action(control)?,
+                MailKind::OperatorEvent { operator, event } => on_event(operator, event)?,
+            }
             ran += 1;
         }
         Ok(ran)
@@ -229,6 +260,17 @@ impl Mailbox {
         self.inner.closed.store(true, Ordering::Release);
         self.inner.pending.store(0, Ordering::Release);
         q.drain(..).collect()
+    }
+}
+
+/// Sends a task's operator events to their coordinators: (index of the
+/// operator in its chain, event). The TaskManager provides it.
+#[derive(Clone)]
+pub struct CoordinatorGateway(pub Arc<dyn Fn(usize, Vec<u8>) -> Result<()> + Send + Sync>);
+
+impl std::fmt::Debug for CoordinatorGateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CoordinatorGateway")
     }
 }
 
@@ -263,7 +305,9 @@ mod tests {
         while records < 50_000_000 {
             records += 1;
             if mailbox.has_mail() {
-                mailbox.run_pending(&mut TaskControl::new(&[])).unwrap();
+                mailbox
+                    .run_pending(&mut TaskControl::new(&[]), &mut |_, _| Ok(()))
+                    .unwrap();
                 if ran.lock().unwrap().len() == 3 {
                     ran_after = Some(records);
                     break;

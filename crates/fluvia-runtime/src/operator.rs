@@ -57,6 +57,8 @@ pub struct OperatorContext {
     pub(crate) accumulators: Accumulators,
     /// Files the chain writes under attempt-private names.
     pub(crate) staged: StagedFiles,
+    /// Where this operator's events to its coordinator go.
+    pub(crate) coordinator: Option<crate::mailbox::CoordinatorGateway>,
 }
 
 pub use fluvia_scheduler::StagedFile;
@@ -114,7 +116,21 @@ impl OperatorContext {
             records_in: Rc::new(Cell::new(0)),
             accumulators: Rc::new(RefCell::new(Vec::new())),
             staged: StagedFiles::default(),
+            coordinator: None,
         }
+    }
+
+    /// Sends `event` to this operator's coordinator on the JobManager
+    /// (Flink's `OperatorEventGateway`); what it answers arrives through
+    /// the operator's `handle_operator_event`.
+    pub fn send_operator_event(&self, event: Vec<u8>) -> Result<()> {
+        let gateway = self.coordinator.as_ref().ok_or_else(|| {
+            FluviaError::Execution(format!(
+                "operator '{}' sent an event to its coordinator, but this task has no route to the JobManager",
+                self.operator_name
+            ))
+        })?;
+        (gateway.0)(self.operator_index, event)
     }
 
     /// Where this attempt writes the file `target`: a hidden file beside it
@@ -251,6 +267,10 @@ pub trait SourceOperator<OUT>: 'static {
         Ok(())
     }
     fn poll_next(&mut self, out: &mut Collector<'_, OUT>) -> Result<SourceStatus, UserError>;
+    /// An event from this source's coordinator (FLIP-27: splits to read).
+    fn handle_operator_event(&mut self, _event: &[u8]) -> Result<(), UserError> {
+        Ok(())
+    }
 }
 
 /// An operator with one input (lifecycle as [`SourceOperator`]'s).
@@ -575,11 +595,28 @@ impl<OUT: Data> SourceDriver for SourceDriverImpl<OUT> {
                 return Err(FluviaError::Cancelled);
             }
             if mailbox.has_mail() {
-                mailbox.run_pending(control)?;
+                let (op, ctx) = (&mut self.op, &self.ctx);
+                mailbox.run_pending(control, &mut |target, event| {
+                    if target != index {
+                        return Err(FluviaError::Internal(format!(
+                            "operator event for operator {target} reached the source '{}'",
+                            ctx.operator_name
+                        )));
+                    }
+                    set_current_operator(index);
+                    op.handle_operator_event(&event)
+                        .map_err(|e| ctx.user_error(e))
+                })?;
+                idle = false;
             }
             if idle {
+                // Nothing to emit: hand over what is buffered and wait for
+                // mail (an operator event with splits) or a wake-up, then
+                // run that mail before polling again.
                 control.flush()?;
                 mailbox.wait(fluvia_network::cancel::CANCEL_POLL);
+                idle = false;
+                continue;
             }
             set_current_operator(index);
             let mut c = Collector::new(&mut *self.out, index);

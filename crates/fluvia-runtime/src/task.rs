@@ -62,6 +62,9 @@ pub struct TaskDeployment {
     pub counters: Arc<IoCounters>,
     /// Where other threads leave work for the task thread.
     pub mailbox: Mailbox,
+    /// Where operator events to the job's coordinators go (none in a
+    /// process without a JobManager connection).
+    pub coordinator_gateway: Option<crate::mailbox::CoordinatorGateway>,
 }
 
 impl TaskDeployment {
@@ -240,6 +243,7 @@ fn run_task(d: &TaskDeployment, staged: &crate::operator::StagedFiles) -> Result
             ctx.copy_input = i > 0 && !d.job.object_reuse;
             ctx.accumulators = std::rc::Rc::clone(&accumulators);
             ctx.staged = Arc::clone(staged);
+            ctx.coordinator = d.coordinator_gateway.clone();
             ctx
         })
         .collect();
@@ -358,7 +362,12 @@ fn run_input_loop(
     let mailbox = &d.mailbox;
     loop {
         if mailbox.has_mail() {
-            mailbox.run_pending(&mut TaskControl::new(writers))?;
+            mailbox.run_pending(&mut TaskControl::new(writers), &mut |op, _| {
+                Err(FluviaError::Internal(format!(
+                    "task {} got an operator event for operator {op}, which takes none",
+                    d.task_name()
+                )))
+            })?;
         }
         match input.process(head)? {
             InputStatus::MoreAvailable => {}

@@ -13,6 +13,7 @@
 
 pub mod client;
 pub mod environment;
+#[cfg(feature = "test-harness")]
 pub mod peer;
 pub mod protocol;
 pub mod server;

@@ -574,47 +574,42 @@ impl ServerConnection {
             };
             let sequence = reader.sequence;
             reader.sequence = reader.sequence.wrapping_add(1);
+            if matches!(item, BufferOrEvent::Buffer(_)) {
+                reader.credit -= 1; // events take no credit
+            }
+            let last = matches!(item, BufferOrEvent::Event(crate::Event::EndOfPartition));
+            // More to send for this reader now: an event, or data with credit.
+            let resend = !last
+                && match next {
+                    NextKind::Event => true,
+                    NextKind::Data => reader.credit > 0,
+                    NextKind::Nothing => false,
+                };
+            let backlog = if last {
+                0
+            } else {
+                reader.view.backlog() as u32
+            };
+            let partition = reader.partition;
+            if resend {
+                self.enqueue(&mut st, receiver);
+            }
             let out = match item {
-                BufferOrEvent::Buffer(buffer) => {
-                    reader.credit -= 1;
-                    let backlog = reader.view.backlog();
-                    let resend = match next {
-                        NextKind::Event => true,
-                        NextKind::Data => reader.credit > 0,
-                        NextKind::Nothing => false,
-                    };
-                    if resend {
-                        self.enqueue(&mut st, receiver);
-                    }
-                    Outgoing::Data {
-                        receiver,
-                        subpartition,
-                        sequence,
-                        backlog: backlog as u32,
-                        buffer,
-                    }
-                }
-                BufferOrEvent::Event(event) if event != crate::Event::EndOfPartition => {
-                    // Events take no credit.
-                    let backlog = reader.view.backlog();
-                    let resend = match next {
-                        NextKind::Event => true,
-                        NextKind::Data => reader.credit > 0,
-                        NextKind::Nothing => false,
-                    };
-                    if resend {
-                        self.enqueue(&mut st, receiver);
-                    }
-                    Outgoing::Event {
-                        receiver,
-                        subpartition,
-                        sequence,
-                        backlog: backlog as u32,
-                        event,
-                    }
-                }
+                BufferOrEvent::Buffer(buffer) => Outgoing::Data {
+                    receiver,
+                    subpartition,
+                    sequence,
+                    backlog,
+                    buffer,
+                },
+                BufferOrEvent::Event(event) if !last => Outgoing::Event {
+                    receiver,
+                    subpartition,
+                    sequence,
+                    backlog,
+                    event,
+                },
                 BufferOrEvent::Event(_) => {
-                    let partition = reader.partition;
                     st.readers.remove(&receiver);
                     tracing::debug!("partition {partition} fully sent to {}", self.peer);
                     Outgoing::End {

@@ -1,0 +1,144 @@
+//! The JobManager's operator coordinators: one per operator of a running job
+//! that declares one (a FLIP-27 source's split enumerator), built from its
+//! [`CoordinatorSpec`](fluvia_graph::CoordinatorSpec) the first time one of
+//! its subtasks is deployed, fed the operator events that tasks send, told
+//! of failed attempts, and dropped with the job. What a coordinator answers
+//! goes to the TaskManager that runs the addressed attempt.
+//!
+//! No RPC here: the JobManager shell sends what [`JobCoordinators`] returns.
+
+use crate::rpc::OperatorEventRequest;
+use fluvia_core::{FluviaError, JobId, Result};
+use fluvia_graph::JobGraph;
+use fluvia_runtime::coordinator::{CoordinatorRegistry, OperatorCoordinator, Outbox};
+use fluvia_scheduler::ExecutionAttemptId;
+use std::collections::{BTreeMap, HashMap};
+
+/// (job, vertex, operator index in the vertex's chain).
+type OperatorKey = (JobId, usize, usize);
+
+/// Every coordinator of the JobManager's jobs.
+#[derive(Default)]
+pub(crate) struct JobCoordinators {
+    registry: CoordinatorRegistry,
+    coordinators: BTreeMap<OperatorKey, Box<dyn OperatorCoordinator>>,
+    /// The TaskManager each deployed attempt runs on.
+    locations: HashMap<ExecutionAttemptId, String>,
+    /// The parallelism each vertex was deployed with.
+    parallelism: BTreeMap<(JobId, usize), usize>,
+}
+
+impl JobCoordinators {
+    pub fn new() -> Self {
+        JobCoordinators {
+            registry: fluvia_runtime::source::builtin_coordinators(),
+            ..Default::default()
+        }
+    }
+
+    /// An attempt is deployed on `task_manager` with `parallelism`.
+    pub fn deployed(
+        &mut self,
+        attempt: &ExecutionAttemptId,
+        task_manager: &str,
+        parallelism: usize,
+    ) {
+        self.locations.insert(*attempt, task_manager.to_string());
+        self.parallelism
+            .insert((attempt.job, attempt.vertex), parallelism);
+    }
+
+    /// An event from a task's operator: what to send to which TaskManager.
+    pub fn handle_event(
+        &mut self,
+        graph: &JobGraph,
+        job_id: &str,
+        attempt: &ExecutionAttemptId,
+        operator: usize,
+        event: &[u8],
+    ) -> Result<Vec<(String, OperatorEventRequest)>> {
+        let key = (attempt.job, attempt.vertex, operator);
+        if !self.coordinators.contains_key(&key) {
+            let spec = graph
+                .vertices
+                .get(attempt.vertex)
+                .and_then(|v| v.operators.get(operator))
+                .and_then(|o| o.coordinator.as_ref())
+                .ok_or_else(|| {
+                    FluviaError::Execution(format!(
+                        "operator {operator} of vertex {} has no coordinator",
+                        attempt.vertex
+                    ))
+                })?;
+            let parallelism = self
+                .parallelism
+                .get(&(attempt.job, attempt.vertex))
+                .copied()
+                .ok_or_else(|| {
+                    FluviaError::Execution(format!(
+                        "an operator event from vertex {} before it was deployed",
+                        attempt.vertex
+                    ))
+                })?;
+            let created = self.registry.create(spec, parallelism)?;
+            self.coordinators.insert(key, created);
+        }
+        let mut out = Outbox::default();
+        if let Some(c) = self.coordinators.get_mut(&key) {
+            c.handle_event(attempt.subtask, attempt.attempt, event, &mut out)?;
+        }
+        Ok(self.route(job_id, attempt, operator, out))
+    }
+
+    /// An attempt failed or was cancelled: its coordinators forget it.
+    pub fn attempt_failed(&mut self, attempt: &ExecutionAttemptId) {
+        self.locations.remove(attempt);
+        for ((job, vertex, _), c) in self.coordinators.iter_mut() {
+            if *job == attempt.job && *vertex == attempt.vertex {
+                let _ = c.attempt_failed(attempt.subtask, attempt.attempt, &mut Outbox::default());
+            }
+        }
+    }
+
+    /// The job ended: its coordinators go.
+    pub fn job_ended(&mut self, job: JobId) {
+        self.coordinators.retain(|(j, _, _), _| *j != job);
+        self.locations.retain(|a, _| a.job != job);
+        self.parallelism.retain(|(j, _), _| *j != job);
+    }
+
+    fn route(
+        &self,
+        job_id: &str,
+        from: &ExecutionAttemptId,
+        operator: usize,
+        mut out: Outbox,
+    ) -> Vec<(String, OperatorEventRequest)> {
+        out.take()
+            .into_iter()
+            .filter_map(|e| {
+                let to = ExecutionAttemptId {
+                    job: from.job,
+                    vertex: from.vertex,
+                    subtask: e.subtask,
+                    attempt: e.attempt,
+                };
+                let Some(tm) = self.locations.get(&to) else {
+                    tracing::debug!("operator event for {to:?}, which runs nowhere now");
+                    return None;
+                };
+                Some((
+                    tm.clone(),
+                    OperatorEventRequest {
+                        job_id: job_id.to_string(),
+                        vertex_index: from.vertex as u32,
+                        subtask: e.subtask as u32,
+                        attempt: e.attempt,
+                        operator_index: operator as u32,
+                        event: e.event,
+                    },
+                ))
+            })
+            .collect()
+    }
+}
