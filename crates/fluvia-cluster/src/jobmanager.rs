@@ -15,8 +15,8 @@
 
 use crate::config as cfg;
 use crate::deployment::{
-    TaskDeploymentDescriptor, attempt_id, attempt_ref, metrics_from_proto, metrics_to_proto,
-    partition_to_proto,
+    JobInformation, attempt_id, attempt_ref, metrics_from_proto, metrics_to_proto,
+    partition_to_proto, state_from_proto,
 };
 use crate::program::ProgramSpec;
 use crate::rpc::job_manager_server::{JobManager, JobManagerServer};
@@ -33,8 +33,8 @@ use fluvia_core::{Configuration, FluviaError, JobId, Result};
 use fluvia_graph::JobGraph;
 pub use fluvia_scheduler::JobState;
 use fluvia_scheduler::{
-    Action, Deployment, Event, ExecutionAttemptId, ExecutionState, Job, Scheduler, SchedulerConfig,
-    ShuffleServiceSpec, ShuffleServiceType, TaskManagerSpec,
+    Action, Event, ExecutionAttemptId, ExecutionState, Job, Scheduler, SchedulerConfig,
+    ShuffleServiceSpec, ShuffleServiceType, TaskDeploymentDescriptor, TaskManagerSpec,
 };
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -60,10 +60,14 @@ const DEPLOY_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a TaskManager may take to rename a job's output files.
 const COMMIT_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// A deployment as it is shipped: the scheduler's descriptor and the
+/// job's information.
+type Shipment = (Box<TaskDeploymentDescriptor>, JobInformation);
+
 /// An RPC to one TaskManager.
 enum TmCall {
     /// Deployments in the order the scheduler queued them.
-    Deploy(Vec<(ExecutionAttemptId, Box<TaskDeploymentDescriptor>)>),
+    Deploy(Vec<Shipment>),
     Cancel(crate::rpc::AttemptRef),
     ReleasePartitions(ReleasePartitionsRequest),
     ReleaseJob(String),
@@ -151,10 +155,7 @@ impl JmShared {
         // A TaskManager's deployments of one step go out as one call (a
         // region's consumers behind their producers), sent before any
         // other call to it that the step queued after them.
-        let mut deploys: BTreeMap<
-            String,
-            Vec<(ExecutionAttemptId, Box<TaskDeploymentDescriptor>)>,
-        > = BTreeMap::new();
+        let mut deploys: BTreeMap<String, Vec<Shipment>> = BTreeMap::new();
         let send = |st: &JmState, tm: &str, call: TmCall| {
             if let Some(t) = st.tms.get(tm) {
                 let _ = t.queue.send(call);
@@ -164,12 +165,9 @@ impl JmShared {
             let (tm, call) = match action {
                 Action::Deploy(d) => {
                     let tm = d.task_manager.clone();
-                    match self.descriptor(st, &d) {
-                        Some(desc) if st.tms.contains_key(&tm) => {
-                            deploys
-                                .entry(tm)
-                                .or_default()
-                                .push((d.attempt, Box::new(desc)));
+                    match self.job_information(st, d.attempt.job) {
+                        Some(job) if st.tms.contains_key(&tm) => {
+                            deploys.entry(tm).or_default().push((d, job));
                         }
                         _ => undeliverable.push(d.attempt),
                     }
@@ -281,21 +279,12 @@ impl JmShared {
         }
     }
 
-    fn descriptor(&self, st: &JmState, d: &Deployment) -> Option<TaskDeploymentDescriptor> {
-        let meta = st.jobs.get(&d.attempt.job)?;
-        Some(TaskDeploymentDescriptor {
-            job_id: meta.id.clone(),
+    fn job_information(&self, st: &JmState, job: JobId) -> Option<JobInformation> {
+        let meta = st.jobs.get(&job)?;
+        Some(JobInformation {
             program: meta.program.clone(),
             job_fingerprint: meta.graph.fingerprint.clone(),
             config: meta.graph.config.clone(),
-            vertex_index: d.attempt.vertex,
-            subtask: d.attempt.subtask,
-            attempt: d.attempt.attempt,
-            parallelism: d.parallelism,
-            max_parallelism: d.max_parallelism,
-            key_group_range: d.key_group_range.map(|r| (r.start, r.end)),
-            inputs: d.inputs.clone(),
-            outputs: d.outputs.clone(),
             program_in_call: false,
         })
     }
@@ -540,7 +529,7 @@ impl JmShared {
             subtask: u.subtask,
             attempt: u.attempt,
         })?;
-        let state = ExecutionState::parse(&u.state).unwrap_or(ExecutionState::Failed);
+        let state = state_from_proto(u.state).unwrap_or(ExecutionState::Failed);
         let mut events = Vec::new();
         let lost: Vec<_> = u
             .unreadable_partitions
@@ -976,24 +965,31 @@ async fn deploy_batch(
     client: &mut TaskManagerClient<Channel>,
     secret: &Option<String>,
     tm: &str,
-    batch: Vec<(ExecutionAttemptId, Box<TaskDeploymentDescriptor>)>,
+    batch: Vec<Shipment>,
 ) -> Vec<(ExecutionAttemptId, Option<String>)> {
     let mut deployments = Vec::with_capacity(batch.len());
     let mut attempts = Vec::with_capacity(batch.len());
     let mut failed = Vec::new();
-    let mut jobs_sent: Vec<String> = Vec::new();
-    for (attempt, mut desc) in batch {
-        if jobs_sent.contains(&desc.job_id) {
-            desc.program.args.clear();
-            desc.program_in_call = true;
+    let mut jobs_sent: Vec<JobId> = Vec::new();
+    for (desc, mut job) in batch {
+        let attempt = desc.attempt;
+        if jobs_sent.contains(&attempt.job) {
+            job.program.args.clear();
+            job.program_in_call = true;
         } else {
-            jobs_sent.push(desc.job_id.clone());
+            jobs_sent.push(attempt.job);
         }
-        match serde_json::to_string(&desc) {
-            Ok(json) => {
-                deployments.push(TaskDeployment {
-                    descriptor_json: json,
-                });
+        let encoded = serde_json::to_string(&desc).and_then(|descriptor_json| {
+            Ok(TaskDeployment {
+                descriptor_json,
+                job_information_json: serde_json::to_string(&job)?,
+                restore_handles: None,
+                operator_events: Vec::new(),
+            })
+        });
+        match encoded {
+            Ok(deployment) => {
+                deployments.push(deployment);
                 attempts.push(attempt);
             }
             Err(e) => failed.push((attempt, Some(format!("encoding the deployment: {e}")))),

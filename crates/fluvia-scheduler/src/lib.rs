@@ -25,8 +25,8 @@ pub use adaptive::{
     ParallelismAndInputInfos,
 };
 pub use deployment::{
-    Deployment, ExecutionAttemptId, InputDescriptor, OutputDescriptor, PartitionRef,
-    ShuffleServiceTarget,
+    ExecutionAttemptId, InputDescriptor, OutputDescriptor, PartitionRef, ShuffleServiceTarget,
+    TaskDeploymentDescriptor,
 };
 pub use execution_graph::{
     AttemptMetrics, ConsumedPartition, Execution, ExecutionGraph, ExecutionJobVertex,

@@ -47,8 +47,8 @@
 
 use crate::adaptive::{self, BlockingResultInfo, DeciderConfig};
 use crate::deployment::{
-    Deployment, ExecutionAttemptId, InputDescriptor, OutputDescriptor, PartitionRef,
-    ShuffleServiceTarget,
+    ExecutionAttemptId, InputDescriptor, OutputDescriptor, PartitionRef, ShuffleServiceTarget,
+    TaskDeploymentDescriptor,
 };
 use crate::execution_graph::{
     AttemptMetrics, ExecutionGraph, ExecutionState, SubpartitionRange, SubtaskInput,
@@ -219,7 +219,7 @@ pub enum Event {
 /// Something the caller must do.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
-    Deploy(Box<Deployment>),
+    Deploy(Box<TaskDeploymentDescriptor>),
     CancelAttempt {
         task_manager: String,
         attempt: ExecutionAttemptId,
@@ -2538,7 +2538,13 @@ impl Scheduler {
 
     /// The deployment of an attempt, if its inputs are available; an error
     /// if its partitions have nowhere to go.
-    fn deployment(&self, job: &Job, v: usize, i: usize, n: u32) -> Result<Option<Deployment>> {
+    fn deployment(
+        &self,
+        job: &Job,
+        v: usize,
+        i: usize,
+        n: u32,
+    ) -> Result<Option<TaskDeploymentDescriptor>> {
         let sub = &job.eg.vertices[v].subtasks[i];
         let Some(tm) = sub.attempt(n).and_then(|e| e.task_manager.clone()) else {
             return Ok(None);
@@ -2581,7 +2587,7 @@ impl Scheduler {
         n: u32,
         tm: String,
         target: Option<ShuffleServiceTarget>,
-    ) -> Option<Deployment> {
+    ) -> Option<TaskDeploymentDescriptor> {
         let sub = &job.eg.vertices[v].subtasks[i];
         let mut inputs = Vec::new();
         for cp in &sub.consumed {
@@ -2656,7 +2662,7 @@ impl Scheduler {
             })
             .map(|cp| cp.subpartitions);
         let ejv = &job.eg.vertices[v];
-        Some(Deployment {
+        Some(TaskDeploymentDescriptor {
             attempt: job.attempt_id(v, i, n),
             task_manager: tm,
             parallelism: ejv.parallelism,

@@ -17,8 +17,8 @@
 use fluvia_core::{Configuration, ExchangeMode, JobId, PartitionerKind};
 use fluvia_graph::{JobGraph, JobGraphGenerator, StreamGraphBuilder};
 use fluvia_scheduler::{
-    Action, Deployment, Event, Execution, ExecutionAttemptId, ExecutionState, Job, JobState,
-    PartitionRef, Scheduler, SchedulerConfig, ShuffleServiceSpec, TaskManagerSpec,
+    Action, Event, Execution, ExecutionAttemptId, ExecutionState, Job, JobState, PartitionRef,
+    Scheduler, SchedulerConfig, ShuffleServiceSpec, TaskDeploymentDescriptor, TaskManagerSpec,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -96,7 +96,7 @@ struct Driver {
     /// Probes asked for and not yet answered.
     probes: BTreeSet<String>,
     /// Every deployment ever asked for.
-    deployed: Vec<Deployment>,
+    deployed: Vec<TaskDeploymentDescriptor>,
     next_job: u128,
 }
 
@@ -317,7 +317,7 @@ fn aid(job: JobId, vertex: usize, subtask: usize, attempt: u32) -> ExecutionAtte
     }
 }
 
-fn deploys(actions: &[Action]) -> Vec<Deployment> {
+fn deploys(actions: &[Action]) -> Vec<TaskDeploymentDescriptor> {
     actions
         .iter()
         .filter_map(|a| match a {
@@ -361,7 +361,7 @@ fn ended(actions: &[Action]) -> Vec<JobState> {
 
 /// The producer attempts a deployment reads, as (subtask, attempt), sorted
 /// and deduplicated.
-fn inputs(d: &Deployment) -> Vec<(u32, u32)> {
+fn inputs(d: &TaskDeploymentDescriptor) -> Vec<(u32, u32)> {
     let set: BTreeSet<(u32, u32)> = d
         .inputs
         .iter()
