@@ -12,11 +12,15 @@
 //! with a virtual clock.
 
 pub mod adaptive;
+mod adaptive_setup;
 pub mod deployment;
 pub mod execution_graph;
+pub mod job;
+pub mod protocol;
 pub mod scheduler;
 pub mod shuffle;
 pub mod skew;
+pub mod slot_pool;
 pub mod speculative;
 pub mod validate;
 
@@ -33,9 +37,9 @@ pub use execution_graph::{
     ExecutionState, ExecutionVertex, IntermediateResult, StagedFile, SubpartitionRange,
     SubtaskInput,
 };
-pub use scheduler::{
-    Action, AdaptiveJob, Event, Job, JobState, Scheduler, SchedulerConfig, SharedSlot,
-    TaskManagerSpec,
-};
+pub use job::{AdaptiveJob, Job, JobState, SharedSlot};
+pub use protocol::{Action, Event};
+pub use scheduler::{Scheduler, SchedulerConfig};
 pub use shuffle::{PartitionLocation, ShuffleMaster, ShuffleServiceSpec, ShuffleServiceType};
+pub use slot_pool::TaskManagerSpec;
 pub use validate::validate_job_graph;
