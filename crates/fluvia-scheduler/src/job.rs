@@ -6,6 +6,7 @@
 use crate::adaptive::{BlockingResultInfo, DeciderConfig};
 use crate::deployment::ExecutionAttemptId;
 use crate::execution_graph::{ExecutionGraph, SubpartitionRange};
+use crate::failover::Failover;
 use crate::shuffle::ShuffleServiceType;
 use crate::skew::{SkewConfig, SkewSplit};
 use crate::speculative::SpeculativeConfig;
@@ -57,12 +58,6 @@ pub struct SharedSlot {
     pub hosted: BTreeSet<(usize, usize, u32)>,
 }
 
-#[derive(Debug, Clone)]
-pub(crate) struct PendingRestart {
-    pub(crate) at: Duration,
-    pub(crate) subtasks: BTreeSet<(usize, usize)>,
-}
-
 /// One job as the scheduler sees it.
 pub struct Job {
     pub id: JobId,
@@ -82,11 +77,10 @@ pub struct Job {
     /// Pipelined region of each vertex, and whether it spans pipelined edges.
     pub(crate) region_of: Vec<usize>,
     pub(crate) region_pipelined: Vec<bool>,
-    pub(crate) pending_restart: Option<PendingRestart>,
+    /// Restart decisions and the pending restart.
+    pub(crate) failover: Failover,
     pub(crate) preferred: BTreeMap<(String, usize), String>,
     pub(crate) waiting_since: Option<Duration>,
-    pub(crate) probes: BTreeSet<String>,
-    pub(crate) probe_deadline: Duration,
     pub(crate) touched: BTreeSet<String>,
     pub(crate) missed: BTreeMap<ExecutionAttemptId, u32>,
     /// TaskManagers an added attempt should avoid (where its siblings run).

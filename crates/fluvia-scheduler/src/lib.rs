@@ -15,6 +15,7 @@ pub mod adaptive;
 mod adaptive_setup;
 pub mod deployment;
 pub mod execution_graph;
+mod failover;
 pub mod job;
 pub mod protocol;
 pub mod scheduler;

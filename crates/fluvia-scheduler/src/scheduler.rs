@@ -51,7 +51,8 @@ use crate::deployment::{
     TaskDeploymentDescriptor,
 };
 use crate::execution_graph::{AttemptMetrics, ExecutionGraph, ExecutionState};
-use crate::job::{Job, JobState, PendingRestart};
+use crate::failover::{Failover, RestartDecision, RestartPolicy};
+use crate::job::{Job, JobState};
 use crate::protocol::{Action, Event};
 use crate::shuffle::{PartitionLocation, ShuffleMaster, ShuffleServiceType};
 use crate::slot_pool::{Member, SlotPool, TaskManagerSpec};
@@ -172,16 +173,8 @@ impl Scheduler {
             at(d);
         }
         for j in self.jobs.values().filter(|j| !j.state.is_terminal()) {
-            if let Some(p) = &j.pending_restart {
-                // Once its delay is over, a restart waits for probe answers
-                // (their deadline is below) or for cancelled attempts to stop
-                // (an event); a tick now would change nothing.
-                if p.at > self.now {
-                    at(p.at);
-                }
-                if !j.probes.is_empty() {
-                    at(j.probe_deadline);
-                }
+            for d in j.failover.deadlines(self.now) {
+                at(d);
             }
             if let Some(since) = j.waiting_since {
                 at(since + self.config.slot_request_timeout);
@@ -324,7 +317,7 @@ impl Scheduler {
             } => {
                 if alive {
                     for j in self.jobs.values_mut() {
-                        j.probes.remove(&task_manager);
+                        j.failover.probe_done(&task_manager);
                     }
                 } else {
                     self.lose_task_manager(&task_manager, "it does not answer");
@@ -441,11 +434,9 @@ impl Scheduler {
                 next_slot: 0,
                 region_of,
                 region_pipelined,
-                pending_restart: None,
+                failover: Failover::default(),
                 preferred: BTreeMap::new(),
                 waiting_since: None,
-                probes: BTreeSet::new(),
-                probe_deadline: Duration::ZERO,
                 touched: BTreeSet::new(),
                 missed: BTreeMap::new(),
                 avoid: BTreeMap::new(),
@@ -931,34 +922,30 @@ impl Scheduler {
     /// fails the job when no restart is left.
     fn restart(&mut self, id: JobId, subtasks: Vec<(usize, usize)>, cause: String) {
         let now = self.now;
-        let (attempts, delay, probe_timeout) = (
-            self.config.restart_attempts,
-            self.config.restart_delay,
-            self.config.probe_timeout,
-        );
-        let alive: Vec<String> = self.pool.ids().to_vec();
+        let policy = RestartPolicy {
+            attempts: self.config.restart_attempts,
+            delay: self.config.restart_delay,
+            probe_timeout: self.config.probe_timeout,
+        };
         let Some(job) = self.jobs.get_mut(&id) else {
             return;
         };
         if job.state.is_terminal() {
             return;
         }
-        if job.pending_restart.is_none() {
-            if job.restarts >= attempts {
+        match job
+            .failover
+            .on_failure(&mut job.restarts, &policy, now, self.pool.ids())
+        {
+            RestartDecision::Join => {}
+            RestartDecision::Exhausted => {
                 self.end_job(id, JobState::Failed, Some(cause));
                 return;
             }
-            job.restarts += 1;
-            job.pending_restart = Some(PendingRestart {
-                at: now + delay,
-                subtasks: BTreeSet::new(),
-            });
-            job.probes = alive.iter().cloned().collect();
-            job.probe_deadline = now + probe_timeout;
-            for tm in &alive {
-                self.actions.push_back(Action::Probe {
-                    task_manager: tm.clone(),
-                });
+            RestartDecision::Start { probe } => {
+                for task_manager in probe {
+                    self.actions.push_back(Action::Probe { task_manager });
+                }
             }
         }
         let Some(job) = self.jobs.get_mut(&id) else {
@@ -998,9 +985,7 @@ impl Scheduler {
                 }
             }
         }
-        if let Some(p) = &mut job.pending_restart {
-            p.subtasks.extend(subtasks);
-        }
+        job.failover.restart_also(subtasks);
         for (v, i, n) in unslot {
             self.free_slot(ExecutionAttemptId {
                 job: id,
@@ -1033,7 +1018,7 @@ impl Scheduler {
             let Some(job) = self.jobs.get_mut(&id) else {
                 continue;
             };
-            job.probes.remove(tm);
+            job.failover.probe_done(tm);
             job.touched.remove(tm);
             if job.state.is_terminal() {
                 continue;
@@ -1371,10 +1356,9 @@ impl Scheduler {
         } else if state == JobState::Finished {
             job.failure_cause = None;
         }
-        job.pending_restart = None;
         job.waiting_since = None;
         job.committing.clear();
-        job.probes.clear();
+        job.failover.clear();
         job.missed.clear();
         for ejv in &mut job.eg.vertices {
             for s in &mut ejv.subtasks {
@@ -1433,10 +1417,7 @@ impl Scheduler {
             self.lose_shuffle_service(&s, &format!("no heartbeat for {} ms", timeout.as_millis()));
         }
         for j in self.jobs.values_mut() {
-            if !j.probes.is_empty() && now >= j.probe_deadline {
-                // Unanswered probes: the heartbeat timeout will tell.
-                j.probes.clear();
-            }
+            j.failover.expire_probes(now);
         }
     }
 
@@ -1459,16 +1440,16 @@ impl Scheduler {
         }
         // A pending restart fires after its delay, once probes are answered
         // and what it cancelled has stopped.
-        if let Some(p) = &job.pending_restart {
-            let cancelled_all = p.subtasks.iter().all(|&(v, i)| {
-                !job.eg.vertices[v].subtasks[i]
+        if job.failover.is_pending() {
+            let eg = &job.eg;
+            let canceling = |v: usize, i: usize| {
+                eg.vertices[v].subtasks[i]
                     .attempts
                     .iter()
                     .any(|e| e.state == ExecutionState::Canceling)
-            });
-            if now >= p.at && job.probes.is_empty() && cancelled_all {
-                let p = job.pending_restart.take().expect("pending restart");
-                for (v, i) in p.subtasks {
+            };
+            if let Some(subtasks) = job.failover.take_due(now, canceling) {
+                for (v, i) in subtasks {
                     let sub = &mut job.eg.vertices[v].subtasks[i];
                     let waiting = matches!(
                         sub.latest_attempt().state,
