@@ -7,6 +7,7 @@ use crate::adaptive::{BlockingResultInfo, DeciderConfig};
 use crate::deployment::ExecutionAttemptId;
 use crate::execution_graph::{ExecutionGraph, SubpartitionRange};
 use crate::failover::Failover;
+use crate::reconciliation::Reconciliation;
 use crate::shuffle::ShuffleServiceType;
 use crate::skew::{SkewConfig, SkewSplit};
 use crate::speculative::SpeculativeConfig;
@@ -82,7 +83,8 @@ pub struct Job {
     pub(crate) preferred: BTreeMap<(String, usize), String>,
     pub(crate) waiting_since: Option<Duration>,
     pub(crate) touched: BTreeSet<String>,
-    pub(crate) missed: BTreeMap<ExecutionAttemptId, u32>,
+    /// Heartbeats each acknowledged attempt was missing from.
+    pub(crate) reconciliation: Reconciliation,
     /// TaskManagers an added attempt should avoid (where its siblings run).
     pub(crate) avoid: BTreeMap<(usize, usize, u32), BTreeSet<String>>,
     /// (vertex, subtask, attempt) of finished attempts whose TaskManager was

@@ -18,6 +18,7 @@ pub mod execution_graph;
 mod failover;
 pub mod job;
 pub mod protocol;
+mod reconciliation;
 pub mod scheduler;
 pub mod shuffle;
 pub mod skew;

@@ -54,6 +54,7 @@ use crate::execution_graph::{AttemptMetrics, ExecutionGraph, ExecutionState};
 use crate::failover::{Failover, RestartDecision, RestartPolicy};
 use crate::job::{Job, JobState};
 use crate::protocol::{Action, Event};
+use crate::reconciliation::{self, Reconciliation};
 use crate::shuffle::{PartitionLocation, ShuffleMaster, ShuffleServiceType};
 use crate::slot_pool::{Member, SlotPool, TaskManagerSpec};
 use crate::speculative::{self, SpeculativeConfig};
@@ -438,7 +439,7 @@ impl Scheduler {
                 preferred: BTreeMap::new(),
                 waiting_since: None,
                 touched: BTreeSet::new(),
-                missed: BTreeMap::new(),
+                reconciliation: Reconciliation::default(),
                 avoid: BTreeMap::new(),
                 lost_partitions: BTreeSet::new(),
                 shuffle_service_type,
@@ -547,79 +548,31 @@ impl Scheduler {
         let running: BTreeSet<ExecutionAttemptId> = running.iter().copied().collect();
         // Attempts it runs that are not live here, or that are being
         // cancelled (the cancel may have been lost): cancel them (again).
-        for a in &running {
-            let canceling = self
-                .jobs
-                .get(&a.job)
-                .and_then(|j| j.eg.vertices.get(a.vertex))
-                .and_then(|v| v.subtasks.get(a.subtask))
-                .and_then(|s| s.attempt(a.attempt))
-                .is_some_and(|e| e.state == ExecutionState::Canceling);
-            if canceling {
-                self.actions.push_back(Action::CancelAttempt {
-                    task_manager: tm.to_string(),
-                    attempt: *a,
-                });
-                continue;
-            }
-            let live = self
-                .jobs
+        let expected = |a: &ExecutionAttemptId| {
+            self.jobs
                 .get(&a.job)
                 .filter(|j| !j.state.is_terminal())
                 .and_then(|j| j.eg.vertices.get(a.vertex))
                 .and_then(|v| v.subtasks.get(a.subtask))
                 .and_then(|s| s.attempt(a.attempt))
-                .is_some_and(|e| e.state.is_live() && e.task_manager.as_deref() == Some(tm));
-            if !live {
-                self.actions.push_back(Action::CancelAttempt {
-                    task_manager: tm.to_string(),
-                    attempt: *a,
-                });
-            }
+                .is_some_and(|e| {
+                    e.state != ExecutionState::Canceling
+                        && e.state.is_live()
+                        && e.task_manager.as_deref() == Some(tm)
+                })
+        };
+        for attempt in reconciliation::unexpected(&running, expected) {
+            self.actions.push_back(Action::CancelAttempt {
+                task_manager: tm.to_string(),
+                attempt,
+            });
         }
         // Acknowledged attempts it no longer runs: their final report was lost.
         let mut lost = Vec::new();
         for job in self.jobs.values_mut().filter(|j| !j.state.is_terminal()) {
-            let mut seen = Vec::new();
-            for (v, ejv) in job.eg.vertices.iter().enumerate() {
-                for (i, s) in ejv.subtasks.iter().enumerate() {
-                    for e in &s.attempts {
-                        let acked = matches!(
-                            e.state,
-                            ExecutionState::Initializing
-                                | ExecutionState::Running
-                                | ExecutionState::Canceling
-                        );
-                        if acked && e.task_manager.as_deref() == Some(tm) {
-                            seen.push(ExecutionAttemptId {
-                                job: job.id,
-                                vertex: v,
-                                subtask: i,
-                                attempt: e.attempt_number,
-                            });
-                        }
-                    }
-                }
-            }
-            for a in seen {
-                if running.contains(&a) {
-                    job.missed.remove(&a);
-                } else {
-                    let n = job.missed.entry(a).or_insert(0);
-                    *n += 1;
-                    if *n >= 2 {
-                        job.missed.remove(&a);
-                        lost.push(a);
-                    }
-                }
-            }
-            // Forget attempts that ended some other way.
-            let eg = &job.eg;
-            job.missed.retain(|a, _| {
-                eg.vertices[a.vertex].subtasks[a.subtask].attempts[a.attempt as usize]
-                    .state
-                    .is_live()
-            });
+            let acknowledged = reconciliation::acknowledged_on(&job.eg, job.id, tm);
+            lost.extend(job.reconciliation.heartbeat(acknowledged, &running));
+            job.reconciliation.retain_live(&job.eg);
         }
         for a in lost {
             self.attempt_state(
@@ -1359,7 +1312,7 @@ impl Scheduler {
         job.waiting_since = None;
         job.committing.clear();
         job.failover.clear();
-        job.missed.clear();
+        job.reconciliation.clear();
         for ejv in &mut job.eg.vertices {
             for s in &mut ejv.subtasks {
                 for e in &mut s.attempts {
