@@ -14,6 +14,7 @@
 pub mod adaptive;
 mod adaptive_setup;
 pub mod deployment;
+mod deployment_factory;
 pub mod execution_graph;
 mod failover;
 pub mod job;
