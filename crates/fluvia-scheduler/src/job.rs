@@ -4,14 +4,14 @@
 //! queries over them that need no other job and no TaskManager.
 
 use crate::adaptive::{BlockingResultInfo, DeciderConfig};
-use crate::deployment::ExecutionAttemptId;
-use crate::execution_graph::{ExecutionGraph, SubpartitionRange};
+use crate::deployment::{ExecutionAttemptId, PartitionRef};
+use crate::execution_graph::{ExecutionGraph, ExecutionState, SubpartitionRange};
 use crate::failover::Failover;
 use crate::reconciliation::Reconciliation;
 use crate::shuffle::ShuffleServiceType;
 use crate::skew::{SkewConfig, SkewSplit};
 use crate::speculative::SpeculativeConfig;
-use fluvia_core::{DistributionPattern, JobId, PartitionerKind};
+use fluvia_core::{DistributionPattern, JobId, PartitionerKind, Result, ResultPartitionType};
 use fluvia_graph::JobGraph;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -143,7 +143,85 @@ pub struct AdaptiveJob {
     pub group_ranges: BTreeMap<usize, (usize, Vec<SubpartitionRange>)>,
 }
 
+/// What the scheduler decided about a job when it was submitted.
+pub(crate) struct JobSettings {
+    pub program: String,
+    pub fingerprint: String,
+    pub shuffle_service_type: ShuffleServiceType,
+    pub adaptive: Option<AdaptiveJob>,
+    pub speculative: Option<SpeculativeConfig>,
+}
+
 impl Job {
+    /// A submitted job: its ExecutionGraph (`undecided` vertices wait for
+    /// the adaptive batch scheduler) and its pipelined regions.
+    pub(crate) fn new(
+        id: JobId,
+        graph: Arc<JobGraph>,
+        settings: JobSettings,
+        undecided: &[bool],
+        now: Duration,
+    ) -> Result<Job> {
+        let eg = ExecutionGraph::with_undecided(&graph, undecided)?;
+        // Pipelined regions: vertices joined by pipelined edges.
+        let n = graph.vertices.len();
+        let pipelined_edges: Vec<(usize, usize)> = eg
+            .results
+            .iter()
+            .filter(|r| r.result_partition_type == ResultPartitionType::PipelinedBounded)
+            .map(|r| (r.producer, r.consumer))
+            .collect();
+        let mut pipelined = vec![false; n];
+        for &(p, c) in &pipelined_edges {
+            pipelined[p] = true;
+            pipelined[c] = true;
+        }
+        let region_of = fluvia_graph::components(n, pipelined_edges);
+        let mut region_pipelined = vec![false; n];
+        for v in 0..n {
+            if pipelined[v] {
+                region_pipelined[region_of[v]] = true;
+            }
+        }
+        Ok(Job {
+            id,
+            graph,
+            program: settings.program,
+            fingerprint: settings.fingerprint,
+            eg,
+            state: JobState::Created,
+            failure_cause: None,
+            submitted_at: now,
+            ended_at: None,
+            restarts: 0,
+            slots: BTreeMap::new(),
+            next_slot: 0,
+            region_of,
+            region_pipelined,
+            failover: Failover::default(),
+            preferred: BTreeMap::new(),
+            waiting_since: None,
+            touched: BTreeSet::new(),
+            reconciliation: Reconciliation::default(),
+            avoid: BTreeMap::new(),
+            lost_partitions: BTreeSet::new(),
+            shuffle_service_type: settings.shuffle_service_type,
+            shuffle_locations: BTreeMap::new(),
+            service_wait_since: None,
+            adaptive: settings.adaptive,
+            skew_splits: Vec::new(),
+            adaptive_broadcasts: Vec::new(),
+            speculative: settings.speculative,
+            next_slow_check: now,
+            speculative_attempts: BTreeSet::new(),
+            num_slow_execution_vertices: 0,
+            num_effective_speculative_executions: 0,
+            committing: BTreeSet::new(),
+            commit_started: false,
+            lost_staged: BTreeSet::new(),
+        })
+    }
+
     pub(crate) fn attempt_id(
         &self,
         vertex: usize,
@@ -246,6 +324,133 @@ impl Job {
         } else {
             BlockingResultInfo::all_to_all(bytes)
         }
+    }
+
+    /// The job ended in `state`: every attempt not ended is cancelled and
+    /// leaves its slot, and nothing of it restarts.
+    pub(crate) fn end(&mut self, state: JobState, cause: Option<String>, now: Duration) {
+        self.state = state;
+        self.ended_at = Some(now);
+        if cause.is_some() {
+            self.failure_cause = cause;
+        } else if state == JobState::Finished {
+            self.failure_cause = None;
+        }
+        self.waiting_since = None;
+        self.committing.clear();
+        self.failover.clear();
+        self.reconciliation.clear();
+        let now_ms = now.as_millis() as u64;
+        for ejv in &mut self.eg.vertices {
+            for s in &mut ejv.subtasks {
+                for e in &mut s.attempts {
+                    if !e.state.is_terminal() {
+                        e.transition(ExecutionState::Canceled, now_ms);
+                    }
+                    e.slot = None;
+                }
+            }
+        }
+    }
+
+    /// (vertex, subtask, attempt) of the winners that ran on `tm` and staged
+    /// output files there.
+    pub(crate) fn winners_with_staged_files_on(&self, tm: &str) -> Vec<(usize, usize, u32)> {
+        let mut out = Vec::new();
+        for (v, ejv) in self.eg.vertices.iter().enumerate() {
+            for (i, sub) in ejv.subtasks.iter().enumerate() {
+                if let Some(e) = sub.winner()
+                    && e.task_manager.as_deref() == Some(tm)
+                    && e.metrics
+                        .as_ref()
+                        .is_some_and(|m| !m.staged_files.is_empty())
+                {
+                    out.push((v, i, e.attempt_number));
+                }
+            }
+        }
+        out
+    }
+
+    /// The partitions attempt `a` produces: the shuffle service its
+    /// blocking ones went to (if any), the ones its TaskManager holds and
+    /// the ones the service holds.
+    pub(crate) fn partitions_of(
+        &self,
+        a: ExecutionAttemptId,
+    ) -> (Option<String>, Vec<PartitionRef>, Vec<PartitionRef>) {
+        let service = self
+            .shuffle_locations
+            .get(&(a.vertex, a.subtask, a.attempt))
+            .cloned();
+        let mut at_tm = Vec::new();
+        let mut at_service = Vec::new();
+        for ds in &self.graph.vertices[a.vertex].produced_data_sets {
+            let p = PartitionRef {
+                data_set: ds.id.0,
+                producer_subtask: a.subtask as u32,
+                attempt: a.attempt,
+            };
+            let blocking = self.eg.results.iter().any(|r| {
+                r.data_set == ds.id && r.result_partition_type == ResultPartitionType::Blocking
+            });
+            if blocking && service.is_some() {
+                at_service.push(p);
+            } else {
+                at_tm.push(p);
+            }
+        }
+        (service, at_tm, at_service)
+    }
+
+    /// The first finished subtask whose results are lost and still needed:
+    /// its output files were staged on a TaskManager that is gone, or its
+    /// partitions cannot be read (`results_available`) while a consumer
+    /// still needs them (one not initialized yet needs every partition).
+    pub(crate) fn first_lost_result(
+        &self,
+        results_available: impl Fn(usize, usize) -> bool,
+        task_manager_alive: impl Fn(&str) -> bool,
+    ) -> Option<(usize, usize)> {
+        for (v, ejv) in self.eg.vertices.iter().enumerate() {
+            for (i, s) in ejv.subtasks.iter().enumerate() {
+                if s.finished_attempt.is_none() {
+                    continue;
+                }
+                // Output files staged on a TaskManager that is gone are
+                // written again.
+                let staged_lost = s.winner().is_some_and(|e| {
+                    e.metrics
+                        .as_ref()
+                        .is_some_and(|m| !m.staged_files.is_empty())
+                        && (self.lost_staged.contains(&(v, i, e.attempt_number))
+                            || !e
+                                .task_manager
+                                .as_ref()
+                                .is_some_and(|t| task_manager_alive(t)))
+                });
+                if staged_lost {
+                    return Some((v, i));
+                }
+                if results_available(v, i) {
+                    continue;
+                }
+                // A consumer not initialized yet needs every partition
+                // (its decision waits for all of them).
+                let needed = s.produced_results.iter().any(|&r| {
+                    let res = &self.eg.results[r];
+                    res.result_partition_type == ResultPartitionType::Blocking
+                        && (!self.eg.vertices[res.consumer].initialized
+                            || self.consumers_of(r, i).iter().any(|&(c, j)| {
+                                self.eg.vertices[c].subtasks[j].finished_attempt.is_none()
+                            }))
+                });
+                if needed {
+                    return Some((v, i));
+                }
+            }
+        }
+        None
     }
 
     pub(crate) fn has_live_attempts(&self) -> bool {

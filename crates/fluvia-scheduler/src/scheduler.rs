@@ -48,11 +48,11 @@
 use crate::adaptive_setup::{adaptive_plan, try_initialize};
 use crate::deployment::{ExecutionAttemptId, PartitionRef};
 use crate::deployment_factory::DeploymentFactory;
-use crate::execution_graph::{AttemptMetrics, ExecutionGraph, ExecutionState};
-use crate::failover::{Failover, RestartDecision, RestartPolicy};
-use crate::job::{Job, JobState};
+use crate::execution_graph::{AttemptMetrics, ExecutionState};
+use crate::failover::{RestartDecision, RestartPolicy};
+use crate::job::{Job, JobSettings, JobState};
 use crate::protocol::{Action, Event};
-use crate::reconciliation::{self, Reconciliation};
+use crate::reconciliation;
 use crate::shuffle::{ShuffleMaster, ShuffleServiceType};
 use crate::slot_pool::{Member, SlotPool, TaskManagerSpec};
 use crate::speculative::{self, SpeculativeConfig};
@@ -391,71 +391,19 @@ impl Scheduler {
             JobType::Batch => SpeculativeConfig::from_configuration(&graph.config)?,
             JobType::Streaming => None,
         };
-        let undecided: Vec<bool> = match &adaptive {
-            Some((_, undecided)) => undecided.clone(),
-            None => vec![false; graph.vertices.len()],
+        let (adaptive, undecided) = match adaptive {
+            Some((a, undecided)) => (Some(a), undecided),
+            None => (None, vec![false; graph.vertices.len()]),
         };
-        let eg = ExecutionGraph::with_undecided(&graph, &undecided)?;
-        // Pipelined regions: vertices joined by pipelined edges.
-        let n = graph.vertices.len();
-        let pipelined_edges: Vec<(usize, usize)> = eg
-            .results
-            .iter()
-            .filter(|r| r.result_partition_type == ResultPartitionType::PipelinedBounded)
-            .map(|r| (r.producer, r.consumer))
-            .collect();
-        let mut pipelined = vec![false; n];
-        for &(p, c) in &pipelined_edges {
-            pipelined[p] = true;
-            pipelined[c] = true;
-        }
-        let region_of = fluvia_graph::components(n, pipelined_edges);
-        let mut region_pipelined = vec![false; n];
-        for v in 0..n {
-            if pipelined[v] {
-                region_pipelined[region_of[v]] = true;
-            }
-        }
-        self.jobs.insert(
-            id,
-            Job {
-                id,
-                graph,
-                program,
-                fingerprint,
-                eg,
-                state: JobState::Created,
-                failure_cause: None,
-                submitted_at: self.now,
-                ended_at: None,
-                restarts: 0,
-                slots: BTreeMap::new(),
-                next_slot: 0,
-                region_of,
-                region_pipelined,
-                failover: Failover::default(),
-                preferred: BTreeMap::new(),
-                waiting_since: None,
-                touched: BTreeSet::new(),
-                reconciliation: Reconciliation::default(),
-                avoid: BTreeMap::new(),
-                lost_partitions: BTreeSet::new(),
-                shuffle_service_type,
-                shuffle_locations: BTreeMap::new(),
-                service_wait_since: None,
-                adaptive: adaptive.map(|(a, _)| a),
-                skew_splits: Vec::new(),
-                adaptive_broadcasts: Vec::new(),
-                speculative,
-                next_slow_check: self.now,
-                speculative_attempts: BTreeSet::new(),
-                num_slow_execution_vertices: 0,
-                num_effective_speculative_executions: 0,
-                committing: BTreeSet::new(),
-                commit_started: false,
-                lost_staged: BTreeSet::new(),
-            },
-        );
+        let settings = JobSettings {
+            program,
+            fingerprint,
+            shuffle_service_type,
+            adaptive,
+            speculative,
+        };
+        let job = Job::new(id, graph, settings, &undecided, self.now)?;
+        self.jobs.insert(id, job);
         if let Err(e) = self.initialize_vertices(id) {
             self.jobs.remove(&id);
             return Err(e);
@@ -516,19 +464,7 @@ impl Scheduler {
             if job.state.is_terminal() || job.commit_started {
                 continue;
             }
-            let mut dropped = Vec::new();
-            for (v, ejv) in job.eg.vertices.iter().enumerate() {
-                for (i, sub) in ejv.subtasks.iter().enumerate() {
-                    if let Some(e) = sub.winner()
-                        && e.task_manager.as_deref() == Some(tm)
-                        && e.metrics
-                            .as_ref()
-                            .is_some_and(|m| !m.staged_files.is_empty())
-                    {
-                        dropped.push((v, i, e.attempt_number));
-                    }
-                }
-            }
+            let dropped = job.winners_with_staged_files_on(tm);
             if dropped.is_empty() {
                 continue;
             }
@@ -1118,47 +1054,11 @@ impl Scheduler {
             if job.state.is_terminal() {
                 return;
             }
-            let mut lost = None;
-            'search: for (v, ejv) in job.eg.vertices.iter().enumerate() {
-                for (i, s) in ejv.subtasks.iter().enumerate() {
-                    if s.finished_attempt.is_none() {
-                        continue;
-                    }
-                    // Output files staged on a TaskManager that is gone are
-                    // written again.
-                    let staged_lost = s.winner().is_some_and(|e| {
-                        e.metrics
-                            .as_ref()
-                            .is_some_and(|m| !m.staged_files.is_empty())
-                            && (job.lost_staged.contains(&(v, i, e.attempt_number))
-                                || !e
-                                    .task_manager
-                                    .as_ref()
-                                    .is_some_and(|t| self.pool.contains(t)))
-                    });
-                    if staged_lost {
-                        lost = Some((v, i));
-                        break 'search;
-                    }
-                    if self.factory().results_available(job, v, i) {
-                        continue;
-                    }
-                    // A consumer not initialized yet needs every partition
-                    // (its decision waits for all of them).
-                    let needed = s.produced_results.iter().any(|&r| {
-                        let res = &job.eg.results[r];
-                        res.result_partition_type == ResultPartitionType::Blocking
-                            && (!job.eg.vertices[res.consumer].initialized
-                                || job.consumers_of(r, i).iter().any(|&(c, j)| {
-                                    job.eg.vertices[c].subtasks[j].finished_attempt.is_none()
-                                }))
-                    });
-                    if needed {
-                        lost = Some((v, i));
-                        break 'search;
-                    }
-                }
-            }
+            let factory = self.factory();
+            let lost = job.first_lost_result(
+                |v, i| factory.results_available(job, v, i),
+                |tm| self.pool.contains(tm),
+            );
             let Some((v, i)) = lost else { return };
             let mut members = vec![(v, i)];
             if let Some(job) = self.jobs.get_mut(&id) {
@@ -1179,27 +1079,7 @@ impl Scheduler {
         let Some(job) = self.jobs.get(&a.job) else {
             return;
         };
-        let service = job
-            .shuffle_locations
-            .get(&(a.vertex, a.subtask, a.attempt))
-            .cloned();
-        let mut at_tm = Vec::new();
-        let mut at_service = Vec::new();
-        for ds in &job.graph.vertices[a.vertex].produced_data_sets {
-            let p = PartitionRef {
-                data_set: ds.id.0,
-                producer_subtask: a.subtask as u32,
-                attempt: a.attempt,
-            };
-            let blocking = job.eg.results.iter().any(|r| {
-                r.data_set == ds.id && r.result_partition_type == ResultPartitionType::Blocking
-            });
-            if blocking && service.is_some() {
-                at_service.push(p);
-            } else {
-                at_tm.push(p);
-            }
-        }
+        let (service, at_tm, at_service) = job.partitions_of(a);
         // The TaskManager also drops what it had not handed over yet.
         if self.pool.contains(tm) && !(at_tm.is_empty() && at_service.is_empty()) {
             let mut all = at_tm;
@@ -1300,27 +1180,7 @@ impl Scheduler {
         if job.state.is_terminal() {
             return;
         }
-        job.state = state;
-        job.ended_at = Some(now);
-        if cause.is_some() {
-            job.failure_cause = cause;
-        } else if state == JobState::Finished {
-            job.failure_cause = None;
-        }
-        job.waiting_since = None;
-        job.committing.clear();
-        job.failover.clear();
-        job.reconciliation.clear();
-        for ejv in &mut job.eg.vertices {
-            for s in &mut ejv.subtasks {
-                for e in &mut s.attempts {
-                    if !e.state.is_terminal() {
-                        e.transition(ExecutionState::Canceled, ms(now));
-                    }
-                    e.slot = None;
-                }
-            }
-        }
+        job.end(state, cause, now);
         self.pool.release_job(job);
         for tm in std::mem::take(&mut job.touched) {
             if self.pool.contains(&tm) {
