@@ -192,6 +192,12 @@ impl JmShared {
                     (task_manager, TmCall::ReleaseJob(job.to_string()))
                 }
                 Action::Probe { task_manager } => (task_manager, TmCall::Ping),
+                Action::ProbeShuffleService { service } => {
+                    if let Some(c) = st.shuffle_services.get(&service) {
+                        self.probe_shuffle_service(service, c.clone());
+                    }
+                    continue;
+                }
                 Action::CommitFiles {
                     task_manager,
                     job,
@@ -287,6 +293,24 @@ impl JmShared {
             config: meta.graph.config.clone(),
             program_in_call: false,
         })
+    }
+
+    /// Pings a shuffle service the scheduler wants probed and feeds back
+    /// whether it answered.
+    fn probe_shuffle_service(
+        self: &Arc<Self>,
+        service: String,
+        mut client: ShuffleServiceClient<Channel>,
+    ) {
+        let shared = Arc::clone(self);
+        tokio::spawn(async move {
+            let req = security::authorize(Empty {}, &shared.secret);
+            let alive = matches!(
+                tokio::time::timeout(PING_TIMEOUT, client.ping(req)).await,
+                Ok(Ok(_))
+            );
+            let _ = shared.feed_now(Event::ShuffleServiceProbeAnswered { service, alive });
+        });
     }
 
     /// The worker that performs one TaskManager's calls, in order.
@@ -565,46 +589,16 @@ impl JmService {
     fn apply_updates(&self, updates: Vec<TaskStateUpdate>) -> Ack {
         let mut bad = Vec::new();
         let mut st = self.shared.state();
-        let mut probe = Vec::new();
         for u in &updates {
             let Some(events) = JmShared::update_events(u) else {
                 bad.push(u.job_id.clone());
                 continue;
             };
             for e in events {
-                if let Event::PartitionsLost { job, .. } = &e
-                    && let Some(j) = st.scheduler.job(*job)
-                {
-                    // A consumer could not read: if the data was at a shuffle
-                    // service, find out now whether the service is gone.
-                    let services: std::collections::BTreeSet<&String> =
-                        j.shuffle_locations.values().collect();
-                    probe.extend(
-                        services
-                            .into_iter()
-                            .filter_map(|s| Some((s.clone(), st.shuffle_services.get(s)?.clone()))),
-                    );
-                }
                 let _ = self.shared.feed(&mut st, e);
             }
         }
         drop(st);
-        for (service, mut client) in probe {
-            let shared = Arc::clone(&self.shared);
-            tokio::spawn(async move {
-                let req = security::authorize(Empty {}, &shared.secret);
-                let alive = matches!(
-                    tokio::time::timeout(PING_TIMEOUT, client.ping(req)).await,
-                    Ok(Ok(_))
-                );
-                if !alive {
-                    let _ = shared.feed_now(Event::ShuffleServiceLost {
-                        service,
-                        reason: "it does not answer".into(),
-                    });
-                }
-            });
-        }
         if bad.is_empty() {
             Ack {
                 ok: true,

@@ -10,6 +10,34 @@
 //! tokio, sockets, threads or real clocks: the JobManager feeds it events
 //! and performs the actions it returns, and the simulation tests drive it
 //! with a virtual clock.
+//!
+//! # Layout
+//!
+//! [`Scheduler`] ([`scheduler`]) is the state machine's shell: it takes an
+//! [`Event`], asks its components and queues the [`Action`]s
+//! ([`protocol`]). The components own their state and take and return
+//! plain data; none of them knows the others or the scheduler:
+//! - [`slot_pool`]: the registered TaskManagers, their slots and the
+//!   blocklist; chooses and frees a job's shared slots.
+//! - `failover`: restart decisions under the restart strategy, the pending
+//!   restart and its probes.
+//! - `reconciliation`: heartbeats against what the scheduler believes runs.
+//! - `deployment_factory`: a scheduled attempt's
+//!   [`TaskDeploymentDescriptor`] (the contract of `fluvia-deployment`).
+//! - `adaptive_setup`: the adaptive batch set-up of a job and the
+//!   initialization of its vertices, over the [`adaptive`], [`skew`]
+//!   deciders; [`speculative`] finds slow attempts.
+//! - [`job`]: one job's data (graph, regions, slots, per-job component state)
+//!   and the queries on it.
+//!
+//! A sibling state machine will sit beside the scheduler, not inside it:
+//! the **checkpoint coordinator** (Flink's `CheckpointCoordinator`). It will
+//! be fed its own events (attempts running, acknowledgements, ticks) and
+//! return its own actions (trigger a checkpoint, notify completion); the
+//! JobManager will drive both, and a deployment will carry its restore
+//! handles in the fields `fluvia-deployment` and the wire reserve for them.
+//! It belongs in a module (or crate) of its own with the same rules: no
+//! I/O, an injected clock, plain data in and out.
 
 pub mod adaptive;
 mod adaptive_setup;

@@ -36,6 +36,12 @@ pub enum Event {
         service: String,
         reason: String,
     },
+    /// A shuffle service's answer to [`Action::ProbeShuffleService`] (one
+    /// that does not answer is lost).
+    ShuffleServiceProbeAnswered {
+        service: String,
+        alive: bool,
+    },
     /// The attempts the TaskManager runs right now.
     Heartbeat {
         task_manager: String,
@@ -122,6 +128,12 @@ pub enum Action {
     /// [`Event::ProbeAnswered`]).
     Probe {
         task_manager: String,
+    },
+    /// Ask whether the shuffle service still answers (feed back
+    /// [`Event::ShuffleServiceProbeAnswered`]): a consumer could not read
+    /// partitions of a job whose data went to it.
+    ProbeShuffleService {
+        service: String,
     },
     /// Every subtask finished: give the files these winning attempts staged
     /// their final names (feed back [`Event::FilesCommitted`]). Files other

@@ -4,8 +4,8 @@
 //! heartbeating, an attempt's state report, a deploy acknowledged or failed,
 //! a probe answered) with the current time of an injected clock, and it
 //! queues [`Action`]s (deploy an attempt, cancel an attempt, release
-//! partitions or a job's resources, probe a TaskManager, a job ended) that
-//! the caller performs however it likes. It never touches a socket, a thread
+//! partitions or a job's resources, probe a TaskManager or a shuffle
+//! service, a job ended) that the caller performs however it likes. It never touches a socket, a thread
 //! or a real clock: the JobManager is a thin shell around it, and the
 //! simulation tests drive it with a virtual clock and seeded faults.
 //!
@@ -40,10 +40,17 @@
 //!   fails what ran there and re-runs the finished subtasks whose partitions
 //!   it held, where a consumer still needs them (transitively); those
 //!   partitions stay lost when a TaskManager of the same id registers again.
+//!   A consumer that cannot read partitions of a job whose data went to a
+//!   shuffle service has that service probed; one that does not answer is
+//!   lost with the partitions it held.
 //! - **Reconciliation.** Heartbeats list the attempts a TaskManager runs; an
 //!   acknowledged attempt missing from two heartbeats in a row is failed (its
 //!   final report was lost), and an attempt a TaskManager runs that the
 //!   scheduler does not know as live is cancelled.
+//!
+//! Each rule lives in a component with its own state (see the crate
+//! documentation): this shell only routes events to them and turns their
+//! answers into actions.
 
 use crate::adaptive_setup::{adaptive_plan, try_initialize};
 use crate::deployment::{ExecutionAttemptId, PartitionRef};
@@ -340,11 +347,18 @@ impl Scheduler {
                 self.attempt_state(attempt, state, failure, metrics);
                 Ok(())
             }
+            Event::ShuffleServiceProbeAnswered { service, alive } => {
+                if !alive {
+                    self.lose_shuffle_service(&service, "it does not answer");
+                }
+                Ok(())
+            }
             Event::PartitionsLost {
                 job,
                 partitions,
                 reason,
             } => {
+                self.probe_shuffle_services(job);
                 self.partitions_lost(job, &partitions, &reason);
                 Ok(())
             }
@@ -1009,6 +1023,23 @@ impl Scheduler {
             }
             job.lost_partitions.extend(lost);
             self.invalidate_lost_results(id, &cause);
+        }
+    }
+
+    /// A consumer of the job could not read: if the data was at a shuffle
+    /// service, find out now whether the service is gone (rather than after
+    /// its heartbeat timeout).
+    fn probe_shuffle_services(&mut self, id: JobId) {
+        let Some(job) = self.jobs.get(&id) else {
+            return;
+        };
+        let services: BTreeSet<&String> = job.shuffle_locations.values().collect();
+        for service in services {
+            if self.shuffle.service(service).is_some() {
+                self.actions.push_back(Action::ProbeShuffleService {
+                    service: service.clone(),
+                });
+            }
         }
     }
 

@@ -1715,6 +1715,43 @@ fn losing_the_shuffle_service_reruns_the_producers_whose_data_it_held() {
 }
 
 #[test]
+fn an_unreadable_partition_probes_the_shuffle_service_and_a_silent_one_is_lost() {
+    let mut d = Driver::with_restarts(5);
+    let job = shuffle_job(&mut d, "external");
+    for s in deploys(&d.take()) {
+        d.ack(s.attempt);
+        d.finish(s.attempt);
+    }
+    d.take();
+    d.handle(Event::PartitionsLost {
+        job,
+        partitions: Vec::new(),
+        reason: "connection refused".to_string(),
+    })
+    .unwrap();
+    let acts = d.take();
+    assert!(
+        acts.contains(&Action::ProbeShuffleService {
+            service: "ss-a".to_string()
+        }),
+        "{acts:?}"
+    );
+    d.handle(Event::ShuffleServiceProbeAnswered {
+        service: "ss-a".to_string(),
+        alive: true,
+    })
+    .unwrap();
+    assert_eq!(d.finished_attempt(job, 0, 0), Some(0), "it answered");
+    d.handle(Event::ShuffleServiceProbeAnswered {
+        service: "ss-a".to_string(),
+        alive: false,
+    })
+    .unwrap();
+    assert_eq!(d.finished_attempt(job, 0, 0), None, "its data is gone");
+    assert_eq!(d.finished_attempt(job, 0, 1), None);
+}
+
+#[test]
 fn a_producer_without_a_service_on_its_host_fails_after_the_slot_request_timeout() {
     let mut d = Driver::new(SchedulerConfig {
         slot_request_timeout: secs(10),

@@ -770,7 +770,9 @@ impl Sim {
                 from: None,
             }),
             // The simulated cluster has no shuffle service (internal shuffle).
-            Action::ReleaseShufflePartitions { .. } | Action::ReleaseShuffleJob { .. } => {}
+            Action::ReleaseShufflePartitions { .. }
+            | Action::ReleaseShuffleJob { .. }
+            | Action::ProbeShuffleService { .. } => {}
         }
     }
 
