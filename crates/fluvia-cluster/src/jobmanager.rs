@@ -19,6 +19,7 @@ use crate::deployment::{
     partition_to_proto, state_from_proto,
 };
 use crate::program::ProgramSpec;
+use crate::query::{ClusterQuery, ClusterView, JobMeta, TaskManagerStatus};
 use crate::rpc::job_manager_server::{JobManager, JobManagerServer};
 use crate::rpc::shuffle_service_client::ShuffleServiceClient;
 use crate::rpc::task_manager_client::TaskManagerClient;
@@ -78,18 +79,8 @@ enum TmCall {
 /// What the shell keeps of a registered TaskManager beside the scheduler's
 /// [`TaskManagerSpec`] (slots, fingerprint, data address).
 pub(crate) struct TmEntry {
-    pub last_heartbeat: Instant,
-    pub metrics_json: String,
+    pub status: TaskManagerStatus,
     queue: mpsc::UnboundedSender<TmCall>,
-}
-
-/// What the shell keeps of a job beside the scheduler's view.
-pub(crate) struct JobMeta {
-    pub id: String,
-    pub program: ProgramSpec,
-    pub graph: Arc<JobGraph>,
-    pub start_time: u64,
-    pub end_time: Option<u64>,
 }
 
 pub(crate) struct JmState {
@@ -447,17 +438,24 @@ impl JmShared {
 
     /// JSON details of a job, as `GET /jobs/:id` and `fluvia run` show them.
     pub(crate) fn job_details(&self, st: &JmState, meta: &JobMeta, job: &Job) -> serde_json::Value {
-        self.view(st, meta, job).job_json()
+        let view = self.cluster_view(st);
+        crate::details::View::new(&view, meta, job).job_json()
     }
 
-    /// What the REST API shows of a job, as of now.
-    pub(crate) fn view<'a>(
-        &self,
-        st: &'a JmState,
-        meta: &'a JobMeta,
-        job: &'a Job,
-    ) -> crate::details::View<'a> {
-        crate::details::View::new(st, meta, job, now_millis(), self.clock().as_millis() as u64)
+    /// What the REST API reads of the state, as of now.
+    fn cluster_view<'a>(&self, st: &'a JmState) -> ClusterView<'a> {
+        ClusterView {
+            scheduler: &st.scheduler,
+            task_managers: st
+                .tms
+                .iter()
+                .map(|(id, t)| (id.as_str(), &t.status))
+                .collect(),
+            tm_addresses: &st.tm_addresses,
+            jobs: &st.jobs,
+            now: now_millis(),
+            clock: self.clock().as_millis() as u64,
+        }
     }
 
     /// The job's status; with `details`, the JSON of every vertex too (a
@@ -577,6 +575,28 @@ impl JmShared {
     }
 }
 
+/// The JobManager as the REST API may query it.
+struct RestQuery(Arc<JmShared>);
+
+impl ClusterQuery for RestQuery {
+    fn read(&self, f: &mut dyn FnMut(&ClusterView<'_>)) {
+        let st = self.0.state();
+        f(&self.0.cluster_view(&st));
+    }
+
+    fn cancel_job(&self, job_id: &str) -> Result<()> {
+        self.0.cancel(job_id)
+    }
+
+    fn secret(&self) -> &Option<String> {
+        &self.0.secret
+    }
+
+    fn web_refresh_interval(&self) -> Duration {
+        self.0.web_refresh_interval
+    }
+}
+
 struct JmService {
     shared: Arc<JmShared>,
 }
@@ -643,8 +663,10 @@ impl JobManager for JmService {
         st.tms.insert(
             r.task_manager_id.clone(),
             TmEntry {
-                last_heartbeat: Instant::now(),
-                metrics_json: String::new(),
+                status: TaskManagerStatus {
+                    last_heartbeat: Instant::now(),
+                    metrics_json: String::new(),
+                },
                 queue,
             },
         );
@@ -672,8 +694,8 @@ impl JobManager for JmService {
             return Ok(Response::new(HeartbeatResponse { known: false }));
         }
         if let Some(t) = st.tms.get_mut(&hb.task_manager_id) {
-            t.last_heartbeat = Instant::now();
-            t.metrics_json = hb.metrics_json;
+            t.status.last_heartbeat = Instant::now();
+            t.status.metrics_json = hb.metrics_json;
         }
         for u in &hb.unacknowledged {
             for e in JmShared::update_events(u).unwrap_or_default() {
@@ -942,7 +964,8 @@ pub async fn start(config: Configuration) -> Result<JobManagerHandle> {
             tracing::error!("JobManager RPC server stopped: {e}");
         }
     });
-    let rest = tokio::spawn(crate::rest::serve(rest_listener, Arc::clone(&shared)));
+    let query: Arc<dyn ClusterQuery> = Arc::new(RestQuery(Arc::clone(&shared)));
+    let rest = tokio::spawn(crate::rest::serve(rest_listener, query));
     let timer = tokio::spawn(Arc::clone(&shared).timer_loop());
     tracing::info!("JobManager: RPC {rpc_address}, REST http://{rest_address}");
     Ok(JobManagerHandle {
