@@ -10,7 +10,7 @@
 //! `X-Fluvia-Secret` header when one is configured.
 //!
 //! The JSON itself is built by [`crate::details`]; this module routes. It
-//! reads the JobManager only through [`ClusterQuery`].
+//! reads the JobManager only through `ClusterQuery`.
 
 use crate::details::View;
 use crate::query::{ClusterQuery, ClusterView, read};
