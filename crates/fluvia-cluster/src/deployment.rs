@@ -187,3 +187,17 @@ pub fn metrics_from_proto(m: &rpc::TaskMetrics) -> AttemptMetrics {
             .collect(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_attempt_state_crosses_the_wire_as_itself() {
+        for s in ExecutionState::ALL {
+            assert_eq!(state_from_proto(state_to_proto(s).into()), Some(s), "{s:?}");
+        }
+        assert_eq!(state_from_proto(0), None, "unset");
+        assert_eq!(state_from_proto(99), None, "unknown");
+    }
+}

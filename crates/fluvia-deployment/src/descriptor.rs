@@ -80,3 +80,52 @@ pub struct TaskDeploymentDescriptor {
     pub inputs: Vec<InputDescriptor>,
     pub outputs: Vec<OutputDescriptor>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fluvia_core::JobId;
+
+    #[test]
+    fn a_descriptor_survives_json() {
+        let d = TaskDeploymentDescriptor {
+            attempt: ExecutionAttemptId {
+                job: JobId(7),
+                vertex: 1,
+                subtask: 2,
+                attempt: 3,
+            },
+            task_manager: "tm-1".into(),
+            parallelism: 4,
+            max_parallelism: 128,
+            key_group_range: Some(SubpartitionRange { start: 32, end: 63 }),
+            inputs: vec![InputDescriptor {
+                type_number: 0,
+                partition: PartitionRef {
+                    data_set: 9,
+                    producer_subtask: 0,
+                    attempt: 1,
+                },
+                first_subpartition: 2,
+                last_subpartition: 2,
+                producer_address: "host:1".into(),
+                local: false,
+            }],
+            outputs: vec![OutputDescriptor {
+                data_set: 10,
+                num_subpartitions: 4,
+                partitioner: PartitionerKind::Hash,
+                consumer_max_parallelism: 128,
+                blocking: true,
+                shuffle_service: Some(ShuffleServiceTarget {
+                    id: "ss".into(),
+                    dir: "/d".into(),
+                    rpc_address: "host:2".into(),
+                }),
+            }],
+        };
+        let json = serde_json::to_string(&d).unwrap();
+        let back: TaskDeploymentDescriptor = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, d);
+    }
+}
