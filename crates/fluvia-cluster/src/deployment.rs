@@ -1,14 +1,18 @@
-//! What the JobManager sends a TaskManager to start one attempt: the
-//! scheduler's decision (inputs, outputs) plus what every process needs to
-//! rebuild the task's chain (program, fingerprint, configuration), and the
-//! conversions between the scheduler's typed reports and their protobuf form.
+//! The wire boundary of a deployment: what the JobManager sends a
+//! TaskManager to start one attempt — the scheduler's
+//! [`TaskDeploymentDescriptor`] as it is, plus the [`JobInformation`] every
+//! process needs to rebuild the task's chain (program, fingerprint,
+//! configuration) — and the conversions between the contract types of
+//! `fluvia-deployment` (attempt ids, states, metrics) and their protobuf form.
 
 use crate::program::ProgramSpec;
 use crate::rpc;
 use fluvia_core::{Configuration, IntermediateDataSetId, JobId};
+pub use fluvia_deployment::{
+    AttemptMetrics, ExecutionAttemptId, ExecutionState, InputDescriptor, OutputDescriptor,
+    PartitionRef, StagedFile, TaskDeploymentDescriptor,
+};
 use fluvia_network::net::protocol::ResultPartitionId;
-use fluvia_scheduler::{AttemptMetrics, ExecutionAttemptId, PartitionRef};
-pub use fluvia_scheduler::{InputDescriptor, OutputDescriptor};
 use serde::{Deserialize, Serialize};
 
 pub fn partition_id(p: PartitionRef) -> ResultPartitionId {
@@ -19,31 +23,50 @@ pub fn partition_id(p: PartitionRef) -> ResultPartitionId {
     }
 }
 
+/// What rebuilds a deployed task's job on a TaskManager (Flink's
+/// `JobInformation`): shipped beside each [`TaskDeploymentDescriptor`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TaskDeploymentDescriptor {
-    pub job_id: String,
+pub struct JobInformation {
     pub program: ProgramSpec,
     /// Fingerprint of the JobGraph the JobManager schedules.
     pub job_fingerprint: String,
     pub config: Configuration,
-    pub vertex_index: usize,
-    pub subtask: usize,
-    pub attempt: u32,
-    /// The vertex's parallelism as the scheduler decided it (the JobGraph's
-    /// is only a default under the adaptive batch scheduler).
-    pub parallelism: usize,
-    pub max_parallelism: usize,
-    /// Key groups of the subtask when its keyed input is read by ranges.
-    #[serde(default)]
-    pub key_group_range: Option<(usize, usize)>,
-    pub inputs: Vec<InputDescriptor>,
-    pub outputs: Vec<OutputDescriptor>,
     /// `program` is left empty: an earlier deployment of the same
     /// `DeployTasks` call carries the job's (a SQL job's program holds
     /// every fragment, a few hundred KB, once per call instead of once
     /// per task).
     #[serde(default)]
     pub program_in_call: bool,
+}
+
+pub fn state_to_proto(s: ExecutionState) -> rpc::AttemptState {
+    match s {
+        ExecutionState::Created => rpc::AttemptState::Created,
+        ExecutionState::Scheduled => rpc::AttemptState::Scheduled,
+        ExecutionState::Deploying => rpc::AttemptState::Deploying,
+        ExecutionState::Initializing => rpc::AttemptState::Initializing,
+        ExecutionState::Running => rpc::AttemptState::Running,
+        ExecutionState::Finished => rpc::AttemptState::Finished,
+        ExecutionState::Canceling => rpc::AttemptState::Canceling,
+        ExecutionState::Canceled => rpc::AttemptState::Canceled,
+        ExecutionState::Failed => rpc::AttemptState::Failed,
+    }
+}
+
+/// The state of a report; `None` for an unknown or unset value.
+pub fn state_from_proto(s: i32) -> Option<ExecutionState> {
+    Some(match rpc::AttemptState::try_from(s).ok()? {
+        rpc::AttemptState::Unspecified => return None,
+        rpc::AttemptState::Created => ExecutionState::Created,
+        rpc::AttemptState::Scheduled => ExecutionState::Scheduled,
+        rpc::AttemptState::Deploying => ExecutionState::Deploying,
+        rpc::AttemptState::Initializing => ExecutionState::Initializing,
+        rpc::AttemptState::Running => ExecutionState::Running,
+        rpc::AttemptState::Finished => ExecutionState::Finished,
+        rpc::AttemptState::Canceling => ExecutionState::Canceling,
+        rpc::AttemptState::Canceled => ExecutionState::Canceled,
+        rpc::AttemptState::Failed => ExecutionState::Failed,
+    })
 }
 
 pub fn attempt_ref(a: &ExecutionAttemptId) -> rpc::AttemptRef {
@@ -157,10 +180,24 @@ pub fn metrics_from_proto(m: &rpc::TaskMetrics) -> AttemptMetrics {
         staged_files: m
             .staged_files
             .iter()
-            .map(|f| fluvia_scheduler::StagedFile {
+            .map(|f| StagedFile {
                 pending: f.pending.clone(),
                 target: f.target.clone(),
             })
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_attempt_state_crosses_the_wire_as_itself() {
+        for s in ExecutionState::ALL {
+            assert_eq!(state_from_proto(state_to_proto(s).into()), Some(s), "{s:?}");
+        }
+        assert_eq!(state_from_proto(0), None, "unset");
+        assert_eq!(state_from_proto(99), None, "unknown");
     }
 }

@@ -9,7 +9,7 @@
 //! `metrics.fetcher.update-interval` old). It reads scheduler and
 //! JobManager state only; it knows nothing of HTTP.
 
-use crate::jobmanager::{JmState, JobMeta};
+use crate::query::{ClusterView, JobMeta};
 use fluvia_graph::JobGraph;
 use fluvia_scheduler::{Execution, ExecutionState, Job, JobState};
 use serde_json::{Map, Value, json};
@@ -20,7 +20,7 @@ type Live = HashMap<(usize, usize, u32), Value>;
 
 /// Everything the views of one job need.
 pub(crate) struct View<'a> {
-    pub st: &'a JmState,
+    pub st: &'a ClusterView<'a>,
     pub meta: &'a JobMeta,
     pub job: &'a Job,
     /// Wall clock now, epoch ms.
@@ -45,10 +45,12 @@ struct Io {
 }
 
 impl<'a> View<'a> {
-    pub fn new(st: &'a JmState, meta: &'a JobMeta, job: &'a Job, now: u64, clock: u64) -> Self {
+    /// The views of `job` as of the cluster view's clocks.
+    pub fn new(st: &'a ClusterView<'a>, meta: &'a JobMeta, job: &'a Job) -> Self {
+        let (now, clock) = (st.now, st.clock);
         let mut live = Live::new();
         let jid = meta.id.as_str();
-        for t in st.tms.values() {
+        for t in st.task_managers.values() {
             let Ok(tasks) = serde_json::from_str::<Vec<Value>>(&t.metrics_json) else {
                 continue;
             };

@@ -15,10 +15,11 @@
 
 use crate::config as cfg;
 use crate::deployment::{
-    TaskDeploymentDescriptor, attempt_id, attempt_ref, metrics_from_proto, metrics_to_proto,
-    partition_to_proto,
+    JobInformation, attempt_id, attempt_ref, metrics_from_proto, metrics_to_proto,
+    partition_to_proto, state_from_proto,
 };
 use crate::program::ProgramSpec;
+use crate::query::{ClusterQuery, ClusterView, JobMeta, TaskManagerStatus};
 use crate::rpc::job_manager_server::{JobManager, JobManagerServer};
 use crate::rpc::shuffle_service_client::ShuffleServiceClient;
 use crate::rpc::task_manager_client::TaskManagerClient;
@@ -33,8 +34,8 @@ use fluvia_core::{Configuration, FluviaError, JobId, Result};
 use fluvia_graph::JobGraph;
 pub use fluvia_scheduler::JobState;
 use fluvia_scheduler::{
-    Action, Deployment, Event, ExecutionAttemptId, ExecutionState, Job, Scheduler, SchedulerConfig,
-    ShuffleServiceSpec, ShuffleServiceType, TaskManagerSpec,
+    Action, Event, ExecutionAttemptId, ExecutionState, Job, Scheduler, SchedulerConfig,
+    ShuffleServiceSpec, ShuffleServiceType, TaskDeploymentDescriptor, TaskManagerSpec,
 };
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -60,10 +61,14 @@ const DEPLOY_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a TaskManager may take to rename a job's output files.
 const COMMIT_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// A deployment as it is shipped: the scheduler's descriptor and the
+/// job's information.
+type Shipment = (Box<TaskDeploymentDescriptor>, JobInformation);
+
 /// An RPC to one TaskManager.
 enum TmCall {
     /// Deployments in the order the scheduler queued them.
-    Deploy(Vec<(ExecutionAttemptId, Box<TaskDeploymentDescriptor>)>),
+    Deploy(Vec<Shipment>),
     Cancel(crate::rpc::AttemptRef),
     ReleasePartitions(ReleasePartitionsRequest),
     ReleaseJob(String),
@@ -75,18 +80,8 @@ enum TmCall {
 /// What the shell keeps of a registered TaskManager beside the scheduler's
 /// [`TaskManagerSpec`] (slots, fingerprint, data address).
 pub(crate) struct TmEntry {
-    pub last_heartbeat: Instant,
-    pub metrics_json: String,
+    pub status: TaskManagerStatus,
     queue: mpsc::UnboundedSender<TmCall>,
-}
-
-/// What the shell keeps of a job beside the scheduler's view.
-pub(crate) struct JobMeta {
-    pub id: String,
-    pub program: ProgramSpec,
-    pub graph: Arc<JobGraph>,
-    pub start_time: u64,
-    pub end_time: Option<u64>,
 }
 
 pub(crate) struct JmState {
@@ -154,10 +149,7 @@ impl JmShared {
         // A TaskManager's deployments of one step go out as one call (a
         // region's consumers behind their producers), sent before any
         // other call to it that the step queued after them.
-        let mut deploys: BTreeMap<
-            String,
-            Vec<(ExecutionAttemptId, Box<TaskDeploymentDescriptor>)>,
-        > = BTreeMap::new();
+        let mut deploys: BTreeMap<String, Vec<Shipment>> = BTreeMap::new();
         let send = |st: &JmState, tm: &str, call: TmCall| {
             if let Some(t) = st.tms.get(tm) {
                 let _ = t.queue.send(call);
@@ -168,12 +160,9 @@ impl JmShared {
                 Action::Deploy(d) => {
                     let tm = d.task_manager.clone();
                     st.coordinators.deployed(&d.attempt, &tm, d.parallelism);
-                    match self.descriptor(st, &d) {
-                        Some(desc) if st.tms.contains_key(&tm) => {
-                            deploys
-                                .entry(tm)
-                                .or_default()
-                                .push((d.attempt, Box::new(desc)));
+                    match self.job_information(st, d.attempt.job) {
+                        Some(job) if st.tms.contains_key(&tm) => {
+                            deploys.entry(tm).or_default().push((d, job));
                         }
                         _ => undeliverable.push(d.attempt),
                     }
@@ -198,6 +187,12 @@ impl JmShared {
                     (task_manager, TmCall::ReleaseJob(job.to_string()))
                 }
                 Action::Probe { task_manager } => (task_manager, TmCall::Ping),
+                Action::ProbeShuffleService { service } => {
+                    if let Some(c) = st.shuffle_services.get(&service) {
+                        self.probe_shuffle_service(service, c.clone());
+                    }
+                    continue;
+                }
                 Action::CommitFiles {
                     task_manager,
                     job,
@@ -286,23 +281,32 @@ impl JmShared {
         }
     }
 
-    fn descriptor(&self, st: &JmState, d: &Deployment) -> Option<TaskDeploymentDescriptor> {
-        let meta = st.jobs.get(&d.attempt.job)?;
-        Some(TaskDeploymentDescriptor {
-            job_id: meta.id.clone(),
+    fn job_information(&self, st: &JmState, job: JobId) -> Option<JobInformation> {
+        let meta = st.jobs.get(&job)?;
+        Some(JobInformation {
             program: meta.program.clone(),
             job_fingerprint: meta.graph.fingerprint.clone(),
             config: meta.graph.config.clone(),
-            vertex_index: d.attempt.vertex,
-            subtask: d.attempt.subtask,
-            attempt: d.attempt.attempt,
-            parallelism: d.parallelism,
-            max_parallelism: d.max_parallelism,
-            key_group_range: d.key_group_range.map(|r| (r.start, r.end)),
-            inputs: d.inputs.clone(),
-            outputs: d.outputs.clone(),
             program_in_call: false,
         })
+    }
+
+    /// Pings a shuffle service the scheduler wants probed and feeds back
+    /// whether it answered.
+    fn probe_shuffle_service(
+        self: &Arc<Self>,
+        service: String,
+        mut client: ShuffleServiceClient<Channel>,
+    ) {
+        let shared = Arc::clone(self);
+        tokio::spawn(async move {
+            let req = security::authorize(Empty {}, &shared.secret);
+            let alive = matches!(
+                tokio::time::timeout(PING_TIMEOUT, client.ping(req)).await,
+                Ok(Ok(_))
+            );
+            let _ = shared.feed_now(Event::ShuffleServiceProbeAnswered { service, alive });
+        });
     }
 
     /// The worker that performs one TaskManager's calls, in order.
@@ -450,17 +454,24 @@ impl JmShared {
 
     /// JSON details of a job, as `GET /jobs/:id` and `fluvia run` show them.
     pub(crate) fn job_details(&self, st: &JmState, meta: &JobMeta, job: &Job) -> serde_json::Value {
-        self.view(st, meta, job).job_json()
+        let view = self.cluster_view(st);
+        crate::details::View::new(&view, meta, job).job_json()
     }
 
-    /// What the REST API shows of a job, as of now.
-    pub(crate) fn view<'a>(
-        &self,
-        st: &'a JmState,
-        meta: &'a JobMeta,
-        job: &'a Job,
-    ) -> crate::details::View<'a> {
-        crate::details::View::new(st, meta, job, now_millis(), self.clock().as_millis() as u64)
+    /// What the REST API reads of the state, as of now.
+    fn cluster_view<'a>(&self, st: &'a JmState) -> ClusterView<'a> {
+        ClusterView {
+            scheduler: &st.scheduler,
+            task_managers: st
+                .tms
+                .iter()
+                .map(|(id, t)| (id.as_str(), &t.status))
+                .collect(),
+            tm_addresses: &st.tm_addresses,
+            jobs: &st.jobs,
+            now: now_millis(),
+            clock: self.clock().as_millis() as u64,
+        }
     }
 
     /// The job's status; with `details`, the JSON of every vertex too (a
@@ -556,7 +567,7 @@ impl JmShared {
             subtask: u.subtask,
             attempt: u.attempt,
         })?;
-        let state = ExecutionState::parse(&u.state).unwrap_or(ExecutionState::Failed);
+        let state = state_from_proto(u.state).unwrap_or(ExecutionState::Failed);
         let mut events = Vec::new();
         let lost: Vec<_> = u
             .unreadable_partitions
@@ -580,6 +591,28 @@ impl JmShared {
     }
 }
 
+/// The JobManager as the REST API may query it.
+struct RestQuery(Arc<JmShared>);
+
+impl ClusterQuery for RestQuery {
+    fn read(&self, f: &mut dyn FnMut(&ClusterView<'_>)) {
+        let st = self.0.state();
+        f(&self.0.cluster_view(&st));
+    }
+
+    fn cancel_job(&self, job_id: &str) -> Result<()> {
+        self.0.cancel(job_id)
+    }
+
+    fn secret(&self) -> &Option<String> {
+        &self.0.secret
+    }
+
+    fn web_refresh_interval(&self) -> Duration {
+        self.0.web_refresh_interval
+    }
+}
+
 struct JmService {
     shared: Arc<JmShared>,
 }
@@ -592,7 +625,6 @@ impl JmService {
     fn apply_updates(&self, updates: Vec<TaskStateUpdate>) -> Ack {
         let mut bad = Vec::new();
         let mut st = self.shared.state();
-        let mut probe = Vec::new();
         for u in &updates {
             let Some(events) = JmShared::update_events(u) else {
                 bad.push(u.job_id.clone());
@@ -607,39 +639,10 @@ impl JmService {
                 {
                     st.coordinators.attempt_failed(attempt);
                 }
-                if let Event::PartitionsLost { job, .. } = &e
-                    && let Some(j) = st.scheduler.job(*job)
-                {
-                    // A consumer could not read: if the data was at a shuffle
-                    // service, find out now whether the service is gone.
-                    let services: std::collections::BTreeSet<&String> =
-                        j.shuffle_locations.values().collect();
-                    probe.extend(
-                        services
-                            .into_iter()
-                            .filter_map(|s| Some((s.clone(), st.shuffle_services.get(s)?.clone()))),
-                    );
-                }
                 let _ = self.shared.feed(&mut st, e);
             }
         }
         drop(st);
-        for (service, mut client) in probe {
-            let shared = Arc::clone(&self.shared);
-            tokio::spawn(async move {
-                let req = security::authorize(Empty {}, &shared.secret);
-                let alive = matches!(
-                    tokio::time::timeout(PING_TIMEOUT, client.ping(req)).await,
-                    Ok(Ok(_))
-                );
-                if !alive {
-                    let _ = shared.feed_now(Event::ShuffleServiceLost {
-                        service,
-                        reason: "it does not answer".into(),
-                    });
-                }
-            });
-        }
         if bad.is_empty() {
             Ack {
                 ok: true,
@@ -734,8 +737,10 @@ impl JobManager for JmService {
         st.tms.insert(
             r.task_manager_id.clone(),
             TmEntry {
-                last_heartbeat: Instant::now(),
-                metrics_json: String::new(),
+                status: TaskManagerStatus {
+                    last_heartbeat: Instant::now(),
+                    metrics_json: String::new(),
+                },
                 queue,
             },
         );
@@ -763,8 +768,8 @@ impl JobManager for JmService {
             return Ok(Response::new(HeartbeatResponse { known: false }));
         }
         if let Some(t) = st.tms.get_mut(&hb.task_manager_id) {
-            t.last_heartbeat = Instant::now();
-            t.metrics_json = hb.metrics_json;
+            t.status.last_heartbeat = Instant::now();
+            t.status.metrics_json = hb.metrics_json;
         }
         for u in &hb.unacknowledged {
             for e in JmShared::update_events(u).unwrap_or_default() {
@@ -1034,7 +1039,8 @@ pub async fn start(config: Configuration) -> Result<JobManagerHandle> {
             tracing::error!("JobManager RPC server stopped: {e}");
         }
     });
-    let rest = tokio::spawn(crate::rest::serve(rest_listener, Arc::clone(&shared)));
+    let query: Arc<dyn ClusterQuery> = Arc::new(RestQuery(Arc::clone(&shared)));
+    let rest = tokio::spawn(crate::rest::serve(rest_listener, query));
     let timer = tokio::spawn(Arc::clone(&shared).timer_loop());
     tracing::info!("JobManager: RPC {rpc_address}, REST http://{rest_address}");
     Ok(JobManagerHandle {
@@ -1051,24 +1057,31 @@ async fn deploy_batch(
     client: &mut TaskManagerClient<Channel>,
     secret: &Option<String>,
     tm: &str,
-    batch: Vec<(ExecutionAttemptId, Box<TaskDeploymentDescriptor>)>,
+    batch: Vec<Shipment>,
 ) -> Vec<(ExecutionAttemptId, Option<String>)> {
     let mut deployments = Vec::with_capacity(batch.len());
     let mut attempts = Vec::with_capacity(batch.len());
     let mut failed = Vec::new();
-    let mut jobs_sent: Vec<String> = Vec::new();
-    for (attempt, mut desc) in batch {
-        if jobs_sent.contains(&desc.job_id) {
-            desc.program.args.clear();
-            desc.program_in_call = true;
+    let mut jobs_sent: Vec<JobId> = Vec::new();
+    for (desc, mut job) in batch {
+        let attempt = desc.attempt;
+        if jobs_sent.contains(&attempt.job) {
+            job.program.args.clear();
+            job.program_in_call = true;
         } else {
-            jobs_sent.push(desc.job_id.clone());
+            jobs_sent.push(attempt.job);
         }
-        match serde_json::to_string(&desc) {
-            Ok(json) => {
-                deployments.push(TaskDeployment {
-                    descriptor_json: json,
-                });
+        let encoded = serde_json::to_string(&desc).and_then(|descriptor_json| {
+            Ok(TaskDeployment {
+                descriptor_json,
+                job_information_json: serde_json::to_string(&job)?,
+                restore_handles: None,
+                operator_events: Vec::new(),
+            })
+        });
+        match encoded {
+            Ok(deployment) => {
+                deployments.push(deployment);
                 attempts.push(attempt);
             }
             Err(e) => failed.push((attempt, Some(format!("encoding the deployment: {e}")))),

@@ -4,7 +4,12 @@
 //!   accepts TaskManagers and jobs over gRPC, feeds the scheduler events
 //!   (registrations, heartbeats, attempt reports, RPC outcomes, ticks) and
 //!   performs its actions through one RPC queue per TaskManager; serves the
-//!   REST API ([`rest`]).
+//!   REST API ([`rest`]), which reads it only through a small query
+//!   interface (a read-only view of the cluster under its lock, and job
+//!   cancellation), never its internals.
+//! - [`deployment`]: the wire boundary of a deployment: the
+//!   `fluvia-deployment` descriptor shipped with the job's information, and
+//!   the protobuf forms of attempt ids, states and metrics.
 //! - [`taskmanager`]: registers its slots, data port and program
 //!   fingerprint, runs deployed attempts, exchanges data with other
 //!   TaskManagers over the TCP data plane, and reports attempt states (typed,
@@ -35,6 +40,7 @@ mod details;
 pub mod jobmanager;
 pub mod minicluster;
 pub mod program;
+mod query;
 pub mod rest;
 pub mod security;
 pub mod shuffle;

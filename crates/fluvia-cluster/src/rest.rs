@@ -9,9 +9,11 @@
 //! /jobs/:id/yarn-cancel`) is a mutation and needs the cluster secret in the
 //! `X-Fluvia-Secret` header when one is configured.
 //!
-//! The JSON itself is built by [`crate::details`]; this module routes.
+//! The JSON itself is built by [`crate::details`]; this module routes. It
+//! reads the JobManager only through `ClusterQuery`.
 
-use crate::jobmanager::{JmShared, JobState, lock};
+use crate::details::View;
+use crate::query::{ClusterQuery, ClusterView, read};
 use crate::security;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -19,50 +21,53 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use fluvia_core::JobId;
+use fluvia_scheduler::JobState;
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::fmt::Write;
 use std::sync::Arc;
 
-type Shared = Arc<JmShared>;
+type Shared = Arc<dyn ClusterQuery>;
 
 fn not_found(what: String) -> Response {
     (StatusCode::NOT_FOUND, Json(json!({ "errors": [what] }))).into_response()
 }
 
 async fn overview(State(s): State<Shared>) -> Json<Value> {
-    let st = lock(&s.state);
-    let count = |state: JobState| st.scheduler.jobs().filter(|j| j.state == state).count();
-    let total: usize = st.scheduler.task_managers().map(|(t, _)| t.slots).sum();
-    let used: usize = st.scheduler.task_managers().map(|(_, used)| used).sum();
-    Json(json!({
-        "taskmanagers": st.scheduler.task_managers().count(),
-        // Blocked by speculative execution: no new attempts go there.
-        "taskmanagers-blocked": st
-            .scheduler
-            .task_managers()
-            .filter(|(t, _)| st.scheduler.is_task_manager_blocked(&t.id))
-            .count(),
-        "shuffle-services": st.scheduler.shuffle_master().services().count(),
-        "slots-total": total,
-        "slots-available": total.saturating_sub(used),
-        "jobs-running": st.scheduler.jobs().filter(|j| !j.state.is_terminal()).count(),
-        "jobs-finished": count(JobState::Finished),
-        "jobs-cancelled": count(JobState::Canceled),
-        "jobs-failed": count(JobState::Failed),
-        "flink-version": format!("fluvia {}", env!("CARGO_PKG_VERSION")),
-        "flink-commit": env!("CARGO_PKG_VERSION"),
-    }))
+    read(&*s, |st| {
+        let count = |state: JobState| st.scheduler.jobs().filter(|j| j.state == state).count();
+        let total: usize = st.scheduler.task_managers().map(|(t, _)| t.slots).sum();
+        let used: usize = st.scheduler.task_managers().map(|(_, used)| used).sum();
+        Json(json!({
+            "taskmanagers": st.scheduler.task_managers().count(),
+            // Blocked by speculative execution: no new attempts go there.
+            "taskmanagers-blocked": st
+                .scheduler
+                .task_managers()
+                .filter(|(t, _)| st.scheduler.is_task_manager_blocked(&t.id))
+                .count(),
+            "shuffle-services": st.scheduler.shuffle_master().services().count(),
+            "slots-total": total,
+            "slots-available": total.saturating_sub(used),
+            "jobs-running": st.scheduler.jobs().filter(|j| !j.state.is_terminal()).count(),
+            "jobs-finished": count(JobState::Finished),
+            "jobs-cancelled": count(JobState::Canceled),
+            "jobs-failed": count(JobState::Failed),
+            "flink-version": format!("fluvia {}", env!("CARGO_PKG_VERSION")),
+            "flink-commit": env!("CARGO_PKG_VERSION"),
+        }))
+    })
 }
 
 async fn jobs(State(s): State<Shared>) -> Json<Value> {
-    let st = lock(&s.state);
-    let jobs: Vec<Value> = st
-        .scheduler
-        .jobs()
-        .map(|j| json!({ "id": j.id.to_string(), "status": j.state.name() }))
-        .collect();
-    Json(json!({ "jobs": jobs }))
+    read(&*s, |st| {
+        let jobs: Vec<Value> = st
+            .scheduler
+            .jobs()
+            .map(|j| json!({ "id": j.id.to_string(), "status": j.state.name() }))
+            .collect();
+        Json(json!({ "jobs": jobs }))
+    })
 }
 
 fn job_id(id: &str) -> Option<JobId> {
@@ -70,13 +75,14 @@ fn job_id(id: &str) -> Option<JobId> {
 }
 
 /// Runs `f` on the view of job `id`, or answers 404.
-fn with_job(s: &Shared, id: &str, f: impl FnOnce(&crate::details::View) -> Response) -> Response {
-    let st = lock(&s.state);
-    let found = job_id(id).and_then(|j| Some((st.jobs.get(&j)?, st.scheduler.job(j)?)));
-    match found {
-        Some((meta, j)) => f(&s.view(&st, meta, j)),
-        None => not_found(format!("Job {id} not found")),
-    }
+fn with_job(s: &Shared, id: &str, f: impl FnOnce(&View) -> Response) -> Response {
+    read(&**s, |st| {
+        let found = job_id(id).and_then(|j| Some((st.jobs.get(&j)?, st.scheduler.job(j)?)));
+        match found {
+            Some((meta, j)) => f(&View::new(st, meta, j)),
+            None => not_found(format!("Job {id} not found")),
+        }
+    })
 }
 
 /// Runs `f` on vertex `vid` of job `id`, or answers 404.
@@ -84,7 +90,7 @@ fn with_vertex(
     s: &Shared,
     id: &str,
     vid: &str,
-    f: impl FnOnce(&crate::details::View, usize) -> Response,
+    f: impl FnOnce(&View, usize) -> Response,
 ) -> Response {
     with_job(s, id, |view| {
         match view
@@ -105,18 +111,19 @@ async fn job(State(s): State<Shared>, Path(id): Path<String>) -> Response {
 }
 
 async fn jobs_overview(State(s): State<Shared>) -> Json<Value> {
-    let st = lock(&s.state);
-    let mut jobs: Vec<Value> = st
-        .jobs
-        .values()
-        .filter_map(|meta| {
-            let j = st.scheduler.job(meta.graph.job_id)?;
-            Some(s.view(&st, meta, j).overview_json())
-        })
-        .collect();
-    // Newest first, as Flink's dashboard lists them.
-    jobs.sort_by(|a, b| b["start-time"].as_u64().cmp(&a["start-time"].as_u64()));
-    Json(json!({ "jobs": jobs }))
+    read(&*s, |st| {
+        let mut jobs: Vec<Value> = st
+            .jobs
+            .values()
+            .filter_map(|meta| {
+                let j = st.scheduler.job(meta.graph.job_id)?;
+                Some(View::new(st, meta, j).overview_json())
+            })
+            .collect();
+        // Newest first, as Flink's dashboard lists them.
+        jobs.sort_by(|a, b| b["start-time"].as_u64().cmp(&a["start-time"].as_u64()));
+        Json(json!({ "jobs": jobs }))
+    })
 }
 
 async fn plan(State(s): State<Shared>, Path(id): Path<String>) -> Response {
@@ -265,7 +272,7 @@ async fn backpressure(
 /// Flink's dashboard configuration.
 async fn config(State(s): State<Shared>) -> Json<Value> {
     Json(json!({
-        "refresh-interval": s.web_refresh_interval.as_millis() as u64,
+        "refresh-interval": s.web_refresh_interval().as_millis() as u64,
         "timezone-name": "UTC",
         "timezone-offset": 0,
         "flink-version": format!("fluvia {}", env!("CARGO_PKG_VERSION")),
@@ -277,7 +284,7 @@ async fn config(State(s): State<Shared>) -> Json<Value> {
             "web-history": false,
         },
         // Cancelling from the UI asks for it.
-        "secret-required": s.secret.is_some(),
+        "secret-required": s.secret().is_some(),
     }))
 }
 
@@ -290,7 +297,7 @@ async fn cancel(
     let presented = headers
         .get(security::SECRET_HEADER)
         .and_then(|v| v.to_str().ok());
-    if let Err(reason) = security::check(&s.secret, presented, "REST PATCH /jobs/:id") {
+    if let Err(reason) = security::check(s.secret(), presented, "REST PATCH /jobs/:id") {
         return (
             StatusCode::UNAUTHORIZED,
             Json(json!({ "errors": [reason] })),
@@ -306,11 +313,11 @@ async fn cancel(
         )
             .into_response();
     }
-    let known = job_id(&id).is_some_and(|j| lock(&s.state).jobs.contains_key(&j));
+    let known = job_id(&id).is_some_and(|j| read(&*s, |st| st.jobs.contains_key(&j)));
     if !known {
         return not_found(format!("Job {id} not found"));
     }
-    match s.cancel(&id) {
+    match s.cancel_job(&id) {
         Ok(()) => (StatusCode::ACCEPTED, Json(json!({}))).into_response(),
         Err(e) => (
             StatusCode::CONFLICT,
@@ -322,32 +329,33 @@ async fn cancel(
 
 /// The registered shuffle services (a Fluvia addition beside Flink's API).
 async fn shuffle_services(State(s): State<Shared>) -> Json<Value> {
-    let st = lock(&s.state);
-    let services: Vec<Value> = st
-        .scheduler
-        .shuffle_master()
-        .services()
-        .map(|s| {
-            json!({
-                "id": s.id,
-                "host": s.host,
-                "data-address": s.data_address,
-                "rpc-address": s.rpc_address,
-                "dir": s.dir,
+    read(&*s, |st| {
+        let services: Vec<Value> = st
+            .scheduler
+            .shuffle_master()
+            .services()
+            .map(|s| {
+                json!({
+                    "id": s.id,
+                    "host": s.host,
+                    "data-address": s.data_address,
+                    "rpc-address": s.rpc_address,
+                    "dir": s.dir,
+                })
             })
-        })
-        .collect();
-    Json(json!({ "shuffle-services": services }))
+            .collect();
+        Json(json!({ "shuffle-services": services }))
+    })
 }
 
 /// One TaskManager as Flink's TaskManagerInfo (resources Fluvia does not
 /// measure are -1, Flink's "unknown").
 fn taskmanager_json(
-    st: &crate::jobmanager::JmState,
+    st: &ClusterView<'_>,
     spec: &fluvia_scheduler::TaskManagerSpec,
     used: usize,
 ) -> Option<Value> {
-    let t = st.tms.get(&spec.id)?;
+    let t = st.task_managers.get(spec.id.as_str())?;
     let age = t.last_heartbeat.elapsed().as_millis() as u64;
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -391,44 +399,46 @@ fn taskmanager_json(
 }
 
 async fn taskmanagers(State(s): State<Shared>) -> Json<Value> {
-    let st = lock(&s.state);
-    let tms: Vec<Value> = st
-        .scheduler
-        .task_managers()
-        .filter_map(|(spec, used)| taskmanager_json(&st, spec, used))
-        .collect();
-    Json(json!({ "taskmanagers": tms }))
+    read(&*s, |st| {
+        let tms: Vec<Value> = st
+            .scheduler
+            .task_managers()
+            .filter_map(|(spec, used)| taskmanager_json(st, spec, used))
+            .collect();
+        Json(json!({ "taskmanagers": tms }))
+    })
 }
 
 async fn taskmanager(State(s): State<Shared>, Path(id): Path<String>) -> Response {
-    let st = lock(&s.state);
-    let Some(mut out) = st
-        .scheduler
-        .task_managers()
-        .find(|(spec, _)| spec.id == id)
-        .and_then(|(spec, used)| taskmanager_json(&st, spec, used))
-    else {
-        return not_found(format!("TaskManager {id} not found"));
-    };
-    let tasks: Vec<Value> = st
-        .tms
-        .get(&id)
-        .and_then(|t| serde_json::from_str::<Vec<Value>>(&t.metrics_json).ok())
-        .unwrap_or_default();
-    let allocated: Vec<Value> = st
-        .scheduler
-        .jobs()
-        .flat_map(|j| {
-            j.slots
-                .values()
-                .filter(|slot| slot.task_manager == id)
-                .map(move |slot| json!({ "jobId": j.id.to_string(), "slot-sharing-group": slot.group, "resource": {} }))
-        })
-        .collect();
-    out["allocatedSlots"] = json!(allocated);
-    out["metrics"] = json!({});
-    out["tasks"] = json!(tasks);
-    Json(out).into_response()
+    read(&*s, |st| {
+        let Some(mut out) = st
+            .scheduler
+            .task_managers()
+            .find(|(spec, _)| spec.id == id)
+            .and_then(|(spec, used)| taskmanager_json(st, spec, used))
+        else {
+            return not_found(format!("TaskManager {id} not found"));
+        };
+        let tasks: Vec<Value> = st
+            .task_managers
+            .get(id.as_str())
+            .and_then(|t| serde_json::from_str::<Vec<Value>>(&t.metrics_json).ok())
+            .unwrap_or_default();
+        let allocated: Vec<Value> = st
+            .scheduler
+            .jobs()
+            .flat_map(|j| {
+                j.slots
+                    .values()
+                    .filter(|slot| slot.task_manager == id)
+                    .map(move |slot| json!({ "jobId": j.id.to_string(), "slot-sharing-group": slot.group, "resource": {} }))
+            })
+            .collect();
+        out["allocatedSlots"] = json!(allocated);
+        out["metrics"] = json!({});
+        out["tasks"] = json!(tasks);
+        Json(out).into_response()
+    })
 }
 
 /// The Web UI: three files built into the binary (no network, no Node).
@@ -457,115 +467,116 @@ async fn web_style() -> Response {
 }
 
 async fn metrics(State(s): State<Shared>) -> Response {
-    let st = lock(&s.state);
-    let mut out = String::new();
-    let total: usize = st.scheduler.task_managers().map(|(t, _)| t.slots).sum();
-    let _ = writeln!(out, "# TYPE fluvia_jobmanager_taskmanagers gauge");
-    let _ = writeln!(
-        out,
-        "fluvia_jobmanager_taskmanagers {}",
-        st.scheduler.task_managers().count()
-    );
-    let _ = writeln!(out, "# TYPE fluvia_jobmanager_slots_total gauge");
-    let _ = writeln!(out, "fluvia_jobmanager_slots_total {total}");
-    let _ = writeln!(out, "# TYPE fluvia_jobmanager_jobs gauge");
-    for state in [
-        JobState::Running,
-        JobState::Finished,
-        JobState::Failed,
-        JobState::Canceled,
-        JobState::Restarting,
-    ] {
-        let n = st.scheduler.jobs().filter(|j| j.state == state).count();
+    read(&*s, |st| {
+        let mut out = String::new();
+        let total: usize = st.scheduler.task_managers().map(|(t, _)| t.slots).sum();
+        let _ = writeln!(out, "# TYPE fluvia_jobmanager_taskmanagers gauge");
         let _ = writeln!(
             out,
-            "fluvia_jobmanager_jobs{{state=\"{}\"}} {n}",
-            state.name()
+            "fluvia_jobmanager_taskmanagers {}",
+            st.scheduler.task_managers().count()
         );
-    }
-    // Speculative execution: Flink's numSlowExecutionVertices and
-    // numEffectiveSpeculativeExecutions per job, and blocked TaskManagers.
-    let blocked = st
-        .scheduler
-        .task_managers()
-        .filter(|(t, _)| st.scheduler.is_task_manager_blocked(&t.id))
-        .count();
-    let _ = writeln!(out, "# TYPE fluvia_jobmanager_taskmanagers_blocked gauge");
-    let _ = writeln!(out, "fluvia_jobmanager_taskmanagers_blocked {blocked}");
-    let _ = writeln!(out, "# TYPE fluvia_job_num_slow_execution_vertices gauge");
-    for j in st.scheduler.jobs().filter(|j| j.speculative.is_some()) {
-        let _ = writeln!(
-            out,
-            "fluvia_job_num_slow_execution_vertices{{job_id=\"{}\"}} {}",
-            j.id, j.num_slow_execution_vertices
-        );
-    }
-    let _ = writeln!(
-        out,
-        "# TYPE fluvia_job_num_effective_speculative_executions counter"
-    );
-    for j in st.scheduler.jobs().filter(|j| j.speculative.is_some()) {
-        let _ = writeln!(
-            out,
-            "fluvia_job_num_effective_speculative_executions{{job_id=\"{}\"}} {}",
-            j.id, j.num_effective_speculative_executions
-        );
-    }
-    let fields = [
-        ("fluvia_task_records_in_total", "records_in", "counter"),
-        ("fluvia_task_records_out_total", "records_out", "counter"),
-        ("fluvia_task_bytes_in_total", "bytes_in", "counter"),
-        ("fluvia_task_bytes_out_total", "bytes_out", "counter"),
-        (
-            "fluvia_task_busy_time_ms_per_second",
-            "busy_ms_per_second",
-            "gauge",
-        ),
-        (
-            "fluvia_task_back_pressured_time_ms_per_second",
-            "back_pressured_ms_per_second",
-            "gauge",
-        ),
-        (
-            "fluvia_task_idle_time_ms_per_second",
-            "idle_ms_per_second",
-            "gauge",
-        ),
-        ("fluvia_task_out_pool_usage", "out_pool_usage", "gauge"),
-        ("fluvia_task_in_pool_usage", "in_pool_usage", "gauge"),
-    ];
-    let tasks: Vec<(String, Value)> = st
-        .tms
-        .iter()
-        .flat_map(|(id, t)| {
-            serde_json::from_str::<Vec<Value>>(&t.metrics_json)
-                .unwrap_or_default()
-                .into_iter()
-                .map(move |v| (id.clone(), v))
-        })
-        .collect();
-    for (name, key, kind) in fields {
-        let _ = writeln!(out, "# TYPE {name} {kind}");
-        for (tm, v) in &tasks {
-            let task = v["task"]
-                .as_str()
-                .unwrap_or("")
-                .replace('\\', "\\\\")
-                .replace('"', "\\\"");
+        let _ = writeln!(out, "# TYPE fluvia_jobmanager_slots_total gauge");
+        let _ = writeln!(out, "fluvia_jobmanager_slots_total {total}");
+        let _ = writeln!(out, "# TYPE fluvia_jobmanager_jobs gauge");
+        for state in [
+            JobState::Running,
+            JobState::Finished,
+            JobState::Failed,
+            JobState::Canceled,
+            JobState::Restarting,
+        ] {
+            let n = st.scheduler.jobs().filter(|j| j.state == state).count();
             let _ = writeln!(
                 out,
-                "{name}{{taskmanager=\"{tm}\",job_id=\"{}\",task=\"{task}\",subtask=\"{}\"}} {}",
-                v["job_id"].as_str().unwrap_or(""),
-                v["subtask"],
-                v[key].as_f64().unwrap_or(0.0)
+                "fluvia_jobmanager_jobs{{state=\"{}\"}} {n}",
+                state.name()
             );
         }
-    }
-    ([("content-type", "text/plain; version=0.0.4")], out).into_response()
+        // Speculative execution: Flink's numSlowExecutionVertices and
+        // numEffectiveSpeculativeExecutions per job, and blocked TaskManagers.
+        let blocked = st
+            .scheduler
+            .task_managers()
+            .filter(|(t, _)| st.scheduler.is_task_manager_blocked(&t.id))
+            .count();
+        let _ = writeln!(out, "# TYPE fluvia_jobmanager_taskmanagers_blocked gauge");
+        let _ = writeln!(out, "fluvia_jobmanager_taskmanagers_blocked {blocked}");
+        let _ = writeln!(out, "# TYPE fluvia_job_num_slow_execution_vertices gauge");
+        for j in st.scheduler.jobs().filter(|j| j.speculative.is_some()) {
+            let _ = writeln!(
+                out,
+                "fluvia_job_num_slow_execution_vertices{{job_id=\"{}\"}} {}",
+                j.id, j.num_slow_execution_vertices
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# TYPE fluvia_job_num_effective_speculative_executions counter"
+        );
+        for j in st.scheduler.jobs().filter(|j| j.speculative.is_some()) {
+            let _ = writeln!(
+                out,
+                "fluvia_job_num_effective_speculative_executions{{job_id=\"{}\"}} {}",
+                j.id, j.num_effective_speculative_executions
+            );
+        }
+        let fields = [
+            ("fluvia_task_records_in_total", "records_in", "counter"),
+            ("fluvia_task_records_out_total", "records_out", "counter"),
+            ("fluvia_task_bytes_in_total", "bytes_in", "counter"),
+            ("fluvia_task_bytes_out_total", "bytes_out", "counter"),
+            (
+                "fluvia_task_busy_time_ms_per_second",
+                "busy_ms_per_second",
+                "gauge",
+            ),
+            (
+                "fluvia_task_back_pressured_time_ms_per_second",
+                "back_pressured_ms_per_second",
+                "gauge",
+            ),
+            (
+                "fluvia_task_idle_time_ms_per_second",
+                "idle_ms_per_second",
+                "gauge",
+            ),
+            ("fluvia_task_out_pool_usage", "out_pool_usage", "gauge"),
+            ("fluvia_task_in_pool_usage", "in_pool_usage", "gauge"),
+        ];
+        let tasks: Vec<(String, Value)> = st
+            .task_managers
+            .iter()
+            .flat_map(|(id, t)| {
+                serde_json::from_str::<Vec<Value>>(&t.metrics_json)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(move |v| (id.to_string(), v))
+            })
+            .collect();
+        for (name, key, kind) in fields {
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+            for (tm, v) in &tasks {
+                let task = v["task"]
+                    .as_str()
+                    .unwrap_or("")
+                    .replace('\\', "\\\\")
+                    .replace('"', "\\\"");
+                let _ = writeln!(
+                    out,
+                    "{name}{{taskmanager=\"{tm}\",job_id=\"{}\",task=\"{task}\",subtask=\"{}\"}} {}",
+                    v["job_id"].as_str().unwrap_or(""),
+                    v["subtask"],
+                    v[key].as_f64().unwrap_or(0.0)
+                );
+            }
+        }
+        ([("content-type", "text/plain; version=0.0.4")], out).into_response()
+    })
 }
 
 /// Serves the REST API until the process stops.
-pub(crate) async fn serve(listener: tokio::net::TcpListener, shared: Arc<JmShared>) {
+pub(crate) async fn serve(listener: tokio::net::TcpListener, shared: Shared) {
     // Flink serves every path under /v1 too (what its REST client calls).
     let app = Router::new()
         .route("/", get(web_index))

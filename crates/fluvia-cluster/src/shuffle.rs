@@ -18,11 +18,11 @@
 use crate::deployment::{partition_id, partition_to_proto};
 use crate::security;
 use fluvia_core::{FluviaError, Result};
+use fluvia_deployment::{InputDescriptor, OutputDescriptor, PartitionRef, ShuffleServiceTarget};
 use fluvia_network::net::client::GateBufferPool;
 use fluvia_network::net::environment::{NetworkEnvironment, RemoteChannelSpec};
 use fluvia_network::net::protocol::ResultPartitionId;
 use fluvia_network::{InputChannel, InputChannelSpec, LocalInputChannel, ResultPartition};
-use fluvia_scheduler::{InputDescriptor, OutputDescriptor, PartitionRef, ShuffleServiceTarget};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;

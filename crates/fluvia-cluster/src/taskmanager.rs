@@ -12,15 +12,16 @@
 
 use crate::config::{self as cfg};
 use crate::deployment::{
-    TaskDeploymentDescriptor, metrics_to_proto, partition_from_proto, partition_id,
+    AttemptMetrics, ExecutionState, JobInformation, OutputDescriptor, StagedFile,
+    TaskDeploymentDescriptor, metrics_to_proto, partition_from_proto, partition_id, state_to_proto,
 };
 use crate::program::{ProgramCatalog, ProgramSpec};
 use crate::rpc::job_manager_client::JobManagerClient;
 use crate::rpc::task_manager_server::{TaskManager, TaskManagerServer};
 use crate::rpc::{
     Ack, Acks, AttemptRef, CommitFilesRequest, Empty, JobRequest, OperatorEventRequest,
-    RegisterTaskManagerRequest, ReleasePartitionsRequest, TaskDeployments as TaskDeploymentsMsg,
-    TaskManagerHeartbeat, TaskStateUpdate,
+    RegisterTaskManagerRequest, ReleasePartitionsRequest, TaskDeployment as TaskDeploymentMsg,
+    TaskDeployments as TaskDeploymentsMsg, TaskManagerHeartbeat, TaskStateUpdate,
 };
 use crate::security;
 use crate::shuffle::{
@@ -59,7 +60,7 @@ struct TmJob {
     spill_dir: Option<tempfile_dir::Dir>,
     /// Files finished attempts staged here, until the JobManager commits
     /// the winners' (the rest go when the job is released).
-    staged: HashMap<AttemptKey, Vec<fluvia_scheduler::StagedFile>>,
+    staged: HashMap<AttemptKey, Vec<StagedFile>>,
 }
 
 /// A temporary directory removed on drop (blocking partitions spill here).
@@ -112,9 +113,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Shared {
     fn job_for(
         &self,
-        desc: &TaskDeploymentDescriptor,
+        job_id: &str,
+        desc: &JobInformation,
     ) -> Result<(Arc<JobGraph>, Arc<OperatorRegistry>)> {
-        if let Some(j) = lock(&self.jobs).get(&desc.job_id) {
+        if let Some(j) = lock(&self.jobs).get(job_id) {
             return Ok((Arc::clone(&j.graph), Arc::clone(&j.registry)));
         }
         let (mut graph, registry) = self.catalog.build(&desc.program)?;
@@ -128,10 +130,9 @@ impl Shared {
         graph.config = desc.config.clone();
         graph.object_reuse = desc.config.get(&options::OBJECT_REUSE)?;
         let (graph, registry) = (Arc::new(graph), Arc::new(registry));
-        if lock(&self.released).contains(&desc.job_id) {
+        if lock(&self.released).contains(job_id) {
             return Err(FluviaError::Execution(format!(
-                "job {} was released on this TaskManager",
-                desc.job_id
+                "job {job_id} was released on this TaskManager"
             )));
         }
         // Two deployments may build the job at once: the first one's entry
@@ -139,11 +140,11 @@ impl Shared {
         let mut jobs = lock(&self.jobs);
         if self.stopped.load(Ordering::SeqCst) {
             return Err(FluviaError::Execution(format!(
-                "TaskManager {} is stopping: job {} is not deployed",
-                self.id, desc.job_id
+                "TaskManager {} is stopping: job {job_id} is not deployed",
+                self.id
             )));
         }
-        let job = jobs.entry(desc.job_id.clone()).or_insert_with(|| TmJob {
+        let job = jobs.entry(job_id.to_string()).or_insert_with(|| TmJob {
             graph: Arc::clone(&graph),
             registry: Arc::clone(&registry),
             running: HashMap::new(),
@@ -160,23 +161,25 @@ impl Shared {
     /// carry none and need one only if the job is not built here yet.
     fn deploy_in_call(
         self: &Arc<Self>,
-        json: &str,
+        msg: &TaskDeploymentMsg,
         programs: &mut HashMap<String, ProgramSpec>,
     ) -> std::result::Result<(), String> {
-        let mut desc: TaskDeploymentDescriptor =
-            serde_json::from_str(json).map_err(|e| format!("bad deployment descriptor: {e}"))?;
-        if !desc.program_in_call {
-            programs.insert(desc.job_id.clone(), desc.program.clone());
-        } else if !lock(&self.jobs).contains_key(&desc.job_id) {
-            desc.program = programs.get(&desc.job_id).cloned().ok_or_else(|| {
+        let desc: TaskDeploymentDescriptor = serde_json::from_str(&msg.descriptor_json)
+            .map_err(|e| format!("bad deployment descriptor: {e}"))?;
+        let mut job: JobInformation = serde_json::from_str(&msg.job_information_json)
+            .map_err(|e| format!("bad job information: {e}"))?;
+        let job_id = desc.attempt.job.to_string();
+        if !job.program_in_call {
+            programs.insert(job_id, job.program.clone());
+        } else if !lock(&self.jobs).contains_key(&job_id) {
+            job.program = programs.get(&job_id).cloned().ok_or_else(|| {
                 format!(
-                    "the deployment of job {} refers to a program no earlier deployment of \
-                     the call carries",
-                    desc.job_id
+                    "the deployment of job {job_id} refers to a program no earlier deployment \
+                     of the call carries"
                 )
             })?;
         }
-        self.deploy(desc).map_err(|e| e.to_string())
+        self.deploy(&job, desc).map_err(|e| e.to_string())
     }
 
     fn spill_dir(&self, job_id: &str) -> Result<std::path::PathBuf> {
@@ -196,31 +199,38 @@ impl Shared {
     }
 
     /// Creates the subtask's partitions and channels and starts its thread.
-    fn deploy(self: &Arc<Self>, desc: TaskDeploymentDescriptor) -> Result<()> {
-        let (graph, registry) = self.job_for(&desc)?;
-        let vertex = graph.vertices.get(desc.vertex_index).ok_or_else(|| {
-            FluviaError::Internal(format!(
-                "job {} has no vertex {}",
-                desc.job_id, desc.vertex_index
-            ))
+    fn deploy(
+        self: &Arc<Self>,
+        job: &JobInformation,
+        desc: TaskDeploymentDescriptor,
+    ) -> Result<()> {
+        let job_id = desc.attempt.job.to_string();
+        let (vertex_index, subtask, attempt) = (
+            desc.attempt.vertex,
+            desc.attempt.subtask,
+            desc.attempt.attempt,
+        );
+        let (graph, registry) = self.job_for(&job_id, job)?;
+        let vertex = graph.vertices.get(vertex_index).ok_or_else(|| {
+            FluviaError::Internal(format!("job {job_id} has no vertex {vertex_index}"))
         })?;
         let mut outputs = Vec::new();
         let mut partition_ids = Vec::new();
         let mut produced = Vec::new();
-        let mut spill_dir = || self.spill_dir(&desc.job_id);
+        let mut spill_dir = || self.spill_dir(&job_id);
         for (i, o) in desc.outputs.iter().enumerate() {
             let name = format!(
                 "{} ({}/{}) -> {i}",
                 vertex.name,
-                desc.subtask + 1,
+                subtask + 1,
                 desc.parallelism
             );
             let request = PartitionRequest {
-                job_id: &desc.job_id,
+                job_id: &job_id,
                 id: ResultPartitionId {
                     data_set: o.data_set,
-                    producer_subtask: desc.subtask as u32,
-                    attempt: desc.attempt,
+                    producer_subtask: subtask as u32,
+                    attempt,
                 },
                 name,
                 output: o,
@@ -245,29 +255,23 @@ impl Shared {
             pools: input_pools,
         } = create_input_channels(&self.env, &self.id, &desc.inputs)?;
         let counters = Arc::new(IoCounters::default());
-        let job_id =
-            fluvia_core::JobId::try_from(desc.job_id.clone()).map_err(FluviaError::Plan)?;
         let group = self.metrics.register(
             TaskMetricGroup::new(
-                job_id,
+                desc.attempt.job,
                 vertex.name.clone(),
-                desc.subtask,
+                subtask,
                 Arc::clone(&counters),
                 outputs.iter().map(|o| Arc::clone(&o.pool)).collect(),
                 input_pools,
             )
-            .for_attempt(desc.vertex_index, desc.attempt),
+            .for_attempt(vertex_index, attempt),
         );
         let cancel = CancelToken::new();
         let mailbox = fluvia_runtime::Mailbox::new();
+        let coordinator_gateway = Some(self.coordinator_gateway(&job_id, &desc, mailbox.sender()));
         let deployment = TaskDeployment {
             job: Arc::clone(&graph),
-            vertex_index: desc.vertex_index,
-            subtask_index: desc.subtask,
-            attempt_number: desc.attempt,
-            parallelism: desc.parallelism,
-            max_parallelism: desc.max_parallelism,
-            key_group_range: desc.key_group_range,
+            descriptor: desc,
             registry,
             inputs,
             outputs,
@@ -275,14 +279,14 @@ impl Shared {
             flush_epoch: Arc::clone(&self.flush_epoch),
             counters,
             mailbox: mailbox.clone(),
-            coordinator_gateway: Some(self.coordinator_gateway(&desc, mailbox.sender())),
+            coordinator_gateway,
         };
-        let key: AttemptKey = (desc.vertex_index, desc.subtask, desc.attempt);
+        let key: AttemptKey = (vertex_index, subtask, attempt);
         {
             let mut jobs = lock(&self.jobs);
             // Checked under the lock `shutdown` drops the jobs under: a
             // deployment either is cancelled with its job or sees the stop.
-            let job = match jobs.get_mut(&desc.job_id) {
+            let job = match jobs.get_mut(&job_id) {
                 Some(job) if !self.stopped.load(Ordering::SeqCst) => Some(job),
                 _ => None,
             };
@@ -295,7 +299,7 @@ impl Shared {
                 self.metrics.unregister(&group);
                 return Err(FluviaError::Execution(format!(
                     "job {} was released on this TaskManager",
-                    desc.job_id
+                    job_id
                 )));
             };
             job.running.insert(key, cancel);
@@ -304,30 +308,30 @@ impl Shared {
         }
         let shared = Arc::clone(self);
         let name = deployment.task_name();
-        let job_id_of_spawn = desc.job_id.clone();
-        let update = |state: &str| TaskStateUpdate {
-            job_id: desc.job_id.clone(),
-            vertex_index: desc.vertex_index as u32,
-            subtask: desc.subtask as u32,
-            attempt: desc.attempt,
-            state: state.into(),
+        let job_id_of_spawn = job_id.clone();
+        let update = |state: ExecutionState| TaskStateUpdate {
+            job_id: job_id.clone(),
+            vertex_index: vertex_index as u32,
+            subtask: subtask as u32,
+            attempt,
+            state: state_to_proto(state).into(),
             error: String::new(),
             metrics: None,
             unreadable_partitions: Vec::new(),
         };
-        let running = update("RUNNING");
-        let mut last = update("FINISHED");
+        let running = update(ExecutionState::Running);
+        let mut last = update(ExecutionState::Finished);
         let alive = Busy::start(&self.busy);
         let spawned = crate::task_threads::shared().spawn(name.clone(), move || {
             let _alive = alive;
-            tracing::info!("task {name} attempt {} started", desc.attempt);
+            tracing::info!("task {name} attempt {attempt} started");
             // RUNNING is a hint (the scheduler also learns it from
             // heartbeats, and takes FINISHED from a deploying attempt, as
             // Flink does for very fast tasks): sent without waiting, and
             // only for a task still running after RUNNING_HINT_DELAY.
             {
                 let hint = Arc::clone(&shared);
-                let job_id = desc.job_id.clone();
+                let job_id = job_id.clone();
                 shared.runtime.spawn(async move {
                     tokio::time::sleep(RUNNING_HINT_DELAY).await;
                     let still = lock(&hint.jobs)
@@ -346,7 +350,7 @@ impl Shared {
                 // where they will look for it.
                 for (external, p) in &produced {
                     let shuffle = shared.shuffle_for_kind(*external);
-                    if let Err(e) = shuffle.partition_finished(&desc.job_id, p) {
+                    if let Err(e) = shuffle.partition_finished(&job_id, p) {
                         m.staged_files.iter().for_each(discard_staged_file);
                         result = Err(e);
                         break;
@@ -355,15 +359,15 @@ impl Shared {
             }
             drop(produced);
             let (state, error) = match &result {
-                Ok(_) => ("FINISHED", String::new()),
-                Err(FluviaError::Cancelled) => ("CANCELED", String::new()),
-                Err(e) => ("FAILED", e.to_string()),
+                Ok(_) => (ExecutionState::Finished, String::new()),
+                Err(FluviaError::Cancelled) => (ExecutionState::Canceled, String::new()),
+                Err(e) => (ExecutionState::Failed, e.to_string()),
             };
             let (busy, idle, bp) = group.run_averages();
             let snapshot = group.snapshot();
             let mut metrics = match result {
                 Ok(m) => m,
-                Err(_) => fluvia_scheduler::AttemptMetrics {
+                Err(_) => AttemptMetrics {
                     records_in: snapshot.records_in,
                     records_out: snapshot.records_out,
                     bytes_in: snapshot.bytes_in,
@@ -374,10 +378,10 @@ impl Shared {
             metrics.busy_ms_per_second = busy;
             metrics.idle_ms_per_second = idle;
             metrics.back_pressured_ms_per_second = bp;
-            tracing::info!("task {name} attempt {} {state} {error}", desc.attempt);
+            tracing::info!("task {name} attempt {attempt} {} {error}", state.name());
             // Its pools go with the task (the registry would keep them).
             shared.metrics.unregister(&group);
-            if state == "FAILED" {
+            if state == ExecutionState::Failed {
                 last.unreadable_partitions = watched
                     .iter()
                     .filter(|(_, ch)| ch.failure().is_some())
@@ -385,12 +389,12 @@ impl Shared {
                     .collect();
             }
             if !metrics.staged_files.is_empty() {
-                shared.keep_staged(&desc.job_id, key, &metrics.staged_files);
+                shared.keep_staged(&job_id, key, &metrics.staged_files);
             }
-            last.state = state.into();
+            last.state = state_to_proto(state).into();
             last.error = error;
             last.metrics = Some(metrics_to_proto(&metrics));
-            shared.finished(&desc.job_id, key, last);
+            shared.finished(&job_id, key, last);
         });
         if let Err(e) = spawned {
             if let Some(job) = lock(&self.jobs).get_mut(&job_id_of_spawn) {
@@ -403,7 +407,7 @@ impl Shared {
     }
 
     /// The environment that creates (and finishes) output `o`'s partition.
-    fn shuffle_for(&self, o: &fluvia_scheduler::OutputDescriptor) -> &dyn ShuffleEnvironment {
+    fn shuffle_for(&self, o: &OutputDescriptor) -> &dyn ShuffleEnvironment {
         self.shuffle_for_kind(o.shuffle_service.is_some())
     }
 
@@ -436,7 +440,7 @@ impl Shared {
 
     /// A finished attempt's staged files wait here for the JobManager's
     /// word; a job released meanwhile will not commit them.
-    fn keep_staged(&self, job_id: &str, key: AttemptKey, files: &[fluvia_scheduler::StagedFile]) {
+    fn keep_staged(&self, job_id: &str, key: AttemptKey, files: &[StagedFile]) {
         match lock(&self.jobs).get_mut(job_id) {
             Some(job) => {
                 job.staged.insert(key, files.to_vec());
@@ -449,7 +453,7 @@ impl Shared {
     /// job released meanwhile (cancelled, failed) renames nothing more; on
     /// an error the files not renamed are removed.
     fn commit_files(&self, r: &CommitFilesRequest) -> std::result::Result<usize, String> {
-        let files: Vec<fluvia_scheduler::StagedFile> = {
+        let files: Vec<StagedFile> = {
             let mut jobs = lock(&self.jobs);
             let job = jobs
                 .get_mut(&r.job_id)
@@ -493,11 +497,13 @@ impl Shared {
     /// be reached (the task then fails, naming why, instead of waiting).
     fn coordinator_gateway(
         &self,
+        job_id: &str,
         desc: &TaskDeploymentDescriptor,
         mailbox: MailboxSender,
     ) -> fluvia_runtime::CoordinatorGateway {
-        let (tx, job_id) = (self.operator_events.clone(), desc.job_id.clone());
-        let (vertex, subtask, attempt) = (desc.vertex_index, desc.subtask, desc.attempt);
+        let (tx, job_id) = (self.operator_events.clone(), job_id.to_string());
+        let a = &desc.attempt;
+        let (vertex, subtask, attempt) = (a.vertex, a.subtask, a.attempt);
         fluvia_runtime::CoordinatorGateway(Arc::new(move |operator, event| {
             let req = OperatorEventRequest {
                 job_id: job_id.clone(),
@@ -714,15 +720,13 @@ impl TaskManager for TmService {
             let mut programs = HashMap::new();
             deployments
                 .iter()
-                .map(
-                    |d| match shared.deploy_in_call(&d.descriptor_json, &mut programs) {
-                        Ok(()) => Ack {
-                            ok: true,
-                            message: String::new(),
-                        },
-                        Err(message) => Ack { ok: false, message },
+                .map(|d| match shared.deploy_in_call(d, &mut programs) {
+                    Ok(()) => Ack {
+                        ok: true,
+                        message: String::new(),
                     },
-                )
+                    Err(message) => Ack { ok: false, message },
+                })
                 .collect()
         })
         .await

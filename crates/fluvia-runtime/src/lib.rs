@@ -11,7 +11,11 @@
 //! (DataStream and SQL) and handles the data plane's events in one place.
 //!
 //! Tasks run inside TaskManagers (`fluvia-cluster`), embedded or remote;
-//! [`result`] sums what their attempts report into a job's outcome.
+//! [`result`] sums what their attempts report into a job's outcome. A task
+//! reads which attempt it is, its parallelism and its key groups from the
+//! scheduler's `TaskDeploymentDescriptor` and reports `AttemptMetrics`,
+//! both from the contract crate `fluvia-deployment`: the task side does not
+//! link the scheduler.
 //!
 //! Record types are known only to [`operator`] factories and [`output`]s;
 //! everything below (network, scheduler, graph) sees bytes and ids.

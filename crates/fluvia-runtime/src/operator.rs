@@ -61,10 +61,10 @@ pub struct OperatorContext {
     pub(crate) coordinator: Option<crate::mailbox::CoordinatorGateway>,
 }
 
-pub use fluvia_scheduler::StagedFile;
+pub use fluvia_deployment::StagedFile;
 
 /// The attempt-private files of a task (see [`OperatorContext::stage_file`]).
-pub type StagedFiles = Arc<std::sync::Mutex<Vec<fluvia_scheduler::StagedFile>>>;
+pub type StagedFiles = Arc<std::sync::Mutex<Vec<fluvia_deployment::StagedFile>>>;
 
 /// The hidden name attempt `attempt` writes a file named `name` under,
 /// beside it: `.<name>.attempt-<n>.<unique>.inprogress` (unique across
@@ -152,7 +152,7 @@ impl OperatorContext {
                 FluviaError::Config(format!("output path '{}' is not UTF-8", p.display()))
             })
         };
-        let file = fluvia_scheduler::StagedFile {
+        let file = fluvia_deployment::StagedFile {
             pending: utf8(&pending)?,
             target: utf8(target)?,
         };

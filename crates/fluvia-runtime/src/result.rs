@@ -6,8 +6,8 @@
 use crate::metrics::TaskMetricsSnapshot;
 use crate::registry::OperatorRegistry;
 use fluvia_core::{JobId, Result};
+use fluvia_deployment::AttemptMetrics;
 use fluvia_graph::JobGraph;
-use fluvia_scheduler::AttemptMetrics;
 use std::time::Duration;
 
 /// Metrics of one JobVertex, summed over its subtasks.

@@ -18,13 +18,13 @@ use crate::registry::OperatorRegistry;
 use fluvia_core::config::options;
 use fluvia_core::error::TaskLocation;
 use fluvia_core::{FluviaError, PartitionerKind, Result};
+use fluvia_deployment::{AttemptMetrics, TaskDeploymentDescriptor};
 use fluvia_graph::{JobGraph, JobVertex};
 use fluvia_network::metrics::IoCounters;
 use fluvia_network::{
     CancelToken, ChannelSelector, InputChannelSpec, InputGate, LocalBufferPool, PartitionWriter,
     RecordBytes, ResultPartition,
 };
-use fluvia_scheduler::AttemptMetrics;
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -40,18 +40,14 @@ pub struct OutputSpec {
     pub consumer_max_parallelism: usize,
 }
 
-/// Everything one subtask needs, movable to its thread.
+/// Everything one subtask needs, movable to its thread: the scheduler's
+/// descriptor (which attempt, its parallelism and key groups) and the
+/// resources the TaskManager made from it.
 pub struct TaskDeployment {
     pub job: Arc<JobGraph>,
-    pub vertex_index: usize,
-    pub subtask_index: usize,
-    pub attempt_number: u32,
-    /// As the scheduler decided them (not the JobGraph's defaults).
-    pub parallelism: usize,
-    pub max_parallelism: usize,
-    /// The key groups this subtask owns, when the scheduler handed it a
-    /// range (else derived from the parallelism).
-    pub key_group_range: Option<(usize, usize)>,
+    /// As the scheduler decided it (parallelism and key groups included,
+    /// not the JobGraph's defaults).
+    pub descriptor: TaskDeploymentDescriptor,
     pub registry: Arc<OperatorRegistry>,
     pub inputs: Vec<InputChannelSpec>,
     /// Indexed like the vertex's produced data sets.
@@ -69,7 +65,15 @@ pub struct TaskDeployment {
 
 impl TaskDeployment {
     pub fn vertex(&self) -> &JobVertex {
-        &self.job.vertices[self.vertex_index]
+        &self.job.vertices[self.descriptor.attempt.vertex]
+    }
+
+    pub fn subtask_index(&self) -> usize {
+        self.descriptor.attempt.subtask
+    }
+
+    pub fn parallelism(&self) -> usize {
+        self.descriptor.parallelism
     }
 
     /// `Name (i/p)` as Flink prints task names.
@@ -78,8 +82,8 @@ impl TaskDeployment {
         format!(
             "{} ({}/{})",
             v.name,
-            self.subtask_index + 1,
-            self.parallelism
+            self.subtask_index() + 1,
+            self.parallelism()
         )
     }
 
@@ -94,8 +98,8 @@ impl TaskDeployment {
         TaskLocation {
             task: v.name.clone(),
             operator: op,
-            subtask_index: self.subtask_index,
-            parallelism: self.parallelism,
+            subtask_index: self.subtask_index(),
+            parallelism: self.parallelism(),
         }
     }
 }
@@ -123,7 +127,7 @@ impl ChainBuilder<'_> {
                 spec.partitioner,
                 spec.partition.num_subpartitions(),
                 spec.consumer_max_parallelism,
-                (self.d.subtask_index as u64) << 32 | net.data_set as u64,
+                (self.d.subtask_index() as u64) << 32 | net.data_set as u64,
             );
             let config = &self.d.job.config;
             if config.get(&options::ADAPTIVE_PARTITIONER)? {
@@ -207,7 +211,7 @@ pub fn run_task_attributed(d: &TaskDeployment) -> Result<AttemptMetrics> {
 }
 
 /// Removes an attempt-private file that will not be committed.
-pub fn discard_staged_file(f: &fluvia_scheduler::StagedFile) {
+pub fn discard_staged_file(f: &fluvia_deployment::StagedFile) {
     match std::fs::remove_file(&f.pending) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -231,14 +235,14 @@ fn run_task(d: &TaskDeployment, staged: &crate::operator::StagedFiles) -> Result
                 task_name.clone(),
                 op.name.clone(),
                 i,
-                d.subtask_index,
-                d.parallelism,
-                d.max_parallelism,
-                d.attempt_number,
+                d.subtask_index(),
+                d.parallelism(),
+                d.descriptor.max_parallelism,
+                d.descriptor.attempt.attempt,
                 batch,
                 d.job.object_reuse,
             );
-            ctx.key_groups = d.key_group_range;
+            ctx.key_groups = d.descriptor.key_group_range.map(|r| (r.start, r.end));
             // Every operator but the head is fed through a chained edge.
             ctx.copy_input = i > 0 && !d.job.object_reuse;
             ctx.accumulators = std::rc::Rc::clone(&accumulators);

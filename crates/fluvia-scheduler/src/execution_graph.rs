@@ -14,91 +14,9 @@ use fluvia_core::{
     DistributionPattern, IntermediateDataSetId, JobId, JobVertexId, PartitionerKind, Result,
     ResultPartitionType, internal_err,
 };
+pub use fluvia_deployment::{AttemptMetrics, ExecutionState, StagedFile, SubpartitionRange};
 use fluvia_graph::JobGraph;
 use serde::{Deserialize, Serialize};
-
-/// Flink's `ExecutionState`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub enum ExecutionState {
-    Created,
-    Scheduled,
-    Deploying,
-    Initializing,
-    Running,
-    Finished,
-    Canceling,
-    Canceled,
-    Failed,
-}
-
-impl ExecutionState {
-    pub const ALL: [ExecutionState; 9] = [
-        ExecutionState::Created,
-        ExecutionState::Scheduled,
-        ExecutionState::Deploying,
-        ExecutionState::Initializing,
-        ExecutionState::Running,
-        ExecutionState::Finished,
-        ExecutionState::Canceling,
-        ExecutionState::Canceled,
-        ExecutionState::Failed,
-    ];
-
-    pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            ExecutionState::Finished | ExecutionState::Canceled | ExecutionState::Failed
-        )
-    }
-
-    /// Deployed (or being deployed) and not yet ended: the attempt holds a
-    /// slot.
-    pub fn is_live(self) -> bool {
-        matches!(
-            self,
-            ExecutionState::Deploying
-                | ExecutionState::Initializing
-                | ExecutionState::Running
-                | ExecutionState::Canceling
-        )
-    }
-
-    /// Flink's name (`RUNNING`, ...).
-    pub fn name(self) -> &'static str {
-        match self {
-            ExecutionState::Created => "CREATED",
-            ExecutionState::Scheduled => "SCHEDULED",
-            ExecutionState::Deploying => "DEPLOYING",
-            ExecutionState::Initializing => "INITIALIZING",
-            ExecutionState::Running => "RUNNING",
-            ExecutionState::Finished => "FINISHED",
-            ExecutionState::Canceling => "CANCELING",
-            ExecutionState::Canceled => "CANCELED",
-            ExecutionState::Failed => "FAILED",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<ExecutionState> {
-        Self::ALL.into_iter().find(|st| st.name() == s)
-    }
-
-    /// How close to FINISHED: the vertex shows its most advanced attempt.
-    /// How close to FINISHED (higher is closer): Flink's order for the
-    /// attempt a subtask shows.
-    pub fn progress(self) -> u8 {
-        match self {
-            ExecutionState::Finished => 9,
-            ExecutionState::Running => 8,
-            ExecutionState::Initializing => 7,
-            ExecutionState::Deploying => 6,
-            ExecutionState::Scheduled => 5,
-            ExecutionState::Created => 4,
-            ExecutionState::Canceling => 3,
-            ExecutionState::Failed => 2,
-            ExecutionState::Canceled => 1,
-        }
-    }
-}
 
 /// One attempt to run a subtask.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -156,61 +74,6 @@ impl Execution {
             .iter()
             .position(|s| *s == state)
             .and_then(|i| self.state_timestamps[i])
-    }
-}
-
-/// What an attempt reports when it ends: Flink's task I/O metrics, and per
-/// produced result the bytes and records of each subpartition (what the
-/// adaptive batch scheduler decides parallelism from).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct AttemptMetrics {
-    pub records_in: u64,
-    pub records_out: u64,
-    pub bytes_in: u64,
-    pub bytes_out: u64,
-    pub buffers_in: u64,
-    pub buffers_out: u64,
-    /// Per chained operator: records received (sources: emitted).
-    pub operator_records: Vec<u64>,
-    /// Per produced data set (the vertex's order), per subpartition.
-    pub subpartition_bytes: Vec<Vec<u64>>,
-    pub subpartition_records: Vec<Vec<u64>>,
-    pub output_buffers_max_in_use: u64,
-    pub output_buffers_limit: u64,
-    pub backpressure_waits: u64,
-    /// Averages over the attempt's run.
-    pub busy_ms_per_second: f64,
-    pub idle_ms_per_second: f64,
-    pub back_pressured_ms_per_second: f64,
-    /// Named results a sink hands back to the client (`collect()`).
-    pub accumulators: Vec<(String, Vec<u8>)>,
-    /// Files the attempt wrote under attempt-private names: they get their
-    /// final names only if this attempt wins and the job finishes.
-    pub staged_files: Vec<StagedFile>,
-}
-
-/// A file an attempt wrote to `pending`, to be renamed to `target` when the
-/// job commits its output (Flink's in-progress part files).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StagedFile {
-    pub pending: String,
-    pub target: String,
-}
-
-/// An inclusive range of subpartition indices.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SubpartitionRange {
-    pub start: usize,
-    pub end: usize,
-}
-
-impl SubpartitionRange {
-    pub fn single(i: usize) -> Self {
-        SubpartitionRange { start: i, end: i }
-    }
-
-    pub fn iter(self) -> std::ops::RangeInclusive<usize> {
-        self.start..=self.end
     }
 }
 

@@ -10,13 +10,48 @@
 //! tokio, sockets, threads or real clocks: the JobManager feeds it events
 //! and performs the actions it returns, and the simulation tests drive it
 //! with a virtual clock.
+//!
+//! # Layout
+//!
+//! [`Scheduler`] ([`scheduler`]) is the state machine's shell: it takes an
+//! [`Event`], asks its components and queues the [`Action`]s
+//! ([`protocol`]). The components own their state and take and return
+//! plain data; none of them knows the others or the scheduler:
+//! - [`slot_pool`]: the registered TaskManagers, their slots and the
+//!   blocklist; chooses and frees a job's shared slots.
+//! - `failover`: restart decisions under the restart strategy, the pending
+//!   restart and its probes.
+//! - `reconciliation`: heartbeats against what the scheduler believes runs.
+//! - `deployment_factory`: a scheduled attempt's
+//!   [`TaskDeploymentDescriptor`] (the contract of `fluvia-deployment`).
+//! - `adaptive_setup`: the adaptive batch set-up of a job and the
+//!   initialization of its vertices, over the [`adaptive`], [`skew`]
+//!   deciders; [`speculative`] finds slow attempts.
+//! - [`job`]: one job's data (graph, regions, slots, per-job component state)
+//!   and the queries on it.
+//!
+//! A sibling state machine will sit beside the scheduler, not inside it:
+//! the **checkpoint coordinator** (Flink's `CheckpointCoordinator`). It will
+//! be fed its own events (attempts running, acknowledgements, ticks) and
+//! return its own actions (trigger a checkpoint, notify completion); the
+//! JobManager will drive both, and a deployment will carry its restore
+//! handles in the fields `fluvia-deployment` and the wire reserve for them.
+//! It belongs in a module (or crate) of its own with the same rules: no
+//! I/O, an injected clock, plain data in and out.
 
 pub mod adaptive;
+mod adaptive_setup;
 pub mod deployment;
+mod deployment_factory;
 pub mod execution_graph;
+mod failover;
+pub mod job;
+pub mod protocol;
+mod reconciliation;
 pub mod scheduler;
 pub mod shuffle;
 pub mod skew;
+pub mod slot_pool;
 pub mod speculative;
 pub mod validate;
 
@@ -25,17 +60,17 @@ pub use adaptive::{
     ParallelismAndInputInfos,
 };
 pub use deployment::{
-    Deployment, ExecutionAttemptId, InputDescriptor, OutputDescriptor, PartitionRef,
-    ShuffleServiceTarget,
+    ExecutionAttemptId, InputDescriptor, OutputDescriptor, PartitionRef, ShuffleServiceTarget,
+    TaskDeploymentDescriptor,
 };
 pub use execution_graph::{
     AttemptMetrics, ConsumedPartition, Execution, ExecutionGraph, ExecutionJobVertex,
     ExecutionState, ExecutionVertex, IntermediateResult, StagedFile, SubpartitionRange,
     SubtaskInput,
 };
-pub use scheduler::{
-    Action, AdaptiveJob, Event, Job, JobState, Scheduler, SchedulerConfig, SharedSlot,
-    TaskManagerSpec,
-};
+pub use job::{AdaptiveJob, Job, JobState, SharedSlot};
+pub use protocol::{Action, Event};
+pub use scheduler::{Scheduler, SchedulerConfig};
 pub use shuffle::{PartitionLocation, ShuffleMaster, ShuffleServiceSpec, ShuffleServiceType};
+pub use slot_pool::TaskManagerSpec;
 pub use validate::validate_job_graph;

@@ -4,8 +4,8 @@
 //! heartbeating, an attempt's state report, a deploy acknowledged or failed,
 //! a probe answered) with the current time of an injected clock, and it
 //! queues [`Action`]s (deploy an attempt, cancel an attempt, release
-//! partitions or a job's resources, probe a TaskManager, a job ended) that
-//! the caller performs however it likes. It never touches a socket, a thread
+//! partitions or a job's resources, probe a TaskManager or a shuffle
+//! service, a job ended) that the caller performs however it likes. It never touches a socket, a thread
 //! or a real clock: the JobManager is a thin shell around it, and the
 //! simulation tests drive it with a virtual clock and seeded faults.
 //!
@@ -40,63 +40,35 @@
 //!   fails what ran there and re-runs the finished subtasks whose partitions
 //!   it held, where a consumer still needs them (transitively); those
 //!   partitions stay lost when a TaskManager of the same id registers again.
+//!   A consumer that cannot read partitions of a job whose data went to a
+//!   shuffle service has that service probed; one that does not answer is
+//!   lost with the partitions it held.
 //! - **Reconciliation.** Heartbeats list the attempts a TaskManager runs; an
 //!   acknowledged attempt missing from two heartbeats in a row is failed (its
 //!   final report was lost), and an attempt a TaskManager runs that the
 //!   scheduler does not know as live is cancelled.
+//!
+//! Each rule lives in a component with its own state (see the crate
+//! documentation): this shell only routes events to them and turns their
+//! answers into actions.
 
-use crate::adaptive::{self, BlockingResultInfo, DeciderConfig};
-use crate::deployment::{
-    Deployment, ExecutionAttemptId, InputDescriptor, OutputDescriptor, PartitionRef,
-    ShuffleServiceTarget,
-};
-use crate::execution_graph::{
-    AttemptMetrics, ExecutionGraph, ExecutionState, SubpartitionRange, SubtaskInput,
-};
-use crate::shuffle::{PartitionLocation, ShuffleMaster, ShuffleServiceSpec, ShuffleServiceType};
-use crate::skew::{self, SkewConfig, SkewSplit};
+use crate::adaptive_setup::{adaptive_plan, try_initialize};
+use crate::deployment::{ExecutionAttemptId, PartitionRef};
+use crate::deployment_factory::DeploymentFactory;
+use crate::execution_graph::{AttemptMetrics, ExecutionState};
+use crate::failover::{RestartDecision, RestartPolicy};
+use crate::job::{Job, JobSettings, JobState};
+use crate::protocol::{Action, Event};
+use crate::reconciliation;
+use crate::shuffle::{ShuffleMaster, ShuffleServiceType};
+use crate::slot_pool::{Member, SlotPool, TaskManagerSpec};
 use crate::speculative::{self, SpeculativeConfig};
 use crate::validate::validate_job_graph;
-use fluvia_core::config::options;
-use fluvia_core::{
-    DistributionPattern, FluviaError, JobId, PartitionerKind, Result, ResultPartitionType,
-    internal_err,
-};
+use fluvia_core::{FluviaError, JobId, Result, ResultPartitionType};
 use fluvia_graph::{JobGraph, JobType};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
-
-/// Flink's job states (the ones Fluvia uses).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub enum JobState {
-    Created,
-    Running,
-    Restarting,
-    Finished,
-    Failed,
-    Canceled,
-}
-
-impl JobState {
-    pub fn name(self) -> &'static str {
-        match self {
-            JobState::Created => "CREATED",
-            JobState::Running => "RUNNING",
-            JobState::Restarting => "RESTARTING",
-            JobState::Finished => "FINISHED",
-            JobState::Failed => "FAILED",
-            JobState::Canceled => "CANCELED",
-        }
-    }
-
-    pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            JobState::Finished | JobState::Failed | JobState::Canceled
-        )
-    }
-}
 
 /// Settings of the scheduler (Flink's keys are read by the JobManager).
 #[derive(Debug, Clone)]
@@ -129,632 +101,16 @@ impl Default for SchedulerConfig {
     }
 }
 
-/// A TaskManager as it registers.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TaskManagerSpec {
-    pub id: String,
-    pub slots: usize,
-    /// The programs its binary carries; only jobs of that fingerprint go there.
-    pub fingerprint: String,
-    /// Where its partitions are served.
-    pub data_address: String,
-}
-
-/// Something that happened.
-#[derive(Debug, Clone)]
-pub enum Event {
-    SubmitJob {
-        job: JobId,
-        graph: Arc<JobGraph>,
-        /// The program's name, for messages.
-        program: String,
-        fingerprint: String,
-    },
-    CancelJob {
-        job: JobId,
-    },
-    RegisterTaskManager(TaskManagerSpec),
-    RegisterShuffleService(ShuffleServiceSpec),
-    /// The shuffle service is alive (it is lost after `heartbeat.timeout`
-    /// of silence).
-    ShuffleServiceHeartbeat {
-        service: String,
-    },
-    /// The service stopped answering: the partitions it held are lost.
-    ShuffleServiceLost {
-        service: String,
-        reason: String,
-    },
-    /// The attempts the TaskManager runs right now.
-    Heartbeat {
-        task_manager: String,
-        running: Vec<ExecutionAttemptId>,
-    },
-    TaskManagerLost {
-        task_manager: String,
-        reason: String,
-    },
-    ProbeAnswered {
-        task_manager: String,
-        alive: bool,
-    },
-    DeployAcknowledged {
-        attempt: ExecutionAttemptId,
-    },
-    DeployFailed {
-        attempt: ExecutionAttemptId,
-        reason: String,
-    },
-    /// A state report from the TaskManager running the attempt.
-    AttemptState {
-        attempt: ExecutionAttemptId,
-        state: ExecutionState,
-        failure: Option<String>,
-        metrics: Option<AttemptMetrics>,
-    },
-    /// Partitions could not be read (a consumer's typed partition error, or
-    /// the shuffle service holding them was lost): their producers run
-    /// again where a consumer still needs them.
-    PartitionsLost {
-        job: JobId,
-        partitions: Vec<PartitionRef>,
-        reason: String,
-    },
-    /// Start one more concurrent attempt of a subtask (speculation).
-    AddAttempt {
-        job: JobId,
-        vertex: usize,
-        subtask: usize,
-    },
-    /// A TaskManager's answer to [`Action::CommitFiles`].
-    FilesCommitted {
-        job: JobId,
-        task_manager: String,
-        failure: Option<String>,
-    },
-    /// Time passed.
-    Tick,
-}
-
-/// Something the caller must do.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Action {
-    Deploy(Box<Deployment>),
-    CancelAttempt {
-        task_manager: String,
-        attempt: ExecutionAttemptId,
-    },
-    /// Partitions of an attempt that lost (or failed): drop them.
-    ReleasePartitions {
-        task_manager: String,
-        job: JobId,
-        partitions: Vec<PartitionRef>,
-    },
-    /// The job ended: cancel whatever of it still runs there and drop its
-    /// partitions.
-    ReleaseJob {
-        task_manager: String,
-        job: JobId,
-    },
-    /// Partitions a shuffle service holds that nobody will read.
-    ReleaseShufflePartitions {
-        service: String,
-        job: JobId,
-        partitions: Vec<PartitionRef>,
-    },
-    /// The job ended: the service drops all of its partitions.
-    ReleaseShuffleJob {
-        service: String,
-        job: JobId,
-    },
-    /// Ask whether the TaskManager still answers (feed back
-    /// [`Event::ProbeAnswered`]).
-    Probe {
-        task_manager: String,
-    },
-    /// Every subtask finished: give the files these winning attempts staged
-    /// their final names (feed back [`Event::FilesCommitted`]). Files other
-    /// attempts staged go when the job is released.
-    CommitFiles {
-        task_manager: String,
-        job: JobId,
-        attempts: Vec<ExecutionAttemptId>,
-    },
-    JobEnded {
-        job: JobId,
-        state: JobState,
-    },
-}
-
-/// An attempt waiting for a slot: (vertex, subtask, attempt).
-type Member = (usize, usize, u32);
-
-/// Where a member goes: an existing shared slot, or a new one on
-/// (TaskManager, slot sharing group, subtask index).
-type SlotChoice = std::result::Result<u64, (String, String, usize)>;
-
-struct Tm {
-    spec: TaskManagerSpec,
-    last_heartbeat: Duration,
-    used_slots: usize,
-}
-
-/// A slot of one job on one TaskManager, hosting at most one attempt of
-/// each vertex of its slot sharing group.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SharedSlot {
-    pub task_manager: String,
-    pub group: String,
-    pub index: usize,
-    /// (vertex, attempt) of the attempts it hosts (scheduled or live).
-    pub hosted: BTreeSet<(usize, usize, u32)>,
-}
-
-#[derive(Debug, Clone)]
-struct PendingRestart {
-    at: Duration,
-    subtasks: BTreeSet<(usize, usize)>,
-}
-
-/// One job as the scheduler sees it.
-pub struct Job {
-    pub id: JobId,
-    pub graph: Arc<JobGraph>,
-    pub program: String,
-    pub fingerprint: String,
-    pub eg: ExecutionGraph,
-    pub state: JobState,
-    pub failure_cause: Option<String>,
-    pub submitted_at: Duration,
-    pub ended_at: Option<Duration>,
-    /// Failovers so far (each may re-run several subtasks).
-    pub restarts: usize,
-    /// Shared slots by id.
-    pub slots: BTreeMap<u64, SharedSlot>,
-    next_slot: u64,
-    /// Pipelined region of each vertex, and whether it spans pipelined edges.
-    region_of: Vec<usize>,
-    region_pipelined: Vec<bool>,
-    pending_restart: Option<PendingRestart>,
-    preferred: BTreeMap<(String, usize), String>,
-    waiting_since: Option<Duration>,
-    probes: BTreeSet<String>,
-    probe_deadline: Duration,
-    touched: BTreeSet<String>,
-    missed: BTreeMap<ExecutionAttemptId, u32>,
-    /// TaskManagers an added attempt should avoid (where its siblings run).
-    avoid: BTreeMap<(usize, usize, u32), BTreeSet<String>>,
-    /// (vertex, subtask, attempt) of finished attempts whose TaskManager was
-    /// lost: their partitions are gone, even once a TaskManager of the same
-    /// id registers again.
-    lost_partitions: BTreeSet<(usize, usize, u32)>,
-    /// `shuffle-service.type` of this job.
-    pub shuffle_service_type: ShuffleServiceType,
-    /// Attempts whose blocking partitions went to a shuffle service.
-    pub shuffle_locations: BTreeMap<(usize, usize, u32), String>,
-    /// Since when a producer waits for a shuffle service on its host.
-    service_wait_since: Option<Duration>,
-    /// The adaptive batch scheduler's settings, when some vertex's
-    /// parallelism is decided at runtime.
-    pub adaptive: Option<AdaptiveJob>,
-    /// Vertices whose skewed subpartitions were split: (vertex, [(subpartition,
-    /// input, pieces)]).
-    pub skew_splits: Vec<(usize, Vec<SkewSplit>)>,
-    /// Join vertices turned into broadcast joins at runtime: (vertex, input
-    /// read whole by every subtask).
-    pub adaptive_broadcasts: Vec<(usize, usize)>,
-    /// Speculative execution's settings (`None`: off).
-    pub speculative: Option<SpeculativeConfig>,
-    next_slow_check: Duration,
-    /// Attempts started because their subtask was slow.
-    pub speculative_attempts: BTreeSet<(usize, usize, u32)>,
-    /// Flink's `numSlowExecutionVertices` (at the last check) and
-    /// `numEffectiveSpeculativeExecutions` (speculative attempts that won).
-    pub num_slow_execution_vertices: usize,
-    pub num_effective_speculative_executions: usize,
-    /// Every subtask finished; these TaskManagers are committing the staged
-    /// files of the winning attempts they ran (the job finishes when all
-    /// answered).
-    pub committing: BTreeSet<String>,
-    /// The commit began: every subtask finished for good, nothing runs again.
-    pub commit_started: bool,
-    /// Winners whose staged files their TaskManager dropped (it
-    /// re-registered): they run again before the commit.
-    lost_staged: BTreeSet<(usize, usize, u32)>,
-}
-
-/// A batch job whose undecided vertices get their parallelism from the data.
-#[derive(Debug, Clone)]
-pub struct AdaptiveJob {
-    pub config: DeciderConfig,
-    /// Forward group of each vertex: vertices joined by forward edges share
-    /// one parallelism (decided once for all of them).
-    pub forward_group: Vec<usize>,
-    /// Skew splitting of join sides (`None`: strategy NONE).
-    pub skew: Option<SkewConfig>,
-    /// Runtime broadcast of a join side below this many bytes (`None`:
-    /// strategy NONE).
-    pub broadcast_threshold: Option<u64>,
-    /// Per forward group, once decided: the number of subpartitions of its
-    /// keyed inputs and the range each subtask reads.
-    pub group_ranges: BTreeMap<usize, (usize, Vec<SubpartitionRange>)>,
-}
-
-impl Job {
-    fn attempt_id(&self, vertex: usize, subtask: usize, attempt: u32) -> ExecutionAttemptId {
-        ExecutionAttemptId {
-            job: self.id,
-            vertex,
-            subtask,
-            attempt,
-        }
-    }
-
-    /// Subtasks of vertex `c` that read partition `producer` of result `r`.
-    fn consumers_of(&self, r: usize, producer: usize) -> Vec<(usize, usize)> {
-        let c = self.eg.results[r].consumer;
-        self.eg.vertices[c]
-            .subtasks
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| {
-                s.consumed
-                    .iter()
-                    .any(|cp| cp.result == r && cp.producer_subtask == producer)
-            })
-            .map(|(i, _)| (c, i))
-            .collect()
-    }
-
-    fn all_finished(&self) -> bool {
-        self.eg
-            .vertices
-            .iter()
-            .all(|v| v.initialized && v.subtasks.iter().all(|s| s.finished_attempt.is_some()))
-    }
-
-    /// Whether every subtask of vertex `v` finished (its results are
-    /// complete, so their bytes are known).
-    fn vertex_finished(&self, v: usize) -> bool {
-        let ejv = &self.eg.vertices[v];
-        ejv.initialized && ejv.subtasks.iter().all(|s| s.finished_attempt.is_some())
-    }
-
-    /// Bytes subtask `i` of vertex `v` reads: the subpartitions it consumes
-    /// as their producers reported them (`None` for a source).
-    fn input_bytes(&self, v: usize, i: usize) -> Option<u64> {
-        let sub = self.eg.vertices.get(v)?.subtasks.get(i)?;
-        if sub.consumed.is_empty() {
-            return None;
-        }
-        let mut total = 0u64;
-        for cp in &sub.consumed {
-            if let Some(b) = self.winner_subpartition_bytes(cp.result, cp.producer_subtask) {
-                for s in cp.subpartitions.iter() {
-                    total = total.saturating_add(b.get(s).copied().unwrap_or(0));
-                }
-            }
-        }
-        Some(total)
-    }
-
-    /// What the winner of producer subtask `producer` of result `r` reported
-    /// per subpartition of it, if it did.
-    fn winner_subpartition_bytes(&self, r: usize, producer: usize) -> Option<&Vec<u64>> {
-        let res = &self.eg.results[r];
-        let index = self.graph.vertices[res.producer]
-            .produced_data_sets
-            .iter()
-            .position(|d| d.id == res.data_set)?;
-        self.eg.vertices[res.producer]
-            .subtasks
-            .get(producer)?
-            .winner()?
-            .metrics
-            .as_ref()?
-            .subpartition_bytes
-            .get(index)
-    }
-
-    /// Result `r` as the decider sees it: per producer subtask, the bytes
-    /// its winner wrote to each subpartition (zeros when not reported).
-    fn result_info(&self, r: usize) -> BlockingResultInfo {
-        let res = &self.eg.results[r];
-        let bytes = res
-            .num_subpartitions
-            .iter()
-            .enumerate()
-            .map(|(p, &n)| {
-                self.winner_subpartition_bytes(r, p)
-                    .filter(|b| b.len() == n)
-                    .cloned()
-                    .unwrap_or_else(|| vec![0; n])
-            })
-            .collect();
-        if res.partitioner == PartitionerKind::Broadcast {
-            BlockingResultInfo::broadcast(bytes)
-        } else if res.distribution_pattern == DistributionPattern::Pointwise {
-            BlockingResultInfo::pointwise(bytes)
-        } else {
-            BlockingResultInfo::all_to_all(bytes)
-        }
-    }
-
-    /// Initializes vertex `v` if it can be now: a decided one once its
-    /// producers are initialized, an undecided one once they all finished
-    /// (Flink's `initializeVerticesIfPossible`). Returns whether it did.
-    fn try_initialize(&mut self, v: usize, now_ms: u64) -> Result<bool> {
-        if self.eg.vertices[v].initialized || !self.eg.producers_initialized(v) {
-            return Ok(false);
-        }
-        let dynamic: Vec<usize> = self
-            .eg
-            .inputs_of(v)
-            .filter(|&r| self.eg.results[r].dynamic)
-            .collect();
-        let decided = self.eg.vertices[v].parallelism_decided;
-        if !decided
-            && !dynamic
-                .iter()
-                .all(|&r| self.vertex_finished(self.eg.results[r].producer))
-        {
-            return Ok(false);
-        }
-        let mut inputs = Vec::new();
-        if !decided || !dynamic.is_empty() {
-            let Some(adaptive) = &self.adaptive else {
-                return internal_err!("vertex {v} has dynamic inputs in a static job");
-            };
-            let infos: Vec<BlockingResultInfo> =
-                dynamic.iter().map(|&r| self.result_info(r)).collect();
-            let ejv = &self.eg.vertices[v];
-            let group = adaptive.forward_group[v];
-            let members: Vec<usize> = (0..self.eg.vertices.len())
-                .filter(|&u| adaptive.forward_group[u] == group)
-                .collect();
-            // The group's parallelism must suit every member (Flink: the
-            // smallest max parallelism of the group).
-            let max_parallelism = members
-                .iter()
-                .map(|&u| self.eg.vertices[u].max_parallelism)
-                .min()
-                .unwrap_or(ejv.max_parallelism);
-            let splittable: Vec<bool> = dynamic
-                .iter()
-                .map(|&r| !self.eg.results[r].intra_input_key_correlated)
-                .collect();
-            // A join side small enough to broadcast now that its bytes are
-            // known (FLIP-470), else a skewed side that may be split
-            // (FLIP-475). Only for a vertex alone in its forward group: the
-            // irregular slices could not be matched by the other members.
-            let may_split = !decided && members.len() == 1 && splittable.iter().any(|&s| s);
-            let broadcast = match adaptive.broadcast_threshold {
-                Some(threshold) if may_split => skew::decide_broadcast(
-                    max_parallelism,
-                    &infos,
-                    &splittable,
-                    threshold,
-                    &adaptive.config,
-                )?,
-                _ => None,
-            };
-            let broadcast_input = broadcast.as_ref().map(|(small, _)| *small);
-            let skewed = match (&adaptive.skew, broadcast) {
-                (_, Some((_, d))) => Some(d),
-                (Some(skew), None) if may_split => skew::decide_skewed(
-                    max_parallelism,
-                    &infos,
-                    &splittable,
-                    skew,
-                    &adaptive.config,
-                )?,
-                _ => None,
-            };
-            let (parallelism, slices, ranges) = match skewed {
-                Some(d) => {
-                    let slices: Vec<Vec<Vec<SubtaskInput>>> = d
-                        .inputs
-                        .iter()
-                        .map(|subtasks| {
-                            subtasks
-                                .iter()
-                                .map(|list| {
-                                    list.iter()
-                                        .map(|e| SubtaskInput {
-                                            partitions: e.partition_range,
-                                            subpartitions: e.subpartition_range,
-                                        })
-                                        .collect()
-                                })
-                                .collect()
-                        })
-                        .collect();
-                    if !d.split.is_empty() {
-                        self.skew_splits.push((v, d.split.clone()));
-                    }
-                    if let Some(small) = broadcast_input {
-                        self.adaptive_broadcasts.push((v, small));
-                    }
-                    (d.parallelism, slices, None)
-                }
-                None => {
-                    let d = adaptive::decide(
-                        max_parallelism,
-                        decided.then_some(ejv.parallelism),
-                        &infos,
-                        &adaptive.config,
-                    )?;
-                    // A member decided with its group reads the key groups
-                    // the group's first decision gave each subtask, so that
-                    // subtask k of every member holds the same keys.
-                    let shared = adaptive.group_ranges.get(&group).cloned();
-                    let mut ranges = None;
-                    let slices = d
-                        .inputs
-                        .iter()
-                        .zip(&infos)
-                        .map(|(jvi, info)| {
-                            let keyed = !info.is_broadcast && !info.is_pointwise;
-                            let n = info.num_subpartitions(0);
-                            let all = SubpartitionRange {
-                                start: 0,
-                                end: info.num_partitions().saturating_sub(1),
-                            };
-                            match &shared {
-                                Some((sn, r))
-                                    if keyed && decided && *sn == n && r.len() == d.parallelism =>
-                                {
-                                    r.iter()
-                                        .map(|&sub| {
-                                            vec![SubtaskInput {
-                                                partitions: all,
-                                                subpartitions: sub,
-                                            }]
-                                        })
-                                        .collect()
-                                }
-                                _ => {
-                                    if keyed && !decided && ranges.is_none() {
-                                        ranges = Some((
-                                            n,
-                                            jvi.subtasks
-                                                .iter()
-                                                .map(|e| e.subpartition_range)
-                                                .collect::<Vec<_>>(),
-                                        ));
-                                    }
-                                    jvi.subtasks
-                                        .iter()
-                                        .map(|e| {
-                                            vec![SubtaskInput {
-                                                partitions: e.partition_range,
-                                                subpartitions: e.subpartition_range,
-                                            }]
-                                        })
-                                        .collect()
-                                }
-                            }
-                        })
-                        .collect();
-                    (d.parallelism, slices, ranges)
-                }
-            };
-            if !decided {
-                for &u in &members {
-                    if u == v || !self.eg.vertices[u].parallelism_decided {
-                        self.eg.decide_parallelism(u, parallelism)?;
-                    }
-                }
-                if let (Some(r), Some(adaptive)) = (ranges, self.adaptive.as_mut()) {
-                    adaptive.group_ranges.insert(group, r);
-                }
-            }
-            inputs = slices;
-        }
-        self.eg.initialize(v, &inputs, now_ms)?;
-        Ok(true)
-    }
-
-    fn has_live_attempts(&self) -> bool {
-        self.eg.vertices.iter().any(|v| {
-            v.subtasks
-                .iter()
-                .any(|s| s.attempts.iter().any(|a| a.state.is_live()))
-        })
-    }
-
-    /// Slots the job holds per TaskManager.
-    pub fn slots_per_task_manager(&self) -> BTreeMap<String, usize> {
-        let mut m = BTreeMap::new();
-        for s in self.slots.values() {
-            *m.entry(s.task_manager.clone()).or_insert(0) += 1;
-        }
-        m
-    }
-
-    /// Subtasks in the same pipelined region as `(v, i)`.
-    fn region_members(&self, v: usize, i: usize) -> Vec<(usize, usize)> {
-        let r = self.region_of[v];
-        if !self.region_pipelined[r] {
-            return vec![(v, i)];
-        }
-        let mut out = Vec::new();
-        for (u, ejv) in self.eg.vertices.iter().enumerate() {
-            if self.region_of[u] == r {
-                out.extend((0..ejv.subtasks.len()).map(|j| (u, j)));
-            }
-        }
-        out
-    }
-}
-
 /// The scheduler of every job of a cluster.
 pub struct Scheduler {
     config: SchedulerConfig,
-    tms: BTreeMap<String, Tm>,
-    tm_order: Vec<String>,
+    pool: SlotPool,
     jobs: BTreeMap<JobId, Job>,
-    /// TaskManagers that get no new attempts until the given time (the
-    /// soft blocklist of speculative execution).
-    blocked: BTreeMap<String, Duration>,
     job_order: Vec<JobId>,
     actions: VecDeque<Action>,
     now: Duration,
     shuffle: ShuffleMaster,
     service_heartbeats: BTreeMap<String, Duration>,
-}
-
-/// Whether the job runs under the adaptive batch scheduler (see
-/// [`JobGraph::adaptive_vertices`]), and then its settings and which
-/// vertices start undecided.
-fn adaptive_plan(graph: &JobGraph) -> Result<Option<(AdaptiveJob, Vec<bool>)>> {
-    let Some((undecided, forward_group)) = graph.adaptive_vertices()? else {
-        return Ok(None);
-    };
-    let config = DeciderConfig::from_configuration(&graph.config)?;
-    let skew = match graph
-        .config
-        .get(&options::SKEWED_JOIN_STRATEGY)?
-        .to_ascii_uppercase()
-        .as_str()
-    {
-        "NONE" => None,
-        "AUTO" | "FORCED" => Some(SkewConfig {
-            factor: graph.config.get(&options::SKEWED_JOIN_FACTOR)?,
-            threshold: graph.config.get(&options::SKEWED_JOIN_THRESHOLD)?,
-        }),
-        other => {
-            return Err(FluviaError::Config(format!(
-                "'{}' is {other}: expected AUTO, FORCED or NONE",
-                options::SKEWED_JOIN_STRATEGY.key
-            )));
-        }
-    };
-    let broadcast_threshold = match graph
-        .config
-        .get(&options::ADAPTIVE_BROADCAST_JOIN_STRATEGY)?
-        .to_ascii_uppercase()
-        .as_str()
-    {
-        "NONE" => None,
-        "AUTO" | "RUNTIME_ONLY" => Some(graph.config.get(&options::BROADCAST_THRESHOLD)?),
-        other => {
-            return Err(FluviaError::Config(format!(
-                "'{}' is {other}: expected AUTO, RUNTIME_ONLY or NONE",
-                options::ADAPTIVE_BROADCAST_JOIN_STRATEGY.key
-            )));
-        }
-    };
-    Ok(Some((
-        AdaptiveJob {
-            config,
-            forward_group,
-            skew,
-            broadcast_threshold,
-            group_ranges: BTreeMap::new(),
-        },
-        undecided,
-    )))
 }
 
 fn ms(d: Duration) -> u64 {
@@ -765,15 +121,13 @@ impl Scheduler {
     pub fn new(config: SchedulerConfig) -> Self {
         Scheduler {
             config,
-            tms: BTreeMap::new(),
-            tm_order: Vec::new(),
+            pool: SlotPool::default(),
             jobs: BTreeMap::new(),
             job_order: Vec::new(),
             actions: VecDeque::new(),
             now: Duration::ZERO,
             shuffle: ShuffleMaster::default(),
             service_heartbeats: BTreeMap::new(),
-            blocked: BTreeMap::new(),
         }
     }
 
@@ -801,14 +155,11 @@ impl Scheduler {
 
     /// Registered TaskManagers in registration order, with their used slots.
     pub fn task_managers(&self) -> impl Iterator<Item = (&TaskManagerSpec, usize)> {
-        self.tm_order
-            .iter()
-            .filter_map(|id| self.tms.get(id))
-            .map(|t| (&t.spec, t.used_slots))
+        self.pool.task_managers()
     }
 
     pub fn is_registered(&self, tm: &str) -> bool {
-        self.tms.contains_key(tm)
+        self.pool.contains(tm)
     }
 
     /// The next action to perform.
@@ -824,20 +175,12 @@ impl Scheduler {
     pub fn poll_timeout(&self) -> Option<Duration> {
         let mut t: Option<Duration> = None;
         let mut at = |d: Duration| t = Some(t.map_or(d, |x| x.min(d)));
-        for tm in self.tms.values() {
-            at(tm.last_heartbeat + self.config.heartbeat_timeout);
+        for d in self.pool.deadlines(self.config.heartbeat_timeout) {
+            at(d);
         }
         for j in self.jobs.values().filter(|j| !j.state.is_terminal()) {
-            if let Some(p) = &j.pending_restart {
-                // Once its delay is over, a restart waits for probe answers
-                // (their deadline is below) or for cancelled attempts to stop
-                // (an event); a tick now would change nothing.
-                if p.at > self.now {
-                    at(p.at);
-                }
-                if !j.probes.is_empty() {
-                    at(j.probe_deadline);
-                }
+            for d in j.failover.deadlines(self.now) {
+                at(d);
             }
             if let Some(since) = j.waiting_since {
                 at(since + self.config.slot_request_timeout);
@@ -854,25 +197,18 @@ impl Scheduler {
                 at(j.next_slow_check);
             }
         }
-        for &until in self.blocked.values() {
-            at(until);
-        }
         t
     }
 
     /// TaskManagers blocked by speculative execution, with the time their
     /// block ends (scheduler clock).
     pub fn blocked_task_managers(&self) -> impl Iterator<Item = (&str, Duration)> {
-        self.blocked.iter().map(|(tm, &until)| (tm.as_str(), until))
+        self.pool.blocked()
     }
 
     /// Whether the TaskManager is blocked for new attempts right now.
     pub fn is_task_manager_blocked(&self, tm: &str) -> bool {
-        self.is_blocked(tm)
-    }
-
-    fn is_blocked(&self, tm: &str) -> bool {
-        self.blocked.get(tm).is_some_and(|&until| until > self.now)
+        self.pool.is_blocked(tm, self.now)
     }
 
     /// Every `slow-task-detector.check-interval` of a speculative job: block
@@ -880,7 +216,7 @@ impl Scheduler {
     /// attempt elsewhere (Flink's `SpeculativeScheduler`).
     fn detect_slow_tasks(&mut self) {
         let now = self.now;
-        self.blocked.retain(|_, until| *until > now);
+        self.pool.unblock_expired(now);
         let ids: Vec<JobId> = self.job_order.clone();
         for id in ids {
             let Some(job) = self.jobs.get(&id) else {
@@ -918,8 +254,7 @@ impl Scheduler {
             if !config.block_slow_node_duration.is_zero() {
                 for tm in slow_tms {
                     let until = now + config.block_slow_node_duration;
-                    let e = self.blocked.entry(tm).or_insert(until);
-                    *e = (*e).max(until);
+                    self.pool.block(tm, until);
                 }
             }
             for (v, i, n) in add {
@@ -988,7 +323,7 @@ impl Scheduler {
             } => {
                 if alive {
                     for j in self.jobs.values_mut() {
-                        j.probes.remove(&task_manager);
+                        j.failover.probe_done(&task_manager);
                     }
                 } else {
                     self.lose_task_manager(&task_manager, "it does not answer");
@@ -1012,11 +347,18 @@ impl Scheduler {
                 self.attempt_state(attempt, state, failure, metrics);
                 Ok(())
             }
+            Event::ShuffleServiceProbeAnswered { service, alive } => {
+                if !alive {
+                    self.lose_shuffle_service(&service, "it does not answer");
+                }
+                Ok(())
+            }
             Event::PartitionsLost {
                 job,
                 partitions,
                 reason,
             } => {
+                self.probe_shuffle_services(job);
                 self.partitions_lost(job, &partitions, &reason);
                 Ok(())
             }
@@ -1063,73 +405,19 @@ impl Scheduler {
             JobType::Batch => SpeculativeConfig::from_configuration(&graph.config)?,
             JobType::Streaming => None,
         };
-        let undecided: Vec<bool> = match &adaptive {
-            Some((_, undecided)) => undecided.clone(),
-            None => vec![false; graph.vertices.len()],
+        let (adaptive, undecided) = match adaptive {
+            Some((a, undecided)) => (Some(a), undecided),
+            None => (None, vec![false; graph.vertices.len()]),
         };
-        let eg = ExecutionGraph::with_undecided(&graph, &undecided)?;
-        // Pipelined regions: vertices joined by pipelined edges.
-        let n = graph.vertices.len();
-        let pipelined_edges: Vec<(usize, usize)> = eg
-            .results
-            .iter()
-            .filter(|r| r.result_partition_type == ResultPartitionType::PipelinedBounded)
-            .map(|r| (r.producer, r.consumer))
-            .collect();
-        let mut pipelined = vec![false; n];
-        for &(p, c) in &pipelined_edges {
-            pipelined[p] = true;
-            pipelined[c] = true;
-        }
-        let region_of = fluvia_graph::components(n, pipelined_edges);
-        let mut region_pipelined = vec![false; n];
-        for v in 0..n {
-            if pipelined[v] {
-                region_pipelined[region_of[v]] = true;
-            }
-        }
-        self.jobs.insert(
-            id,
-            Job {
-                id,
-                graph,
-                program,
-                fingerprint,
-                eg,
-                state: JobState::Created,
-                failure_cause: None,
-                submitted_at: self.now,
-                ended_at: None,
-                restarts: 0,
-                slots: BTreeMap::new(),
-                next_slot: 0,
-                region_of,
-                region_pipelined,
-                pending_restart: None,
-                preferred: BTreeMap::new(),
-                waiting_since: None,
-                probes: BTreeSet::new(),
-                probe_deadline: Duration::ZERO,
-                touched: BTreeSet::new(),
-                missed: BTreeMap::new(),
-                avoid: BTreeMap::new(),
-                lost_partitions: BTreeSet::new(),
-                shuffle_service_type,
-                shuffle_locations: BTreeMap::new(),
-                service_wait_since: None,
-                adaptive: adaptive.map(|(a, _)| a),
-                skew_splits: Vec::new(),
-                adaptive_broadcasts: Vec::new(),
-                speculative,
-                next_slow_check: self.now,
-                speculative_attempts: BTreeSet::new(),
-                num_slow_execution_vertices: 0,
-                num_effective_speculative_executions: 0,
-                committing: BTreeSet::new(),
-                commit_started: false,
-                lost_staged: BTreeSet::new(),
-            },
-        );
+        let settings = JobSettings {
+            program,
+            fingerprint,
+            shuffle_service_type,
+            adaptive,
+            speculative,
+        };
+        let job = Job::new(id, graph, settings, &undecided, self.now)?;
+        self.jobs.insert(id, job);
         if let Err(e) = self.initialize_vertices(id) {
             self.jobs.remove(&id);
             return Err(e);
@@ -1145,7 +433,7 @@ impl Scheduler {
             return Ok(());
         };
         for v in 0..job.eg.vertices.len() {
-            job.try_initialize(v, now).map_err(|e| {
+            try_initialize(job, v, now).map_err(|e| {
                 FluviaError::Plan(format!(
                     "deciding the parallelism of '{}': {e}",
                     job.eg.vertices[v].name
@@ -1172,24 +460,10 @@ impl Scheduler {
 
     fn register(&mut self, spec: TaskManagerSpec) {
         let id = spec.id.clone();
-        if let Some(t) = self.tms.get_mut(&id) {
-            // A re-registration of a TaskManager we still know: keep its
-            // slot accounting.
-            t.spec = spec;
-            t.last_heartbeat = self.now;
+        // A re-registration of a TaskManager we still know keeps its slot
+        // accounting.
+        if self.pool.register(spec, self.now) {
             self.staged_files_dropped(&id);
-            return;
-        }
-        self.tms.insert(
-            id.clone(),
-            Tm {
-                spec,
-                last_heartbeat: self.now,
-                used_slots: 0,
-            },
-        );
-        if !self.tm_order.contains(&id) {
-            self.tm_order.push(id);
         }
     }
 
@@ -1204,19 +478,7 @@ impl Scheduler {
             if job.state.is_terminal() || job.commit_started {
                 continue;
             }
-            let mut dropped = Vec::new();
-            for (v, ejv) in job.eg.vertices.iter().enumerate() {
-                for (i, sub) in ejv.subtasks.iter().enumerate() {
-                    if let Some(e) = sub.winner()
-                        && e.task_manager.as_deref() == Some(tm)
-                        && e.metrics
-                            .as_ref()
-                            .is_some_and(|m| !m.staged_files.is_empty())
-                    {
-                        dropped.push((v, i, e.attempt_number));
-                    }
-                }
-            }
+            let dropped = job.winners_with_staged_files_on(tm);
             if dropped.is_empty() {
                 continue;
             }
@@ -1226,88 +488,39 @@ impl Scheduler {
     }
 
     fn heartbeat(&mut self, tm: &str, running: &[ExecutionAttemptId]) -> Result<()> {
-        let Some(t) = self.tms.get_mut(tm) else {
+        if !self.pool.heartbeat(tm, self.now) {
             return Err(FluviaError::Execution(format!(
                 "TaskManager {tm} is not registered"
             )));
-        };
-        t.last_heartbeat = self.now;
+        }
         let running: BTreeSet<ExecutionAttemptId> = running.iter().copied().collect();
         // Attempts it runs that are not live here, or that are being
         // cancelled (the cancel may have been lost): cancel them (again).
-        for a in &running {
-            let canceling = self
-                .jobs
-                .get(&a.job)
-                .and_then(|j| j.eg.vertices.get(a.vertex))
-                .and_then(|v| v.subtasks.get(a.subtask))
-                .and_then(|s| s.attempt(a.attempt))
-                .is_some_and(|e| e.state == ExecutionState::Canceling);
-            if canceling {
-                self.actions.push_back(Action::CancelAttempt {
-                    task_manager: tm.to_string(),
-                    attempt: *a,
-                });
-                continue;
-            }
-            let live = self
-                .jobs
+        let expected = |a: &ExecutionAttemptId| {
+            self.jobs
                 .get(&a.job)
                 .filter(|j| !j.state.is_terminal())
                 .and_then(|j| j.eg.vertices.get(a.vertex))
                 .and_then(|v| v.subtasks.get(a.subtask))
                 .and_then(|s| s.attempt(a.attempt))
-                .is_some_and(|e| e.state.is_live() && e.task_manager.as_deref() == Some(tm));
-            if !live {
-                self.actions.push_back(Action::CancelAttempt {
-                    task_manager: tm.to_string(),
-                    attempt: *a,
-                });
-            }
+                .is_some_and(|e| {
+                    e.state != ExecutionState::Canceling
+                        && e.state.is_live()
+                        && e.task_manager.as_deref() == Some(tm)
+                })
+        };
+        for attempt in reconciliation::unexpected(&running, expected) {
+            self.actions.push_back(Action::CancelAttempt {
+                task_manager: tm.to_string(),
+                attempt,
+            });
         }
         // Acknowledged attempts it no longer runs: their final report was lost.
         let mut lost = Vec::new();
         for job in self.jobs.values_mut().filter(|j| !j.state.is_terminal()) {
-            let mut seen = Vec::new();
-            for (v, ejv) in job.eg.vertices.iter().enumerate() {
-                for (i, s) in ejv.subtasks.iter().enumerate() {
-                    for e in &s.attempts {
-                        let acked = matches!(
-                            e.state,
-                            ExecutionState::Initializing
-                                | ExecutionState::Running
-                                | ExecutionState::Canceling
-                        );
-                        if acked && e.task_manager.as_deref() == Some(tm) {
-                            seen.push(ExecutionAttemptId {
-                                job: job.id,
-                                vertex: v,
-                                subtask: i,
-                                attempt: e.attempt_number,
-                            });
-                        }
-                    }
-                }
-            }
-            for a in seen {
-                if running.contains(&a) {
-                    job.missed.remove(&a);
-                } else {
-                    let n = job.missed.entry(a).or_insert(0);
-                    *n += 1;
-                    if *n >= 2 {
-                        job.missed.remove(&a);
-                        lost.push(a);
-                    }
-                }
-            }
-            // Forget attempts that ended some other way.
-            let eg = &job.eg;
-            job.missed.retain(|a, _| {
-                eg.vertices[a.vertex].subtasks[a.subtask].attempts[a.attempt as usize]
-                    .state
-                    .is_live()
-            });
+            let acknowledged = reconciliation::acknowledged_on(&job.eg, job.id, tm);
+            lost.extend(job.reconciliation.heartbeat(acknowledged, &running));
+            job.reconciliation.retain_live(&job.eg);
         }
         for a in lost {
             self.attempt_state(
@@ -1348,7 +561,7 @@ impl Scheduler {
         // (Its partitions, if it registered any, were released with the
         // failure.) A TaskManager that fails a deployment may be dying.
         if let Some(tm) = tm
-            && self.tms.contains_key(&tm)
+            && self.pool.contains(&tm)
         {
             self.actions.push_back(Action::Probe { task_manager: tm });
         }
@@ -1452,7 +665,7 @@ impl Scheduler {
                 e.transition(ExecutionState::Canceled, now);
                 e.metrics = metrics;
                 let tm = e.task_manager.clone();
-                self.free_slot_of(a);
+                self.free_slot(a);
                 if let Some(tm) = tm {
                     self.release_partitions_of(a, &tm);
                 }
@@ -1461,7 +674,7 @@ impl Scheduler {
                 e.transition(ExecutionState::Finished, now);
                 e.metrics = metrics;
                 let tm = e.task_manager.clone();
-                self.free_slot_of(a);
+                self.free_slot(a);
                 self.attempt_finished(a, tm);
             }
             ExecutionState::Canceled | ExecutionState::Failed => {
@@ -1470,7 +683,7 @@ impl Scheduler {
                     // What it did before it was cancelled stays visible.
                     e.metrics = metrics;
                     let tm = e.task_manager.clone();
-                    self.free_slot_of(a);
+                    self.free_slot(a);
                     // Nobody reads a cancelled attempt's partitions.
                     if let Some(tm) = tm {
                         self.release_partitions_of(a, &tm);
@@ -1488,7 +701,7 @@ impl Scheduler {
                 e.failure_cause = Some(cause.clone());
                 e.metrics = metrics;
                 let tm = e.task_manager.clone();
-                self.free_slot_of(a);
+                self.free_slot(a);
                 if let Some(tm) = tm {
                     self.release_partitions_of(a, &tm);
                 }
@@ -1545,7 +758,7 @@ impl Scheduler {
             }
         }
         for n in unslot {
-            self.free_slot_of(ExecutionAttemptId { attempt: n, ..a });
+            self.free_slot(ExecutionAttemptId { attempt: n, ..a });
         }
         for (tm, n) in cancels {
             self.actions.push_back(Action::CancelAttempt {
@@ -1610,34 +823,30 @@ impl Scheduler {
     /// fails the job when no restart is left.
     fn restart(&mut self, id: JobId, subtasks: Vec<(usize, usize)>, cause: String) {
         let now = self.now;
-        let (attempts, delay, probe_timeout) = (
-            self.config.restart_attempts,
-            self.config.restart_delay,
-            self.config.probe_timeout,
-        );
-        let alive: Vec<String> = self.tm_order.clone();
+        let policy = RestartPolicy {
+            attempts: self.config.restart_attempts,
+            delay: self.config.restart_delay,
+            probe_timeout: self.config.probe_timeout,
+        };
         let Some(job) = self.jobs.get_mut(&id) else {
             return;
         };
         if job.state.is_terminal() {
             return;
         }
-        if job.pending_restart.is_none() {
-            if job.restarts >= attempts {
+        match job
+            .failover
+            .on_failure(&mut job.restarts, &policy, now, self.pool.ids())
+        {
+            RestartDecision::Join => {}
+            RestartDecision::Exhausted => {
                 self.end_job(id, JobState::Failed, Some(cause));
                 return;
             }
-            job.restarts += 1;
-            job.pending_restart = Some(PendingRestart {
-                at: now + delay,
-                subtasks: BTreeSet::new(),
-            });
-            job.probes = alive.iter().cloned().collect();
-            job.probe_deadline = now + probe_timeout;
-            for tm in &alive {
-                self.actions.push_back(Action::Probe {
-                    task_manager: tm.clone(),
-                });
+            RestartDecision::Start { probe } => {
+                for task_manager in probe {
+                    self.actions.push_back(Action::Probe { task_manager });
+                }
             }
         }
         let Some(job) = self.jobs.get_mut(&id) else {
@@ -1677,11 +886,9 @@ impl Scheduler {
                 }
             }
         }
-        if let Some(p) = &mut job.pending_restart {
-            p.subtasks.extend(subtasks);
-        }
+        job.failover.restart_also(subtasks);
         for (v, i, n) in unslot {
-            self.free_slot_of(ExecutionAttemptId {
+            self.free_slot(ExecutionAttemptId {
                 job: id,
                 vertex: v,
                 subtask: i,
@@ -1703,17 +910,16 @@ impl Scheduler {
 
     /// A TaskManager is gone: what ran there failed, what it held is lost.
     fn lose_task_manager(&mut self, tm: &str, reason: &str) {
-        if self.tms.remove(tm).is_none() {
+        if !self.pool.remove(tm) {
             return;
         }
-        self.tm_order.retain(|t| t != tm);
         let now = ms(self.now);
         let ids: Vec<JobId> = self.job_order.clone();
         for id in ids {
             let Some(job) = self.jobs.get_mut(&id) else {
                 continue;
             };
-            job.probes.remove(tm);
+            job.failover.probe_done(tm);
             job.touched.remove(tm);
             if job.state.is_terminal() {
                 continue;
@@ -1820,6 +1026,23 @@ impl Scheduler {
         }
     }
 
+    /// A consumer of the job could not read: if the data was at a shuffle
+    /// service, find out now whether the service is gone (rather than after
+    /// its heartbeat timeout).
+    fn probe_shuffle_services(&mut self, id: JobId) {
+        let Some(job) = self.jobs.get(&id) else {
+            return;
+        };
+        let services: BTreeSet<&String> = job.shuffle_locations.values().collect();
+        for service in services {
+            if self.shuffle.service(service).is_some() {
+                self.actions.push_back(Action::ProbeShuffleService {
+                    service: service.clone(),
+                });
+            }
+        }
+    }
+
     fn partitions_lost(&mut self, id: JobId, partitions: &[PartitionRef], reason: &str) {
         let Some(job) = self.jobs.get_mut(&id) else {
             return;
@@ -1862,47 +1085,11 @@ impl Scheduler {
             if job.state.is_terminal() {
                 return;
             }
-            let mut lost = None;
-            'search: for (v, ejv) in job.eg.vertices.iter().enumerate() {
-                for (i, s) in ejv.subtasks.iter().enumerate() {
-                    if s.finished_attempt.is_none() {
-                        continue;
-                    }
-                    // Output files staged on a TaskManager that is gone are
-                    // written again.
-                    let staged_lost = s.winner().is_some_and(|e| {
-                        e.metrics
-                            .as_ref()
-                            .is_some_and(|m| !m.staged_files.is_empty())
-                            && (job.lost_staged.contains(&(v, i, e.attempt_number))
-                                || !e
-                                    .task_manager
-                                    .as_ref()
-                                    .is_some_and(|t| self.tms.contains_key(t)))
-                    });
-                    if staged_lost {
-                        lost = Some((v, i));
-                        break 'search;
-                    }
-                    if self.results_available(job, v, i) {
-                        continue;
-                    }
-                    // A consumer not initialized yet needs every partition
-                    // (its decision waits for all of them).
-                    let needed = s.produced_results.iter().any(|&r| {
-                        let res = &job.eg.results[r];
-                        res.result_partition_type == ResultPartitionType::Blocking
-                            && (!job.eg.vertices[res.consumer].initialized
-                                || job.consumers_of(r, i).iter().any(|&(c, j)| {
-                                    job.eg.vertices[c].subtasks[j].finished_attempt.is_none()
-                                }))
-                    });
-                    if needed {
-                        lost = Some((v, i));
-                        break 'search;
-                    }
-                }
-            }
+            let factory = self.factory();
+            let lost = job.first_lost_result(
+                |v, i| factory.results_available(job, v, i),
+                |tm| self.pool.contains(tm),
+            );
             let Some((v, i)) = lost else { return };
             let mut members = vec![(v, i)];
             if let Some(job) = self.jobs.get_mut(&id) {
@@ -1923,29 +1110,9 @@ impl Scheduler {
         let Some(job) = self.jobs.get(&a.job) else {
             return;
         };
-        let service = job
-            .shuffle_locations
-            .get(&(a.vertex, a.subtask, a.attempt))
-            .cloned();
-        let mut at_tm = Vec::new();
-        let mut at_service = Vec::new();
-        for ds in &job.graph.vertices[a.vertex].produced_data_sets {
-            let p = PartitionRef {
-                data_set: ds.id.0,
-                producer_subtask: a.subtask as u32,
-                attempt: a.attempt,
-            };
-            let blocking = job.eg.results.iter().any(|r| {
-                r.data_set == ds.id && r.result_partition_type == ResultPartitionType::Blocking
-            });
-            if blocking && service.is_some() {
-                at_service.push(p);
-            } else {
-                at_tm.push(p);
-            }
-        }
+        let (service, at_tm, at_service) = job.partitions_of(a);
         // The TaskManager also drops what it had not handed over yet.
-        if self.tms.contains_key(tm) && !(at_tm.is_empty() && at_service.is_empty()) {
+        if self.pool.contains(tm) && !(at_tm.is_empty() && at_service.is_empty()) {
             let mut all = at_tm;
             all.extend(at_service.iter().copied());
             self.actions.push_back(Action::ReleasePartitions {
@@ -1963,30 +1130,6 @@ impl Scheduler {
                 job: a.job,
                 partitions: at_service,
             });
-        }
-    }
-
-    /// Takes the attempt out of its shared slot, giving the slot back when
-    /// it hosts nothing more.
-    fn free_slot_of(&mut self, a: ExecutionAttemptId) {
-        let Some(job) = self.jobs.get_mut(&a.job) else {
-            return;
-        };
-        let e = &mut job.eg.vertices[a.vertex].subtasks[a.subtask].attempts[a.attempt as usize];
-        let Some(k) = e.slot.take() else {
-            return;
-        };
-        let Some(slot) = job.slots.get_mut(&k) else {
-            return;
-        };
-        slot.hosted.remove(&(a.vertex, a.subtask, a.attempt));
-        if slot.hosted.is_empty() {
-            let slot = job.slots.remove(&k).expect("slot exists");
-            job.preferred
-                .insert((slot.group.clone(), slot.index), slot.task_manager.clone());
-            if let Some(t) = self.tms.get_mut(&slot.task_manager) {
-                t.used_slots = t.used_slots.saturating_sub(1);
-            }
         }
     }
 
@@ -2012,7 +1155,7 @@ impl Scheduler {
                     attempt: e.attempt_number,
                 };
                 match &e.task_manager {
-                    Some(tm) if self.tms.contains_key(tm) => {
+                    Some(tm) if self.pool.contains(tm) => {
                         by_tm.entry(tm.clone()).or_default().push(attempt)
                     }
                     tm => {
@@ -2068,35 +1211,10 @@ impl Scheduler {
         if job.state.is_terminal() {
             return;
         }
-        job.state = state;
-        job.ended_at = Some(now);
-        if cause.is_some() {
-            job.failure_cause = cause;
-        } else if state == JobState::Finished {
-            job.failure_cause = None;
-        }
-        job.pending_restart = None;
-        job.waiting_since = None;
-        job.committing.clear();
-        job.probes.clear();
-        job.missed.clear();
-        for ejv in &mut job.eg.vertices {
-            for s in &mut ejv.subtasks {
-                for e in &mut s.attempts {
-                    if !e.state.is_terminal() {
-                        e.transition(ExecutionState::Canceled, ms(now));
-                    }
-                    e.slot = None;
-                }
-            }
-        }
-        for slot in std::mem::take(&mut job.slots).into_values() {
-            if let Some(t) = self.tms.get_mut(&slot.task_manager) {
-                t.used_slots = t.used_slots.saturating_sub(1);
-            }
-        }
+        job.end(state, cause, now);
+        self.pool.release_job(job);
         for tm in std::mem::take(&mut job.touched) {
-            if self.tms.contains_key(&tm) {
+            if self.pool.contains(&tm) {
                 self.actions.push_back(Action::ReleaseJob {
                     task_manager: tm,
                     job: id,
@@ -2113,17 +1231,27 @@ impl Scheduler {
         self.actions.push_back(Action::JobEnded { job: id, state });
     }
 
+    fn factory(&self) -> DeploymentFactory<'_> {
+        DeploymentFactory {
+            pool: &self.pool,
+            shuffle: &self.shuffle,
+        }
+    }
+
+    /// Takes the attempt out of its shared slot (see
+    /// [`SlotPool::free_slot_of`]).
+    fn free_slot(&mut self, a: ExecutionAttemptId) {
+        if let Some(job) = self.jobs.get_mut(&a.job) {
+            self.pool.free_slot_of(job, a);
+        }
+    }
+
     // ------------------------------------------------------------ time
 
     fn check_timeouts(&mut self) {
         let timeout = self.config.heartbeat_timeout;
         let now = self.now;
-        let silent: Vec<String> = self
-            .tms
-            .values()
-            .filter(|t| now.saturating_sub(t.last_heartbeat) >= timeout)
-            .map(|t| t.spec.id.clone())
-            .collect();
+        let silent = self.pool.silent(now, timeout);
         for tm in silent {
             self.lose_task_manager(&tm, &format!("no heartbeat for {} ms", timeout.as_millis()));
         }
@@ -2138,10 +1266,7 @@ impl Scheduler {
             self.lose_shuffle_service(&s, &format!("no heartbeat for {} ms", timeout.as_millis()));
         }
         for j in self.jobs.values_mut() {
-            if !j.probes.is_empty() && now >= j.probe_deadline {
-                // Unanswered probes: the heartbeat timeout will tell.
-                j.probes.clear();
-            }
+            j.failover.expire_probes(now);
         }
     }
 
@@ -2164,16 +1289,16 @@ impl Scheduler {
         }
         // A pending restart fires after its delay, once probes are answered
         // and what it cancelled has stopped.
-        if let Some(p) = &job.pending_restart {
-            let cancelled_all = p.subtasks.iter().all(|&(v, i)| {
-                !job.eg.vertices[v].subtasks[i]
+        if job.failover.is_pending() {
+            let eg = &job.eg;
+            let canceling = |v: usize, i: usize| {
+                eg.vertices[v].subtasks[i]
                     .attempts
                     .iter()
                     .any(|e| e.state == ExecutionState::Canceling)
-            });
-            if now >= p.at && job.probes.is_empty() && cancelled_all {
-                let p = job.pending_restart.take().expect("pending restart");
-                for (v, i) in p.subtasks {
+            };
+            if let Some(subtasks) = job.failover.take_due(now, canceling) {
+                for (v, i) in subtasks {
                     let sub = &mut job.eg.vertices[v].subtasks[i];
                     let waiting = matches!(
                         sub.latest_attempt().state,
@@ -2200,70 +1325,10 @@ impl Scheduler {
             return;
         };
         if now.saturating_sub(since) >= self.config.slot_request_timeout {
-            let reason = self.slot_shortage_message(id);
+            let waited = self.config.slot_request_timeout.as_millis();
+            let reason = self.pool.shortage_message(&self.jobs[&id], waited);
             self.end_job(id, JobState::Failed, Some(reason));
         }
-    }
-
-    fn slot_shortage_message(&self, id: JobId) -> String {
-        let job = &self.jobs[&id];
-        let waited = self.config.slot_request_timeout.as_millis();
-        let matching: Vec<&Tm> = self
-            .tms
-            .values()
-            .filter(|t| t.spec.fingerprint == job.fingerprint)
-            .collect();
-        if matching.is_empty() {
-            return format!(
-                "no registered TaskManager carries program '{}' (fingerprint {}): {} TaskManagers \
-                 are registered, all with other programs; waited {waited} ms (slot.request.timeout). \
-                 Start a TaskManager from the program's own binary.",
-                job.program,
-                job.fingerprint,
-                self.tms.len()
-            );
-        }
-        let required = job.graph.required_slots();
-        let held = job.slots.len();
-        let free: usize = matching
-            .iter()
-            .map(|t| t.spec.slots.saturating_sub(t.used_slots))
-            .sum();
-        let total: usize = matching.iter().map(|t| t.spec.slots).sum();
-        format!(
-            "not enough slots: the job needs {required} slots ({} more), the cluster has {free} free \
-             of {total} on {} TaskManagers for program '{}', after waiting {waited} ms \
-             (slot.request.timeout)",
-            required.saturating_sub(held).max(1),
-            matching.len(),
-            job.program
-        )
-    }
-
-    /// Whether the partitions of subtask `(v, i)`'s winner can be read: it
-    /// finished on a TaskManager that has not been lost since.
-    fn results_available(&self, job: &Job, v: usize, i: usize) -> bool {
-        job.eg.vertices[v].subtasks[i].winner().is_some_and(|w| {
-            let key = (v, i, w.attempt_number);
-            !job.lost_partitions.contains(&key)
-                && match job.shuffle_locations.get(&key) {
-                    Some(service) => self.shuffle.service(service).is_some(),
-                    None => w
-                        .task_manager
-                        .as_deref()
-                        .is_some_and(|t| self.tms.contains_key(t)),
-                }
-        })
-    }
-
-    /// Whether every blocking partition `(v, i)` reads can be read (see
-    /// [`Self::results_available`]).
-    fn blocking_inputs_ready(&self, job: &Job, v: usize, i: usize) -> bool {
-        job.eg.vertices[v].subtasks[i].consumed.iter().all(|cp| {
-            let r = &job.eg.results[cp.result];
-            r.result_partition_type != ResultPartitionType::Blocking
-                || self.results_available(job, r.producer, cp.producer_subtask)
-        })
     }
 
     /// Gives slots to waiting attempts, one pipelined region at a time (all
@@ -2300,7 +1365,7 @@ impl Scheduler {
             // of it has fired).
             if !members
                 .iter()
-                .all(|&(v, i, _)| self.blocking_inputs_ready(job, v, i))
+                .all(|&(v, i, _)| self.factory().blocking_inputs_ready(job, v, i))
             {
                 continue;
             }
@@ -2326,8 +1391,12 @@ impl Scheduler {
                     continue;
                 }
             }
-            match self.find_slots(id, &members) {
-                Some(plan) => self.commit_slots(id, &members, plan),
+            match self.pool.find_slots(job, &members, self.now) {
+                Some(plan) => {
+                    if let Some(job) = self.jobs.get_mut(&id) {
+                        self.pool.commit_slots(job, &members, plan, ms(self.now));
+                    }
+                }
                 None => short = true,
             }
         }
@@ -2339,127 +1408,6 @@ impl Scheduler {
             } else {
                 job.waiting_since = None;
             }
-        }
-    }
-
-    /// A slot for each member: an existing shared slot of the job
-    /// (`Ok(slot)`) or a new one on a TaskManager (`Err(tm)`).
-    fn find_slots(&self, id: JobId, members: &[Member]) -> Option<Vec<SlotChoice>> {
-        let job = &self.jobs[&id];
-        let mut free: BTreeMap<&str, usize> = self
-            .tms
-            .values()
-            .filter(|t| t.spec.fingerprint == job.fingerprint && !self.is_blocked(&t.spec.id))
-            .map(|t| {
-                (
-                    t.spec.id.as_str(),
-                    t.spec.slots.saturating_sub(t.used_slots),
-                )
-            })
-            .collect();
-        // New shared slots planned in this pass, by (group, index): reuse
-        // them for the other vertices of the group.
-        let mut planned: Vec<(String, usize, String, BTreeSet<usize>)> = Vec::new();
-        let mut taken: BTreeMap<u64, BTreeSet<usize>> = BTreeMap::new();
-        let mut out = Vec::new();
-        for &(v, i, n) in members {
-            let group = job.graph.vertices[v].slot_sharing_group.clone();
-            let avoid = job.avoid.get(&(v, i, n));
-            let avoided = |tm: &str| avoid.is_some_and(|a| a.contains(tm));
-            // 1. An existing shared slot without an attempt of this vertex.
-            let existing = job.slots.iter().find(|(k, s)| {
-                s.group == group
-                    && s.index == i
-                    && !avoided(&s.task_manager)
-                    && !self.is_blocked(&s.task_manager)
-                    && self.tms.contains_key(&s.task_manager)
-                    && !s.hosted.iter().any(|h| h.0 == v)
-                    && !taken.get(k).is_some_and(|t| t.contains(&v))
-            });
-            if let Some((k, _)) = existing {
-                taken.entry(*k).or_default().insert(v);
-                out.push(Ok(*k));
-                continue;
-            }
-            // 2. A slot planned in this pass.
-            if let Some(p) = planned
-                .iter_mut()
-                .find(|p| p.0 == group && p.1 == i && !p.3.contains(&v) && !avoided(&p.2))
-            {
-                p.3.insert(v);
-                out.push(Err((p.2.clone(), group, i)));
-                continue;
-            }
-            // 3. A new slot: the preferred TaskManager, else the first in
-            // registration order (one that no sibling attempt uses first).
-            let preferred = job.preferred.get(&(group.clone(), i));
-            let has_free =
-                |tm: &str, free: &BTreeMap<&str, usize>| free.get(tm).is_some_and(|&n| n > 0);
-            let choice = preferred
-                .filter(|p| has_free(p, &free) && !avoided(p))
-                .cloned()
-                .or_else(|| {
-                    self.tm_order
-                        .iter()
-                        .find(|t| has_free(t, &free) && !avoided(t))
-                        .cloned()
-                })
-                .or_else(|| self.tm_order.iter().find(|t| has_free(t, &free)).cloned())?;
-            if let Some(n) = free.get_mut(choice.as_str()) {
-                *n -= 1;
-            }
-            planned.push((group.clone(), i, choice.clone(), BTreeSet::from([v])));
-            out.push(Err((choice, group, i)));
-        }
-        Some(out)
-    }
-
-    fn commit_slots(&mut self, id: JobId, members: &[Member], plan: Vec<SlotChoice>) {
-        let now = ms(self.now);
-        let Some(job) = self.jobs.get_mut(&id) else {
-            return;
-        };
-        let mut new_slots: BTreeMap<(String, String, usize), Vec<u64>> = BTreeMap::new();
-        for (&(v, i, n), choice) in members.iter().zip(plan) {
-            let k = match choice {
-                Ok(k) => k,
-                Err(key) => {
-                    // One new slot per (tm, group, index) not yet hosting v.
-                    let list = new_slots.entry(key.clone()).or_default();
-                    let reuse = list
-                        .iter()
-                        .copied()
-                        .find(|k| !job.slots[k].hosted.iter().any(|h| h.0 == v));
-                    match reuse {
-                        Some(k) => k,
-                        None => {
-                            let k = job.next_slot;
-                            job.next_slot += 1;
-                            job.slots.insert(
-                                k,
-                                SharedSlot {
-                                    task_manager: key.0.clone(),
-                                    group: key.1.clone(),
-                                    index: key.2,
-                                    hosted: BTreeSet::new(),
-                                },
-                            );
-                            if let Some(t) = self.tms.get_mut(&key.0) {
-                                t.used_slots += 1;
-                            }
-                            list.push(k);
-                            k
-                        }
-                    }
-                }
-            };
-            let slot = job.slots.get_mut(&k).expect("slot exists");
-            slot.hosted.insert((v, i, n));
-            let tm = slot.task_manager.clone();
-            let e = &mut job.eg.vertices[v].subtasks[i].attempts[n as usize];
-            e.slot = Some(k);
-            e.task_manager = Some(tm);
-            e.transition(ExecutionState::Scheduled, now);
         }
     }
 
@@ -2486,7 +1434,7 @@ impl Scheduler {
                     if e.state != ExecutionState::Scheduled {
                         continue;
                     }
-                    match self.deployment(job, v, i, e.attempt_number) {
+                    match self.factory().build(job, v, i, e.attempt_number) {
                         Ok(Some(d)) => ready.push(d),
                         Ok(None) => {}
                         Err(e) => {
@@ -2534,136 +1482,5 @@ impl Scheduler {
             self.actions.push_back(Action::Deploy(Box::new(d)));
         }
         deployed
-    }
-
-    /// The deployment of an attempt, if its inputs are available; an error
-    /// if its partitions have nowhere to go.
-    fn deployment(&self, job: &Job, v: usize, i: usize, n: u32) -> Result<Option<Deployment>> {
-        let sub = &job.eg.vertices[v].subtasks[i];
-        let Some(tm) = sub.attempt(n).and_then(|e| e.task_manager.clone()) else {
-            return Ok(None);
-        };
-        let Some(tm_spec) = self.tms.get(&tm).map(|t| &t.spec) else {
-            return Ok(None);
-        };
-        let produces_blocking = job.graph.vertices[v].produced_data_sets.iter().any(|ds| {
-            job.eg.results.iter().any(|r| {
-                r.data_set == ds.id && r.result_partition_type == ResultPartitionType::Blocking
-            })
-        });
-        let target = match (produces_blocking, job.shuffle_service_type) {
-            (true, ShuffleServiceType::External) => {
-                match self.shuffle.register_partition_with_producer(
-                    ShuffleServiceType::External,
-                    &tm,
-                    &tm_spec.data_address,
-                )? {
-                    PartitionLocation::ShuffleService(id) => {
-                        self.shuffle.service(&id).map(|s| ShuffleServiceTarget {
-                            id: s.id.clone(),
-                            dir: s.dir.clone(),
-                            rpc_address: s.rpc_address.clone(),
-                        })
-                    }
-                    PartitionLocation::TaskManager(_) => None,
-                }
-            }
-            _ => None,
-        };
-        Ok(self.deployment_with(job, v, i, n, tm, target))
-    }
-
-    fn deployment_with(
-        &self,
-        job: &Job,
-        v: usize,
-        i: usize,
-        n: u32,
-        tm: String,
-        target: Option<ShuffleServiceTarget>,
-    ) -> Option<Deployment> {
-        let sub = &job.eg.vertices[v].subtasks[i];
-        let mut inputs = Vec::new();
-        for cp in &sub.consumed {
-            let r = &job.eg.results[cp.result];
-            let producer = &job.eg.vertices[r.producer].subtasks[cp.producer_subtask];
-            let source = match r.result_partition_type {
-                ResultPartitionType::Blocking => {
-                    if !self.results_available(job, r.producer, cp.producer_subtask) {
-                        return None;
-                    }
-                    producer.winner()?
-                }
-                ResultPartitionType::PipelinedBounded => producer.winner().or_else(|| {
-                    producer.attempts.iter().rev().find(|e| match e.state {
-                        ExecutionState::Initializing | ExecutionState::Running => true,
-                        // Its deployment goes to the same TaskManager ahead
-                        // of this one: the partition is there when asked.
-                        ExecutionState::Deploying => e.task_manager.as_deref() == Some(&tm),
-                        _ => false,
-                    })
-                })?,
-            };
-            let ptm = source.task_manager.as_deref()?;
-            let at_service = (r.result_partition_type == ResultPartitionType::Blocking)
-                .then(|| {
-                    job.shuffle_locations.get(&(
-                        r.producer,
-                        cp.producer_subtask,
-                        source.attempt_number,
-                    ))
-                })
-                .flatten();
-            let (address, local) = match at_service {
-                Some(service) => (self.shuffle.service(service)?.data_address.clone(), false),
-                None => (self.tms.get(ptm)?.spec.data_address.clone(), ptm == tm),
-            };
-            inputs.push(InputDescriptor {
-                type_number: cp.type_number,
-                partition: PartitionRef {
-                    data_set: r.data_set.0,
-                    producer_subtask: cp.producer_subtask as u32,
-                    attempt: source.attempt_number,
-                },
-                first_subpartition: cp.subpartitions.start as u32,
-                last_subpartition: cp.subpartitions.end as u32,
-                producer_address: address,
-                local,
-            });
-        }
-        let mut outputs = Vec::new();
-        for ds in &job.graph.vertices[v].produced_data_sets {
-            let r = job.eg.results.iter().find(|r| r.data_set == ds.id)?;
-            outputs.push(OutputDescriptor {
-                data_set: ds.id.0,
-                num_subpartitions: r.num_subpartitions[i],
-                partitioner: r.partitioner,
-                consumer_max_parallelism: r.consumer_max_parallelism,
-                blocking: r.result_partition_type == ResultPartitionType::Blocking,
-                shuffle_service: target
-                    .clone()
-                    .filter(|_| r.result_partition_type == ResultPartitionType::Blocking),
-            });
-        }
-        // A keyed consumer of a result written per key group reads exactly
-        // the key groups of its subpartition range.
-        let key_group_range = sub
-            .consumed
-            .iter()
-            .find(|cp| {
-                let r = &job.eg.results[cp.result];
-                r.dynamic && r.partitioner == PartitionerKind::Hash
-            })
-            .map(|cp| cp.subpartitions);
-        let ejv = &job.eg.vertices[v];
-        Some(Deployment {
-            attempt: job.attempt_id(v, i, n),
-            task_manager: tm,
-            parallelism: ejv.parallelism,
-            max_parallelism: ejv.max_parallelism,
-            key_group_range,
-            inputs,
-            outputs,
-        })
     }
 }

@@ -17,8 +17,8 @@
 use fluvia_core::{Configuration, ExchangeMode, JobId, PartitionerKind};
 use fluvia_graph::{JobGraph, JobGraphGenerator, StreamGraphBuilder};
 use fluvia_scheduler::{
-    Action, Deployment, Event, Execution, ExecutionAttemptId, ExecutionState, Job, JobState,
-    PartitionRef, Scheduler, SchedulerConfig, ShuffleServiceSpec, TaskManagerSpec,
+    Action, Event, Execution, ExecutionAttemptId, ExecutionState, Job, JobState, PartitionRef,
+    Scheduler, SchedulerConfig, ShuffleServiceSpec, TaskDeploymentDescriptor, TaskManagerSpec,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -96,7 +96,7 @@ struct Driver {
     /// Probes asked for and not yet answered.
     probes: BTreeSet<String>,
     /// Every deployment ever asked for.
-    deployed: Vec<Deployment>,
+    deployed: Vec<TaskDeploymentDescriptor>,
     next_job: u128,
 }
 
@@ -317,7 +317,7 @@ fn aid(job: JobId, vertex: usize, subtask: usize, attempt: u32) -> ExecutionAtte
     }
 }
 
-fn deploys(actions: &[Action]) -> Vec<Deployment> {
+fn deploys(actions: &[Action]) -> Vec<TaskDeploymentDescriptor> {
     actions
         .iter()
         .filter_map(|a| match a {
@@ -361,7 +361,7 @@ fn ended(actions: &[Action]) -> Vec<JobState> {
 
 /// The producer attempts a deployment reads, as (subtask, attempt), sorted
 /// and deduplicated.
-fn inputs(d: &Deployment) -> Vec<(u32, u32)> {
+fn inputs(d: &TaskDeploymentDescriptor) -> Vec<(u32, u32)> {
     let set: BTreeSet<(u32, u32)> = d
         .inputs
         .iter()
@@ -1712,6 +1712,43 @@ fn losing_the_shuffle_service_reruns_the_producers_whose_data_it_held() {
         again.iter().all(|s| s.attempt.attempt == 1
             && s.outputs[0].shuffle_service.as_ref().unwrap().id == "ss-a2")
     );
+}
+
+#[test]
+fn an_unreadable_partition_probes_the_shuffle_service_and_a_silent_one_is_lost() {
+    let mut d = Driver::with_restarts(5);
+    let job = shuffle_job(&mut d, "external");
+    for s in deploys(&d.take()) {
+        d.ack(s.attempt);
+        d.finish(s.attempt);
+    }
+    d.take();
+    d.handle(Event::PartitionsLost {
+        job,
+        partitions: Vec::new(),
+        reason: "connection refused".to_string(),
+    })
+    .unwrap();
+    let acts = d.take();
+    assert!(
+        acts.contains(&Action::ProbeShuffleService {
+            service: "ss-a".to_string()
+        }),
+        "{acts:?}"
+    );
+    d.handle(Event::ShuffleServiceProbeAnswered {
+        service: "ss-a".to_string(),
+        alive: true,
+    })
+    .unwrap();
+    assert_eq!(d.finished_attempt(job, 0, 0), Some(0), "it answered");
+    d.handle(Event::ShuffleServiceProbeAnswered {
+        service: "ss-a".to_string(),
+        alive: false,
+    })
+    .unwrap();
+    assert_eq!(d.finished_attempt(job, 0, 0), None, "its data is gone");
+    assert_eq!(d.finished_attempt(job, 0, 1), None);
 }
 
 #[test]

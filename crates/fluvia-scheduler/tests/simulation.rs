@@ -42,8 +42,8 @@
 use fluvia_core::{Configuration, ExchangeMode, JobId, PartitionerKind, ResultPartitionType};
 use fluvia_graph::{JobGraph, JobGraphGenerator, JobType, StreamGraphBuilder};
 use fluvia_scheduler::{
-    Action, AttemptMetrics, Deployment, Event, ExecutionAttemptId, ExecutionState, JobState,
-    PartitionRef, Scheduler, SchedulerConfig, TaskManagerSpec,
+    Action, AttemptMetrics, Event, ExecutionAttemptId, ExecutionState, JobState, PartitionRef,
+    Scheduler, SchedulerConfig, TaskDeploymentDescriptor, TaskManagerSpec,
 };
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -266,7 +266,7 @@ enum Msg {
         from: Option<(String, u32)>,
     },
     /// A deployment sent to one incarnation of a TaskManager.
-    Deploy(Box<Deployment>, u32),
+    Deploy(Box<TaskDeploymentDescriptor>, u32),
     Cancel {
         tm: String,
         attempt: ExecutionAttemptId,
@@ -332,7 +332,7 @@ struct SimTm {
     /// Bumped at every (re)start: timers of an old incarnation are void.
     inc: u32,
     partitioned: bool,
-    running: BTreeMap<ExecutionAttemptId, Deployment>,
+    running: BTreeMap<ExecutionAttemptId, TaskDeploymentDescriptor>,
     partitions: BTreeSet<Part>,
 }
 
@@ -770,7 +770,9 @@ impl Sim {
                 from: None,
             }),
             // The simulated cluster has no shuffle service (internal shuffle).
-            Action::ReleaseShufflePartitions { .. } | Action::ReleaseShuffleJob { .. } => {}
+            Action::ReleaseShufflePartitions { .. }
+            | Action::ReleaseShuffleJob { .. }
+            | Action::ProbeShuffleService { .. } => {}
         }
     }
 
@@ -1045,7 +1047,7 @@ impl Sim {
         t.partitions.clear();
     }
 
-    fn tm_deploy(&mut self, dep: Deployment, inc: u32) {
+    fn tm_deploy(&mut self, dep: TaskDeploymentDescriptor, inc: u32) {
         let a = dep.attempt;
         let failed = |reason: &str| Msg::ToScheduler {
             event: Box::new(Event::DeployFailed {
@@ -1248,7 +1250,7 @@ impl Sim {
         }
     }
 
-    fn check_deploy(&mut self, dep: &Deployment) -> Check {
+    fn check_deploy(&mut self, dep: &TaskDeploymentDescriptor) -> Check {
         let a = dep.attempt;
         let tm = &dep.task_manager;
         let k = self.sim_job(a.job).unwrap();

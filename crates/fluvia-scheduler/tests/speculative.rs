@@ -16,8 +16,8 @@ use common::{Driver, Op, conf, graph};
 use fluvia_core::config::options;
 use fluvia_core::{Configuration, JobId};
 use fluvia_scheduler::{
-    Action, AttemptMetrics, Deployment, Event, ExecutionState, JobState, SchedulerConfig,
-    StagedFile, TaskManagerSpec,
+    Action, AttemptMetrics, Event, ExecutionState, JobState, SchedulerConfig, StagedFile,
+    TaskDeploymentDescriptor, TaskManagerSpec,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,7 +37,10 @@ fn speculation(block: &str) -> Configuration {
 
 /// Four source subtasks on tm-1 (4 slots; tm-2 has 4 more): three finish
 /// after 2 s, the fourth keeps running. Returns the driver and the slow one.
-fn three_fast_one_slow(block: &str, supports_concurrent_attempts: bool) -> (Driver, Deployment) {
+fn three_fast_one_slow(
+    block: &str,
+    supports_concurrent_attempts: bool,
+) -> (Driver, TaskDeploymentDescriptor) {
     let mut jg = graph(&[Op("Source", Some(4), None)], &[], speculation(block));
     jg.vertices[0].supports_concurrent_attempts = supports_concurrent_attempts;
     let mut d = Driver::start_on(jg, &[4, 4], SchedulerConfig::default());
@@ -54,7 +57,7 @@ fn three_fast_one_slow(block: &str, supports_concurrent_attempts: bool) -> (Driv
     (d, all[3].clone())
 }
 
-fn twins(d: &mut Driver) -> Vec<Deployment> {
+fn twins(d: &mut Driver) -> Vec<TaskDeploymentDescriptor> {
     d.collect()
         .into_iter()
         .filter(|x| x.attempt.attempt > 0)
@@ -171,7 +174,7 @@ fn a_vertex_that_does_not_support_concurrent_attempts_is_not_speculated() {
 }
 
 /// Finishes `x` as an attempt that staged one output file.
-fn finish_staged(d: &mut Driver, x: &Deployment) {
+fn finish_staged(d: &mut Driver, x: &TaskDeploymentDescriptor) {
     d.event(Event::DeployAcknowledged { attempt: x.attempt });
     let i = x.attempt.subtask;
     d.event(Event::AttemptState {
@@ -206,7 +209,9 @@ fn commits(actions: &[Action]) -> Vec<(String, Vec<(usize, u32)>)> {
 }
 
 /// Four sink subtasks staging files, the fourth slow: its twin on tm-2 wins.
-fn speculated_sink(config: SchedulerConfig) -> (Driver, Deployment, Deployment) {
+fn speculated_sink(
+    config: SchedulerConfig,
+) -> (Driver, TaskDeploymentDescriptor, TaskDeploymentDescriptor) {
     let mut jg = graph(&[Op("Sink", Some(4), None)], &[], speculation("0 s"));
     jg.vertices[0].supports_concurrent_attempts = true;
     let mut d = Driver::start_on(jg, &[4, 4], config);

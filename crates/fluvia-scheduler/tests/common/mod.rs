@@ -6,8 +6,8 @@
 use fluvia_core::{Configuration, ExchangeMode, JobId, PartitionerKind};
 use fluvia_graph::{JobGraph, JobGraphGenerator, StreamGraphBuilder};
 use fluvia_scheduler::{
-    Action, AttemptMetrics, Deployment, Event, ExecutionState, Scheduler, SchedulerConfig,
-    TaskManagerSpec,
+    Action, AttemptMetrics, Event, ExecutionState, Scheduler, SchedulerConfig,
+    TaskDeploymentDescriptor, TaskManagerSpec,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,7 +58,7 @@ pub struct Driver {
     pub s: Scheduler,
     pub job: JobId,
     pub now: Duration,
-    pub deployed: Vec<Deployment>,
+    pub deployed: Vec<TaskDeploymentDescriptor>,
 }
 
 impl Driver {
@@ -102,8 +102,8 @@ impl Driver {
         d
     }
 
-    pub fn collect(&mut self) -> Vec<Deployment> {
-        let new: Vec<Deployment> = self
+    pub fn collect(&mut self) -> Vec<TaskDeploymentDescriptor> {
+        let new: Vec<TaskDeploymentDescriptor> = self
             .s
             .drain_actions()
             .into_iter()
@@ -128,12 +128,17 @@ impl Driver {
     }
 
     /// Acknowledges `d` and reports it RUNNING.
-    pub fn run(&mut self, d: &Deployment) {
+    pub fn run(&mut self, d: &TaskDeploymentDescriptor) {
         self.event(Event::DeployAcknowledged { attempt: d.attempt });
         self.report(d, ExecutionState::Running, None);
     }
 
-    pub fn report(&mut self, d: &Deployment, state: ExecutionState, failure: Option<&str>) {
+    pub fn report(
+        &mut self,
+        d: &TaskDeploymentDescriptor,
+        state: ExecutionState,
+        failure: Option<&str>,
+    ) {
         self.event(Event::AttemptState {
             attempt: d.attempt,
             state,
@@ -143,7 +148,7 @@ impl Driver {
     }
 
     /// Acknowledges and finishes `d` with per-output subpartition bytes.
-    pub fn finish(&mut self, d: &Deployment, subpartition_bytes: Vec<Vec<u64>>) {
+    pub fn finish(&mut self, d: &TaskDeploymentDescriptor, subpartition_bytes: Vec<Vec<u64>>) {
         self.event(Event::DeployAcknowledged { attempt: d.attempt });
         self.event(Event::AttemptState {
             attempt: d.attempt,

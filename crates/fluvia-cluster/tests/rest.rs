@@ -1,0 +1,135 @@
+//! The REST API over a real JobManager: what it reads of the cluster (jobs,
+//! TaskManagers, their last reports, metrics) and cancelling, with a job
+//! that could not be placed (no TaskManager carries its program).
+
+#![allow(clippy::unwrap_used)]
+
+use fluvia_cluster::client::ClusterClient;
+use fluvia_cluster::program::{ProgramCatalog, ProgramSpec};
+use fluvia_core::{Configuration, ExchangeMode, FluviaError, PartitionerKind};
+use fluvia_graph::{JobGraph, JobGraphGenerator, StreamGraphBuilder};
+use fluvia_runtime::OperatorRegistry;
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::Duration;
+
+struct Catalog;
+
+impl ProgramCatalog for Catalog {
+    fn build(&self, spec: &ProgramSpec) -> fluvia_core::Result<(JobGraph, OperatorRegistry)> {
+        Err(FluviaError::Plan(format!("no program {}", spec.name)))
+    }
+    fn fingerprint(&self) -> String {
+        "other".to_string()
+    }
+}
+
+fn config() -> Configuration {
+    let mut c = Configuration::new();
+    c.set("jobmanager.rpc.port", "0")
+        .set("rest.port", "0")
+        .set("rest.address", "127.0.0.1")
+        .set("heartbeat.interval", "50")
+        .set("slot.request.timeout", "300");
+    c
+}
+
+fn graph() -> JobGraph {
+    let mut b = StreamGraphBuilder::new("unplaced");
+    let s = b.add_source("Source: s", true);
+    let m = b.add_operator("Map", 1);
+    b.add_edge(
+        s,
+        m,
+        Some(PartitionerKind::Rebalance),
+        ExchangeMode::Undefined,
+        0,
+    );
+    JobGraphGenerator::new(&b.build().unwrap())
+        .create_job_graph(Configuration::new(), false)
+        .unwrap()
+}
+
+/// One HTTP/1.0 request; the status code and body.
+fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(s, "{method} {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let code = out[9..12].parse().unwrap();
+    let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    (code, body.to_string())
+}
+
+fn get(addr: SocketAddr, path: &str) -> Value {
+    let (code, body) = http(addr, "GET", path);
+    assert_eq!(code, 200, "GET {path}: {body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rest_api_reads_jobs_and_task_managers_and_cancels() {
+    let jm = fluvia_cluster::jobmanager::start(config()).await.unwrap();
+    let address = jm.rpc_address.to_string();
+    let rest = jm.rest_address;
+    let tm = fluvia_cluster::taskmanager::spawn(&address, config(), Arc::new(Catalog))
+        .await
+        .unwrap();
+    let mut client = ClusterClient::connect(&address, None).await.unwrap();
+    let spec = ProgramSpec {
+        name: "mine".into(),
+        args: vec![],
+    };
+    let id = client.submit(&spec, &graph(), "mine").await.unwrap();
+    let status = client.wait(&id).await.unwrap();
+    assert_eq!(status.state, "FAILED");
+
+    let rest_get = move |path: String| tokio::task::spawn_blocking(move || get(rest, &path));
+    let overview = rest_get("/overview".into()).await.unwrap();
+    assert_eq!(overview["taskmanagers"], 1, "{overview}");
+    assert_eq!(overview["jobs-failed"], 1, "{overview}");
+    let jobs = rest_get("/jobs/overview".into()).await.unwrap();
+    assert_eq!(jobs["jobs"][0]["jid"], id.as_str(), "{jobs}");
+    assert_eq!(jobs["jobs"][0]["state"], "FAILED", "{jobs}");
+    let job = rest_get(format!("/jobs/{id}")).await.unwrap();
+    assert_eq!(job["name"], "unplaced", "{job}");
+    assert_eq!(job["vertices"].as_array().unwrap().len(), 2, "{job}");
+    let vid = job["vertices"][0]["id"].as_str().unwrap().to_string();
+    let vertex = rest_get(format!("/jobs/{id}/vertices/{vid}"))
+        .await
+        .unwrap();
+    assert!(vertex["subtasks"].is_array(), "{vertex}");
+    let tms = rest_get("/taskmanagers".into()).await.unwrap();
+    let tm_id = tms["taskmanagers"][0]["id"].as_str().unwrap().to_string();
+    assert_eq!(tms["taskmanagers"][0]["programFingerprint"], "other");
+    let one = rest_get(format!("/taskmanagers/{tm_id}")).await.unwrap();
+    assert!(one["tasks"].is_array(), "{one}");
+    let config = rest_get("/config".into()).await.unwrap();
+    assert_eq!(config["secret-required"], false, "{config}");
+
+    let (code, metrics) = tokio::task::spawn_blocking(move || http(rest, "GET", "/metrics"))
+        .await
+        .unwrap();
+    assert_eq!(code, 200);
+    assert!(
+        metrics.contains("fluvia_jobmanager_taskmanagers 1"),
+        "{metrics}"
+    );
+    let path = format!("/jobs/{id}");
+    let (code, body) = tokio::task::spawn_blocking(move || http(rest, "PATCH", &path))
+        .await
+        .unwrap();
+    assert_eq!(code, 409, "a failed job cannot be cancelled: {body}");
+    let (code, _) = tokio::task::spawn_blocking(move || {
+        http(rest, "PATCH", "/jobs/00000000000000000000000000000000")
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 404);
+
+    tm.shutdown();
+    jm.abort();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+}
