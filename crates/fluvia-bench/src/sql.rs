@@ -189,7 +189,7 @@ pub fn run_suite(a: Args) -> Result<()> {
         c.apply_dynamic(&a.dynamic)?;
         c
     };
-    let catalog = fluvia_sql::catalog::Catalog::with_dir(&a.data, format)?;
+    let catalog = fluvia_sql::session::catalog::Catalog::with_dir(&a.data, format)?;
     let settings = |multiple_input: bool, build_in_task: bool| {
         let mut config = base.clone();
         config.set(

@@ -15,7 +15,7 @@ use fluvia_cluster::config as cluster_config;
 use fluvia_cluster::program::{ProgramCatalog, ProgramSpec};
 use fluvia_core::config::options;
 use fluvia_graph::plan;
-use fluvia_sql::catalog::Catalog;
+use fluvia_sql::session::catalog::Catalog;
 use fluvia_sql::session::TableFormat;
 use fluvia_sql::tpcds;
 use std::io::IsTerminal as _;
@@ -38,7 +38,7 @@ fn note_inferred_schemas(dir: &std::path::Path, format: TableFormat) {
     if !guessed.is_empty() {
         note!(
             "note: no {} for table(s) {}: column types are inferred from the data",
-            fluvia_sql::session::SCHEMA_FILE,
+            fluvia_sql::formats::schema_file::SCHEMA_FILE,
             guessed.join(", ")
         );
     }
@@ -491,7 +491,7 @@ fn sql_command(a: SqlArgs) -> Result<ExitCode> {
             text
         }
     };
-    let statements = fluvia_sql::statement::split_statements(&text);
+    let statements = fluvia_sql::session::statement::split_statements(&text);
     if statements.is_empty() {
         bail!("no SQL statement given");
     }
@@ -524,7 +524,7 @@ fn sql_command(a: SqlArgs) -> Result<ExitCode> {
                     writeln!(stdout).context("writing to standard output")?;
                 }
                 printed = true;
-                fluvia_sql::output::write_csv(&mut stdout, &run.batches, &run.schema)?;
+                fluvia_sql::formats::output::write_csv(&mut stdout, &run.batches, &run.schema)?;
                 let rows: usize = run.batches.iter().map(|b| b.num_rows()).sum();
                 if let (Some(g), Some(st)) = (&run.graph, &run.status) {
                     let shuffled: u64 =
@@ -689,7 +689,7 @@ fn check_answer(
     let Ok(text) = std::fs::read_to_string(&path) else {
         return format!("FAIL no answer {}", path.display());
     };
-    let rows = match fluvia_sql::output::render(&run.batches) {
+    let rows = match fluvia_sql::formats::output::render(&run.batches) {
         Ok(r) => r,
         Err(e) => return format!("FAIL {e}"),
     };
@@ -697,7 +697,7 @@ fn check_answer(
         .schema
         .fields()
         .iter()
-        .map(|f| fluvia_sql::output::is_numeric(f.data_type()))
+        .map(|f| fluvia_sql::formats::output::is_numeric(f.data_type()))
         .collect();
     match tpcds::compare(&rows, &text, &numeric) {
         Ok(()) => "pass".to_string(),

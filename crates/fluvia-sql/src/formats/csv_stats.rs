@@ -6,10 +6,10 @@
 //! a join of hundreds of millions of rows (TPC-DS q72 on CSV ran out of
 //! memory that way). With the estimate, joins are ordered and broadcast as
 //! for Parquet files of the same data. Only planning sees this type: the
-//! scans it plans read with [`crate::csv_scan`] (or DataFusion's reader,
-//! see [`crate::csv_scan::CsvReader`]).
+//! scans it plans read with [`crate::formats::csv_scan`] (or DataFusion's reader,
+//! see [`crate::formats::csv_scan::CsvReader`]).
 
-use crate::session::DeclaredColumnStats;
+use crate::formats::schema_file::DeclaredColumnStats;
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::{Field, SchemaRef};
 use datafusion::catalog::Session;
@@ -150,9 +150,12 @@ impl FileFormat for EstimatingCsvFormat {
         conf: FileScanConfig,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let plan = self.inner.create_physical_plan(state, conf).await?;
-        match state.config().get_extension::<crate::csv_scan::CsvReader>() {
-            Some(r) if *r == crate::csv_scan::CsvReader::DataFusion => Ok(plan),
-            _ => Ok(crate::csv_scan::FluviaCsvSource::wrap(plan)),
+        match state
+            .config()
+            .get_extension::<crate::formats::csv_scan::CsvReader>()
+        {
+            Some(r) if *r == crate::formats::csv_scan::CsvReader::DataFusion => Ok(plan),
+            _ => Ok(crate::formats::csv_scan::FluviaCsvSource::wrap(plan)),
         }
     }
 

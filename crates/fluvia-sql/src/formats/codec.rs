@@ -3,8 +3,8 @@
 //! TaskManager can rebuild a fragment without the SQL, the catalog or the
 //! planner.
 
-use crate::csv_scan::FluviaCsvSource;
-use crate::exchange::{ExchangeReaderExec, ReaderFacts};
+use crate::exec::exchange::{ExchangeReaderExec, ReaderFacts};
+use crate::formats::csv_scan::FluviaCsvSource;
 use datafusion::arrow::compute::SortOptions;
 use datafusion::arrow::datatypes::Schema;
 use datafusion::datasource::physical_plan::{

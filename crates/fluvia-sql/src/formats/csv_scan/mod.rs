@@ -14,7 +14,7 @@
 //! a parser here) is read by DataFusion's CSV opener. A value the fast
 //! parsers do not recognise goes to arrow's own parser, so every value
 //! parses, or fails, as it does in DataFusion's CSV scan; failures carry
-//! arrow-csv's wording, which [`crate::csv_errors`] turns into file, line
+//! arrow-csv's wording, which [`errors`] turns into file, line
 //! and column.
 //!
 //! Here: the source, the opener and its reads, batches; `fields` finds
@@ -855,6 +855,7 @@ fn build_batch(
     )?))
 }
 
+pub mod errors;
 mod fields;
 mod values;
 

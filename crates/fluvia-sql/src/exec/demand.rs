@@ -3,7 +3,7 @@
 //!
 //! A scan its consumer reads only on the probe side of a hash join that an
 //! empty build side empties waits for demand before it reads
-//! ([`crate::split::read_later`]): DataFusion collects the build side first
+//! (`planning::multiple_input::read_later`): DataFusion collects the build side first
 //! and never polls the probe side when it came out empty, so behind an
 //! empty build side the scan never runs. Waiting for the probe side's first
 //! poll would also hold it back while a non-empty build side is collected,
@@ -14,19 +14,14 @@
 //! being read. This module knows DataFusion and the task's inputs, not the
 //! network: [`TaskInputs::demand_stage`] tells the producer.
 
-use crate::exchange::{ExchangeReaderExec, TaskInputs};
-use crate::pass_through::{PassThrough, PassThroughExec};
-use datafusion::arrow::record_batch::RecordBatch;
+use crate::exec::exchange::{ExchangeReaderExec, TaskInputs};
+use crate::exec::first_row::FirstRowExec;
+use crate::inspect::empty_without_build;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::error::Result as DfResult;
-use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
-use datafusion::physical_plan::joins::HashJoinExec;
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use futures::StreamExt;
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Joins above each waiting stage whose build side has not delivered a row.
@@ -102,76 +97,13 @@ fn readers(plan: &Arc<dyn ExecutionPlan>) -> BTreeSet<usize> {
     stages
 }
 
-/// The hash join whose output an empty build side empties, if `node` is
-/// one: DataFusion then never polls its probe side (its second child).
-/// Which scans wait at planning and which joins demand them in the task
-/// are both decided here.
-pub fn empty_without_build(node: &Arc<dyn ExecutionPlan>) -> Option<&HashJoinExec> {
-    node.downcast_ref::<HashJoinExec>()
-        .filter(|j| j.join_type().empty_build_side_produces_empty_result())
-}
-
-/// Its input unchanged; calls `on_row` once, when the first row passes (a
-/// build side's first row: here to demand a probe side's scans, in
-/// [`crate::empty_probe`] to start reading the probe side early).
-pub type FirstRowExec = PassThroughExec<FirstRow>;
-
-/// What [`FirstRowExec`] calls at the first row.
-pub struct FirstRow {
-    on_row: Arc<dyn Fn() + Send + Sync>,
-}
-
-impl FirstRowExec {
-    pub fn new(input: Arc<dyn ExecutionPlan>, on_row: Arc<dyn Fn() + Send + Sync>) -> Self {
-        PassThroughExec::of(input, FirstRow { on_row })
-    }
-}
-
-/// Calls what every [`FirstRowExec`] in `plan` calls at its first row:
-/// for a build side whose rows came from elsewhere (another subtask read
-/// them) and whose own input is therefore never run.
-pub fn signal_first_rows(plan: &Arc<dyn ExecutionPlan>) {
-    let _ = plan.apply(|node| {
-        if let Some(f) = node.downcast_ref::<FirstRowExec>() {
-            (f.node().on_row)();
-        }
-        Ok(TreeNodeRecursion::Continue)
-    });
-}
-
-impl PassThrough for FirstRow {
-    fn name(&self) -> &'static str {
-        "FirstRowExec"
-    }
-
-    fn execute(
-        &self,
-        input: &Arc<dyn ExecutionPlan>,
-        partition: usize,
-        ctx: Arc<TaskContext>,
-    ) -> DfResult<SendableRecordBatchStream> {
-        let input = input.execute(partition, ctx)?;
-        let schema = input.schema();
-        let (on_row, seen) = (Arc::clone(&self.on_row), AtomicBool::new(false));
-        let stream = input.map(move |b: DfResult<RecordBatch>| {
-            if let Ok(batch) = &b
-                && batch.num_rows() > 0
-                && !seen.swap(true, Ordering::Relaxed)
-            {
-                on_row();
-            }
-            b
-        });
-        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exchange::ReaderFacts;
+    use crate::exec::exchange::ReaderFacts;
     use datafusion::arrow::array::Int64Array;
     use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+    use datafusion::arrow::record_batch::RecordBatch;
     use datafusion::common::NullEquality;
     use datafusion::common::tree_node::TreeNodeRecursion;
     use datafusion::datasource::memory::MemorySourceConfig;
@@ -179,6 +111,7 @@ mod tests {
     use datafusion::physical_expr::PhysicalExpr;
     use datafusion::physical_expr::expressions::Column;
     use datafusion::physical_plan::collect;
+    use datafusion::physical_plan::joins::HashJoinExec;
     use datafusion::physical_plan::joins::PartitionMode;
     use datafusion::prelude::SessionContext;
     use fluvia_network::metrics::IoCounters;

@@ -5,7 +5,7 @@
 //!
 //! This module only reads text; what a statement does is the session's.
 
-use crate::catalog::{self, TableDef, object_name};
+use crate::session::catalog::{self, TableDef, object_name};
 use datafusion::sql::parser::{DFParser, Statement as DfStatement};
 use datafusion::sql::sqlparser::ast::{self, ObjectType};
 use datafusion::sql::sqlparser::dialect::GenericDialect;

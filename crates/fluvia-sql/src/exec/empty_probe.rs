@@ -26,10 +26,10 @@
 //! hold no scan that could wait for a runtime filter of this join. A
 //! wrapped plan is executed once (it is a task's).
 
-use crate::demand::FirstRowExec;
-use crate::exchange::{ExchangeReaderExec, ReaderStop, lock};
-use crate::pass_through::{PassThrough, PassThroughExec};
-use crate::released::EndSignal;
+use crate::exec::exchange::{ExchangeReaderExec, ReaderStop, lock};
+use crate::exec::first_row::FirstRowExec;
+use crate::exec::pass_through::{PassThrough, PassThroughExec};
+use crate::exec::released::EndSignal;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::JoinType;
@@ -238,7 +238,7 @@ fn stop_leaves(
     let leaf: Arc<dyn ExecutionPlan> = if let Some(r) = plan.downcast_ref::<ExchangeReaderExec>() {
         Arc::new(r.with_stop(Arc::clone(stop)))
     } else if plan.children().is_empty() {
-        crate::released::end_leaf_when(plan, EndSignal::Stopped(Arc::clone(stop)))
+        crate::exec::released::end_leaf_when(plan, EndSignal::Stopped(Arc::clone(stop)))
     } else {
         let children = plan
             .children()
@@ -561,7 +561,7 @@ mod tests {
 
     #[test]
     fn only_joins_an_empty_probe_side_empties_over_exchanges_are_wrapped() -> DfResult<()> {
-        use crate::exchange::{ExchangeReaderExec, ReaderFacts};
+        use crate::exec::exchange::{ExchangeReaderExec, ReaderFacts};
         use datafusion::physical_plan::filter::FilterExec;
         let reader = |stage| -> Arc<dyn ExecutionPlan> {
             Arc::new(

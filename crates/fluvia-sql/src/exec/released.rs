@@ -15,9 +15,9 @@
 //! probe side came out empty ([`EndSignal::Stopped`], the `empty_probe`
 //! module). This module knows nothing of the network beyond those flags.
 
-use crate::exchange::{ReaderStop, lock};
-use crate::pass_through::{PassThrough, PassThroughExec};
-use crate::reuse::SharedScanExec;
+use crate::exec::exchange::{ReaderStop, lock};
+use crate::exec::pass_through::{PassThrough, PassThroughExec};
+use crate::exec::shared_scan::SharedScanExec;
 use datafusion::error::Result as DfResult;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::ExecutionPlan;

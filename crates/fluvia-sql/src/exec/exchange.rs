@@ -8,7 +8,7 @@
 //! runtime and every input comes from another task: nothing this thread
 //! could run instead can make the data arrive.
 
-use crate::ipc::{self, IpcEncoder};
+use crate::formats::ipc::{self, IpcEncoder};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::tree_node::TreeNodeRecursion;
@@ -309,7 +309,7 @@ impl ExecutionPlan for ExchangeReaderExec {
 pub struct TaskInputs {
     channels: Mutex<BTreeMap<usize, Vec<InputChannelSpec>>>,
     /// Every channel by producing stage, to demand a stage's data before
-    /// its reader first polls ([`crate::demand`]).
+    /// its reader first polls ([`crate::exec::demand`]).
     by_stage: BTreeMap<usize, Vec<Arc<dyn fluvia_network::InputChannel>>>,
     /// Inputs no longer needed are released (`table.exec.release-unread-inputs`)
     /// rather than read to their end.

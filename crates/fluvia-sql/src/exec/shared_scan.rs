@@ -1,22 +1,13 @@
-//! Source reuse, Flink's `table.optimizer.reuse-source-enabled`: fragments
-//! that scan the same files run as one task that reads them once and hands
-//! every batch to each fragment, as a source chained to several consumers.
-//!
-//! At planning, [`reuse_groups`] groups fragments whose scans read, partition
-//! for partition, the same CSV files with the same options
-//! (whatever columns and filters each has), that do not feed each other and
-//! run at the same parallelism. In a task, [`share_scans`] reads the scans
-//! that are the same for that subtask once, with the union of their columns
-//! and the disjunction of their filters; each consumer keeps its own columns
-//! and applies its own filters on top. The pieces of one scan meet in
-//! [`SharedScanExec`] leaves that hand out one stream's batches.
-//!
-//! Knows plans only: which task runs a group and where its outputs go is
-//! the job's business (`job.rs`).
+//! The shared scan of a task that runs several fragments of a reuse group
+//! (see `planning::source_chaining`): [`share_scans`] turns the scans
+//! that are the same for this subtask into one read, with the union of
+//! their columns and the disjunction of their filters, whose batches
+//! [`SharedScanExec`] leaves hand to every consumer; each consumer keeps
+//! its own columns and applies its own filters on top. Also which scans are
+//! the same ([`scan_key`]).
 
-use crate::codec::FluviaCodec;
-use crate::csv_scan::{FluviaCsvSource, csv_with_columns};
-use crate::split::StagePlan;
+use crate::formats::codec::FluviaCodec;
+use crate::formats::csv_scan::{FluviaCsvSource, csv_with_columns};
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{DataFusionError, Result as DfResult};
 use datafusion::datasource::physical_plan::{
@@ -29,31 +20,25 @@ use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::BinaryExpr;
 use datafusion::physical_expr::projection::ProjectionExpr;
 use datafusion::physical_expr::utils::{collect_columns, reassign_expr_columns};
-use datafusion::physical_plan::aggregates::AggregateExec;
-use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::union::{InterleaveExec, UnionExec};
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
 };
 use datafusion_proto::bytes::physical_plan_to_bytes_with_extension_codec;
 use futures::{Stream, StreamExt};
-use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
-// ---------------------------------------------------------------- scans
-
 /// The file scan config of `plan` if it is a scan this module can share:
 /// CSV, with either reader. Not Parquet: its scans cost less than the
 /// blocking partitions a shared task writes (the TPC-DS suite at SF 1 took
 /// 24.8 s with Parquet scans shared, 22.4 s without).
-fn shareable(plan: &Arc<dyn ExecutionPlan>) -> Option<&FileScanConfig> {
+pub(crate) fn shareable(plan: &Arc<dyn ExecutionPlan>) -> Option<&FileScanConfig> {
     let config = plan
         .downcast_ref::<DataSourceExec>()?
         .data_source()
@@ -88,7 +73,7 @@ fn scan_with_columns(
 
 /// What makes two scans the same read: the scan with every column and no
 /// filter, encoded (files, byte ranges, options, limit).
-fn scan_key(config: &FileScanConfig) -> Option<Vec<u8>> {
+pub(crate) fn scan_key(config: &FileScanConfig) -> Option<Vec<u8>> {
     let all: Vec<usize> = (0..table_width(config)).collect();
     let wide = scan_with_columns(config, &all, None)?;
     physical_plan_to_bytes_with_extension_codec(wide, &FluviaCodec)
@@ -125,204 +110,6 @@ fn columns_read(config: &FileScanConfig) -> Option<BTreeSet<usize>> {
     }
     Some(out)
 }
-
-// ---------------------------------------------------------------- planning
-
-/// Bytes of files a scan reads (its byte ranges where it has them).
-pub(crate) fn scan_bytes(config: &FileScanConfig) -> u64 {
-    config
-        .file_groups
-        .iter()
-        .flat_map(|g| g.iter())
-        .map(|f| match &f.range {
-            Some(r) => (r.end - r.start).max(0) as u64,
-            None => f.object_meta.size,
-        })
-        .sum()
-}
-
-/// Scans of at least `min_bytes` that `plan` reads partition for partition
-/// (not whole, as under a build side kept in the fragment), by key.
-fn partitioned_scan_keys(
-    plan: &Arc<dyn ExecutionPlan>,
-    parallelism: usize,
-    min_bytes: u64,
-) -> Vec<Vec<u8>> {
-    let mut keys = Vec::new();
-    let mut stack = vec![Arc::clone(plan)];
-    while let Some(node) = stack.pop() {
-        if node.is::<CoalescePartitionsExec>() {
-            continue;
-        }
-        if let Some(config) = shareable(&node) {
-            if node.output_partitioning().partition_count() == parallelism
-                && scan_bytes(config) >= min_bytes
-                && let Some(k) = scan_key(config)
-            {
-                keys.push(k);
-            }
-            continue;
-        }
-        stack.extend(node.children().into_iter().cloned());
-    }
-    keys
-}
-
-fn has_union(plan: &Arc<dyn ExecutionPlan>) -> bool {
-    let mut found = false;
-    let _ = plan.apply(|n| {
-        found = n.is::<UnionExec>() || n.is::<InterleaveExec>();
-        Ok(if found {
-            TreeNodeRecursion::Stop
-        } else {
-            TreeNodeRecursion::Continue
-        })
-    });
-    found
-}
-
-/// Stages that run as one task, reading their common scans once.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ReuseGroup {
-    /// Ascending stage ids.
-    pub stages: Vec<usize>,
-    /// Every stage emits at most one row per subtask (a scalar aggregate),
-    /// so no output can hold the task up and its exchanges may stay
-    /// pipelined; otherwise they are blocking, because the outputs meet
-    /// again downstream and a consumer reading one of them first must not
-    /// wait for a task stuck on a full other one.
-    pub small_outputs: bool,
-}
-
-/// Whether `plan` emits at most one row: an aggregate without grouping,
-/// maybe under a projection.
-fn emits_one_row(plan: &Arc<dyn ExecutionPlan>) -> bool {
-    if let Some(a) = plan.downcast_ref::<AggregateExec>() {
-        return a.group_expr().is_empty();
-    }
-    if plan.is::<ProjectionExec>() {
-        return plan.children().first().is_some_and(|c| emits_one_row(c));
-    }
-    false
-}
-
-/// Groups of two or more stages (ascending ids) that read the same files
-/// (at least `min_bytes` of them) partition for partition and may run as
-/// one task: none is the last stage, reads under a union or writes files,
-/// none feeds another (even through other groups), and a task reads at
-/// most 255 inputs.
-pub fn reuse_groups(plan: &StagePlan, min_bytes: u64) -> Vec<ReuseGroup> {
-    let root = plan.root();
-    let mut by_key: BTreeMap<Vec<u8>, BTreeSet<usize>> = BTreeMap::new();
-    for (id, s) in plan.stages.iter().enumerate() {
-        if id == root || has_union(&s.plan) || crate::staging::writes_files(&s.plan) {
-            continue;
-        }
-        for key in partitioned_scan_keys(&s.plan, s.parallelism, min_bytes) {
-            by_key.entry(key).or_default().insert(id);
-        }
-    }
-    // Stages sharing any scan end up in one candidate (union-find).
-    let mut parent: Vec<usize> = (0..plan.stages.len()).collect();
-    fn find(parent: &mut [usize], x: usize) -> usize {
-        let mut r = x;
-        while parent[r] != r {
-            r = parent[r];
-        }
-        parent[x] = r;
-        r
-    }
-    for stages in by_key.values().filter(|s| s.len() >= 2) {
-        let mut it = stages.iter();
-        if let Some(&first) = it.next() {
-            for &other in it {
-                let (a, b) = (find(&mut parent, first), find(&mut parent, other));
-                parent[a.max(b)] = a.min(b);
-            }
-        }
-    }
-    let mut candidates: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-    for id in 0..plan.stages.len() {
-        let r = find(&mut parent, id);
-        candidates.entry(r).or_default().push(id);
-    }
-    // Each candidate takes its stages one by one, leaving out a stage that
-    // would close a cycle (one reading another's output, maybe through
-    // other groups) or take the task past 255 inputs.
-    let mut groups: Vec<Vec<usize>> = Vec::new();
-    for c in candidates.into_values().filter(|c| c.len() >= 2) {
-        let mut group = vec![c[0]];
-        for &s in &c[1..] {
-            let inputs: usize = group
-                .iter()
-                .chain([&s])
-                .map(|&m| plan.stages[m].inputs.len())
-                .sum();
-            if inputs > 255 {
-                continue;
-            }
-            group.push(s);
-            groups.push(group.clone());
-            let ok = acyclic(plan, &groups);
-            groups.pop();
-            if !ok {
-                group.pop();
-            }
-        }
-        if group.len() >= 2 {
-            groups.push(group);
-        }
-    }
-    groups
-        .into_iter()
-        .map(|stages| ReuseGroup {
-            small_outputs: stages.iter().all(|&s| emits_one_row(&plan.stages[s].plan)),
-            stages,
-        })
-        .collect()
-}
-
-/// Whether the stage graph with each group as one node has no cycle.
-fn acyclic(plan: &StagePlan, groups: &[Vec<usize>]) -> bool {
-    let n = plan.stages.len();
-    let mut node: Vec<usize> = (0..n).collect();
-    for g in groups {
-        for &s in g {
-            node[s] = g[0];
-        }
-    }
-    let mut edges: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); n];
-    for (s, stage) in plan.stages.iter().enumerate() {
-        if let Some(c) = stage.consumer {
-            if node[s] == node[c] {
-                return false;
-            }
-            edges[node[s]].insert(node[c]);
-        }
-    }
-    // Kahn's algorithm over the nodes in use.
-    let used: BTreeSet<usize> = node.iter().copied().collect();
-    let mut indegree = vec![0usize; n];
-    for &u in &used {
-        for &v in &edges[u] {
-            indegree[v] += 1;
-        }
-    }
-    let mut ready: Vec<usize> = used.iter().copied().filter(|&u| indegree[u] == 0).collect();
-    let mut seen = 0;
-    while let Some(u) = ready.pop() {
-        seen += 1;
-        for &v in &edges[u] {
-            indegree[v] -= 1;
-            if indegree[v] == 0 {
-                ready.push(v);
-            }
-        }
-    }
-    seen == used.len()
-}
-
-// ---------------------------------------------------------------- in a task
 
 /// The plans of one task's fragments (each viewed for the subtask) with
 /// every scan that appears more than once read once: the occurrences
@@ -461,8 +248,6 @@ fn consumer_of(
     };
     Ok(Arc::new(ProjectionExec::try_new(exprs, filtered)?))
 }
-
-// ---------------------------------------------------------------- shared scan
 
 /// One scan read once for several consumers in one task: whichever consumer
 /// needs a batch polls the scan and queues the batch for the others. A
@@ -711,7 +496,8 @@ impl Drop for SharedStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::split::{Exchange, Stage};
+    use crate::planning::source_chaining::reuse_groups;
+    use crate::planning::split::{Exchange, Stage, StagePlan};
     use datafusion::arrow::array::{Array, Int64Array};
     use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
     use datafusion::config::CsvOptions;

@@ -12,7 +12,7 @@
 //! side: after every join above has built its table, as the join order
 //! promises. This module knows DataFusion only.
 
-use crate::pass_through::{PassThrough, PassThroughExec};
+use crate::exec::pass_through::{PassThrough, PassThroughExec};
 use datafusion::error::Result as DfResult;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::ExecutionPlan;

@@ -121,7 +121,7 @@ fn csv_scans<'a>(
         && let Some(csv) = config.file_source.downcast_ref::<CsvSource>().or_else(|| {
             config
                 .file_source
-                .downcast_ref::<crate::csv_scan::FluviaCsvSource>()
+                .downcast_ref::<super::FluviaCsvSource>()
                 .map(|f| f.inner())
         })
     {

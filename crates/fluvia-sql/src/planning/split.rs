@@ -7,7 +7,7 @@
 //! gathered rows), and the gathered build side of a collect-left join a
 //! BROADCAST edge. Everything between two exchanges stays one DataFusion
 //! fragment: several joins with their scans run in one task, the
-//! multiple-input operator of Flink. With `table.optimizer.multiple-input-enabled`
+//! multiple-input operator of Flink ([`crate::planning::multiple_input`]). With `table.optimizer.multiple-input-enabled`
 //! off each join's pipelined inputs are cut into their own tasks behind
 //! FORWARD edges, and with chaining off every operator is.
 //!
@@ -15,14 +15,18 @@
 //! partitions of the branches follow each other, so a hash edge into a
 //! branch starts at that branch's offset.
 
-use crate::exchange::{ExchangeReaderExec, ReaderFacts};
+//!
+//! Also here: which stages the adaptive batch scheduler sizes, which inputs
+//! may be split when skewed, and a fragment's view for one subtask
+//! ([`task_view`]).
+
+use crate::exec::exchange::{ExchangeReaderExec, ReaderFacts};
+use crate::inspect::dynamic_filter_ids;
 use datafusion::common::{JoinType, not_impl_err};
-use datafusion::config::ConfigOptions;
 use datafusion::datasource::physical_plan::FileScanConfig;
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::Result as DfResult;
 use datafusion::physical_expr::{Partitioning, PhysicalExpr};
-use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::joins::{
@@ -32,7 +36,6 @@ use datafusion::physical_plan::limit::GlobalLimitExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
-use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use datafusion::physical_plan::union::UnionExec;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use serde::{Deserialize, Serialize};
@@ -104,7 +107,7 @@ impl StagePlan {
     }
 }
 
-fn partitions(plan: &Arc<dyn ExecutionPlan>) -> usize {
+pub(crate) fn partitions(plan: &Arc<dyn ExecutionPlan>) -> usize {
     plan.output_partitioning().partition_count()
 }
 
@@ -143,25 +146,6 @@ struct Splitter {
     filters_above: Vec<u64>,
 }
 
-/// Ids of the dynamic filters (DataFusion's runtime filters) that `plan`'s
-/// operators hold, its scans' predicates among them.
-pub(crate) fn dynamic_filter_ids(plan: &Arc<dyn ExecutionPlan>) -> Vec<u64> {
-    use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-    let mut ids = Vec::new();
-    let _ = plan.apply(|node| {
-        node.apply_expressions(&mut |root| {
-            root.apply(|e| {
-                if let Some(id) = e.expression_id() {
-                    ids.push(id);
-                }
-                Ok(TreeNodeRecursion::Continue)
-            })
-        })?;
-        Ok(TreeNodeRecursion::Continue)
-    });
-    ids
-}
-
 /// Bytes of files the scans of `plan` read; None if a leaf is not a file
 /// scan.
 pub(crate) fn file_bytes(plan: &Arc<dyn ExecutionPlan>) -> Option<u64> {
@@ -169,7 +153,7 @@ pub(crate) fn file_bytes(plan: &Arc<dyn ExecutionPlan>) -> Option<u64> {
     if children.is_empty() {
         let ds = plan.downcast_ref::<DataSourceExec>()?;
         let config = ds.data_source().downcast_ref::<FileScanConfig>()?;
-        return Some(crate::reuse::scan_bytes(config));
+        return Some(crate::planning::split::scan_bytes(config));
     }
     children.into_iter().map(file_bytes).sum()
 }
@@ -430,50 +414,6 @@ pub fn reads_under_union(plan: &Arc<dyn ExecutionPlan>) -> bool {
     plan.children().into_iter().any(reads_under_union)
 }
 
-/// Per stage: a scan (no inputs) that its consumer reads only on the probe
-/// side of a hash join that an empty build side empties (inner, left, semi,
-/// left anti), and so may never read: DataFusion collects the build side
-/// first and, when it came out empty, never polls the probe side. Such a
-/// scan waits for demand (`table.exec.source.start-on-demand`), which its
-/// consumer gives once the joins above it saw a build row
-/// ([`crate::demand`]) or at its first poll. Every other scan starts at once:
-/// its consumer reads it in any case, and scans running side by side keep
-/// the cores busy (a cross join of scalar aggregates reads all its inputs).
-pub fn read_later(plan: &StagePlan) -> Vec<bool> {
-    fn walk(
-        node: &Arc<dyn ExecutionPlan>,
-        probe: bool,
-        later: &mut std::collections::BTreeSet<usize>,
-        at_once: &mut std::collections::BTreeSet<usize>,
-    ) {
-        if let Some(r) = node.downcast_ref::<ExchangeReaderExec>() {
-            if probe {
-                later.insert(r.stage());
-            } else {
-                at_once.insert(r.stage());
-            }
-            return;
-        }
-        if let Some(j) = crate::demand::empty_without_build(node) {
-            walk(j.left(), probe, later, at_once);
-            walk(j.right(), true, later, at_once);
-            return;
-        }
-        for c in node.children() {
-            walk(c, probe, later, at_once);
-        }
-    }
-    let (mut later, mut at_once) = Default::default();
-    for s in &plan.stages {
-        walk(&s.plan, false, &mut later, &mut at_once);
-    }
-    plan.stages
-        .iter()
-        .enumerate()
-        .map(|(id, s)| s.inputs.is_empty() && later.contains(&id) && !at_once.contains(&id))
-        .collect()
-}
-
 /// Records, for the readers of `consumer`, which stage they read and at
 /// which partition offset.
 fn connect(plan: &Arc<dyn ExecutionPlan>, offset: usize, consumer: usize, stages: &mut [Stage]) {
@@ -536,8 +476,6 @@ pub fn split(
     }
     Ok(StagePlan { stages: s.stages })
 }
-
-// ---------------------------------------------------------------- adaptive
 
 /// Stages whose parallelism the adaptive batch scheduler may decide: a
 /// fragment that only reads exchanges (no scan, values or union: the
@@ -619,7 +557,7 @@ pub fn adaptive_stages(plan: &StagePlan) -> Vec<bool> {
 }
 
 /// Whether `plan` works row by row: a projection or a filter.
-fn row_wise(plan: &Arc<dyn ExecutionPlan>) -> bool {
+pub(crate) fn row_wise(plan: &Arc<dyn ExecutionPlan>) -> bool {
     use datafusion::physical_plan::filter::FilterExec;
     use datafusion::physical_plan::projection::ProjectionExec;
     plan.is::<ProjectionExec>() || plan.is::<FilterExec>()
@@ -694,8 +632,6 @@ pub fn splittable_inputs(stage: &Stage) -> Vec<bool> {
     }
 }
 
-// ---------------------------------------------------------------- naming
-
 /// The table a scan reads: the folder (or file stem) of its first file.
 pub fn scan_table(plan: &Arc<dyn ExecutionPlan>) -> Option<String> {
     let ds = plan.downcast_ref::<DataSourceExec>()?;
@@ -705,265 +641,6 @@ pub fn scan_table(plan: &Arc<dyn ExecutionPlan>) -> Option<String> {
     let parent = path.parent()?.file_name()?.to_str()?.to_string();
     Some(parent)
 }
-
-/// What a stage reads, in plan order: the producing stage of a reader, or
-/// a table scanned inside the fragment.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StageInput {
-    Exchange(usize),
-    Scan(String),
-}
-
-/// Inputs of a fragment and their read order, as Flink's
-/// `InputOrderCalculator` derives it: a join's build side (left) is read
-/// before anything under its probe side; inputs not ordered by any join
-/// share a priority. Returns (inputs, priority of each; 0 = first).
-pub fn read_order(plan: &Arc<dyn ExecutionPlan>) -> (Vec<StageInput>, Vec<usize>) {
-    fn walk(
-        plan: &Arc<dyn ExecutionPlan>,
-        inputs: &mut Vec<StageInput>,
-        before: &mut Vec<(usize, usize)>,
-    ) -> Vec<usize> {
-        if let Some(r) = plan.downcast_ref::<ExchangeReaderExec>() {
-            inputs.push(StageInput::Exchange(r.stage()));
-            return vec![inputs.len() - 1];
-        }
-        if plan.children().is_empty() {
-            if let Some(t) = scan_table(plan) {
-                inputs.push(StageInput::Scan(t));
-                return vec![inputs.len() - 1];
-            }
-            return vec![];
-        }
-        let hash_like = plan.is::<HashJoinExec>()
-            || plan.is::<NestedLoopJoinExec>()
-            || plan.is::<CrossJoinExec>();
-        let groups: Vec<Vec<usize>> = plan
-            .children()
-            .into_iter()
-            .map(|c| walk(c, inputs, before))
-            .collect();
-        if hash_like && groups.len() == 2 {
-            for &a in &groups[0] {
-                for &b in &groups[1] {
-                    before.push((a, b));
-                }
-            }
-        }
-        groups.into_iter().flatten().collect()
-    }
-    let mut inputs = Vec::new();
-    let mut before = Vec::new();
-    walk(plan, &mut inputs, &mut before);
-    // Longest path from any input that nothing precedes.
-    let mut rank = vec![0usize; inputs.len()];
-    for _ in 0..inputs.len() {
-        let mut changed = false;
-        for &(a, b) in &before {
-            if rank[b] < rank[a] + 1 {
-                rank[b] = rank[a] + 1;
-                changed = true;
-            }
-        }
-        if !changed {
-            break;
-        }
-    }
-    (inputs, rank)
-}
-
-/// Operators with several inputs (joins, unions) in a fragment: with two
-/// or more the fragment is a multiple-input operator.
-pub fn multi_input_operators(plan: &Arc<dyn ExecutionPlan>) -> usize {
-    let own = usize::from(plan.children().len() >= 2);
-    own + plan
-        .children()
-        .into_iter()
-        .map(multi_input_operators)
-        .sum::<usize>()
-}
-
-/// Operator names of a fragment, bottom-up, without plumbing nodes.
-pub fn members(plan: &Arc<dyn ExecutionPlan>) -> Vec<String> {
-    fn walk(plan: &Arc<dyn ExecutionPlan>, out: &mut Vec<String>) {
-        for c in plan.children() {
-            walk(c, out);
-        }
-        let name = plan.name();
-        if matches!(
-            name,
-            "ExchangeReaderExec" | "CoalesceBatchesExec" | "CooperativeExec" | "DataSourceExec"
-        ) {
-            return;
-        }
-        let name = name.strip_suffix("Exec").unwrap_or(name);
-        let label = match plan.downcast_ref::<HashJoinExec>() {
-            Some(hj) => format!("HashJoin[{}, {:?}]", hj.join_type(), hj.partition_mode()),
-            None => name.to_string(),
-        };
-        out.push(label);
-    }
-    let mut out = Vec::new();
-    walk(plan, &mut out);
-    out
-}
-
-// ---------------------------------------------------------------- planning rule
-
-/// Largest estimated build side a cost comparison may broadcast.
-const BROADCAST_COST_CAP: usize = 64 * 1024 * 1024;
-
-/// Whether broadcasting the build side (`p - 1` extra copies) moves fewer
-/// bytes than hash-partitioning both sides (the probe side crosses the
-/// network), by DataFusion's estimates. Without estimates: no.
-fn broadcast_is_cheaper(hj: &HashJoinExec, parallelism: usize) -> bool {
-    let bytes = |p: &Arc<dyn ExecutionPlan>| {
-        let s = StatisticsContext::new()
-            .compute(p.as_ref(), &StatisticsArgs::new())
-            .ok()?;
-        // Joins often know their rows but not their bytes.
-        s.total_byte_size.get_value().copied().or_else(|| {
-            let width: usize = p
-                .schema()
-                .fields()
-                .iter()
-                .map(|f| f.data_type().primitive_width().unwrap_or(16))
-                .sum();
-            s.num_rows
-                .get_value()
-                .map(|rows| rows.saturating_mul(width))
-        })
-    };
-    match (bytes(hj.left()), bytes(hj.right())) {
-        (Some(build), Some(probe)) => {
-            build <= BROADCAST_COST_CAP
-                && build.saturating_mul(parallelism.saturating_sub(1)) < probe
-        }
-        _ => false,
-    }
-}
-
-/// Whether a row of `plan`'s child counts only for whether it exists, not
-/// how often: under an aggregate without aggregate functions (a GROUP BY
-/// or DISTINCT, whose final phase merges equal groups of every subtask),
-/// through operators that keep or drop rows one by one.
-fn child_duplicates_vanish(plan: &Arc<dyn ExecutionPlan>, duplicates_vanish: bool) -> bool {
-    use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
-    if let Some(a) = plan.downcast_ref::<AggregateExec>() {
-        return a.aggr_expr().is_empty()
-            && matches!(
-                a.mode(),
-                AggregateMode::Partial | AggregateMode::Single | AggregateMode::SinglePartitioned
-            );
-    }
-    duplicates_vanish && row_wise(plan)
-}
-
-/// [`BroadcastSafety`] below `plan`; `duplicates_vanish`: the rows `plan`
-/// emits count only for whether they exist.
-fn broadcast_safety(
-    plan: Arc<dyn ExecutionPlan>,
-    duplicates_vanish: bool,
-    parallelism: usize,
-    on_estimates: bool,
-) -> DfResult<Arc<dyn ExecutionPlan>> {
-    let below = child_duplicates_vanish(&plan, duplicates_vanish);
-    let children = plan
-        .children()
-        .into_iter()
-        .map(|c| broadcast_safety(Arc::clone(c), below, parallelism, on_estimates))
-        .collect::<DfResult<Vec<_>>>()?;
-    let node = replace_children_if_necessary(plan, children)?;
-    if let Some(hj) = node.downcast_ref::<HashJoinExec>() {
-        // A left semi join broadcast emits the build rows each subtask's
-        // probe rows matched: a build row once per subtask that matched
-        // it, which an aggregate of groups only merges into one.
-        let safe = broadcast_safe(hj.join_type())
-            || (duplicates_vanish && *hj.join_type() == JoinType::LeftSemi);
-        if *hj.partition_mode() == PartitionMode::Partitioned
-            && on_estimates
-            && safe
-            && broadcast_is_cheaper(hj, parallelism)
-        {
-            return hj
-                .builder()
-                .with_partition_mode(PartitionMode::CollectLeft)
-                .build_exec();
-        }
-        if *hj.partition_mode() == PartitionMode::CollectLeft && !safe {
-            return hj
-                .builder()
-                .with_partition_mode(PartitionMode::Partitioned)
-                .build_exec();
-        }
-    } else if let Some(nlj) = node.downcast_ref::<NestedLoopJoinExec>()
-        && !broadcast_safe(nlj.join_type())
-        && partitions(nlj.right()) > 1
-    {
-        let right: Arc<dyn ExecutionPlan> =
-            Arc::new(CoalescePartitionsExec::new(Arc::clone(nlj.right())));
-        let children = vec![Arc::clone(nlj.left()), right];
-        return replace_children_if_necessary(Arc::clone(&node), children);
-    }
-    Ok(node)
-}
-
-/// Chooses broadcast joins by cost and keeps them only where they are
-/// correct.
-///
-/// Beyond DataFusion's size threshold, a partitioned join whose build side
-/// is estimated smaller than its probe side by more than the parallelism
-/// is broadcast: the probe side then stays where it is, chained to its
-/// producer, instead of crossing the network.
-///
-/// In one process all probe partitions of a collect-left join share one
-/// build side and one "matched" bitmap. Distributed, every probe subtask
-/// has its own copy, so a join that emits build rows depending on whether
-/// any probe row matched (left, left semi/anti/mark, full) would emit them
-/// once per subtask. Such hash joins are planned partitioned instead,
-/// except a left semi join whose rows only feed an aggregate of groups
-/// (DataFusion's plan of `GROUP BY` over `EXISTS`/`IN`, as in TPC-DS q37
-/// and q82), where a row emitted twice makes the same group; a nested-loop
-/// join of that kind gathers its probe side into one task.
-/// Runs after DataFusion's join selection and before it enforces
-/// distributions, so the exchanges that follow are planned by DataFusion.
-#[derive(Debug, Default)]
-pub struct BroadcastSafety;
-
-pub fn broadcast_safe(join_type: &JoinType) -> bool {
-    matches!(
-        join_type,
-        JoinType::Inner
-            | JoinType::Right
-            | JoinType::RightSemi
-            | JoinType::RightAnti
-            | JoinType::RightMark
-    )
-}
-
-impl PhysicalOptimizerRule for BroadcastSafety {
-    fn optimize(
-        &self,
-        plan: Arc<dyn ExecutionPlan>,
-        config: &ConfigOptions,
-    ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let parallelism = config.execution.target_partitions;
-        // A broadcast threshold of 0 (or RUNTIME_ONLY): nothing is broadcast
-        // on estimates, by size or by cost.
-        let on_estimates = config.optimizer.hash_join_single_partition_threshold > 0;
-        broadcast_safety(plan, false, parallelism, on_estimates)
-    }
-
-    fn name(&self) -> &str {
-        "fluvia_broadcast_safety"
-    }
-
-    fn schema_check(&self) -> bool {
-        true
-    }
-}
-
-// ---------------------------------------------------------------- task view
 
 /// The fragment as subtask `p` runs it: a plan of one partition that
 /// computes partition `p` of `plan`. Scans keep only their `p`-th file
@@ -1033,9 +710,9 @@ pub fn task_view(plan: &Arc<dyn ExecutionPlan>, p: usize) -> DfResult<Arc<dyn Ex
         if dynamic_filter_ids(c.input()).is_empty() {
             return Ok(Arc::clone(plan));
         }
-        return Ok(Arc::new(crate::deferred::DeferredExec::new(Arc::clone(
-            plan,
-        ))));
+        return Ok(Arc::new(crate::exec::deferred::DeferredExec::new(
+            Arc::clone(plan),
+        )));
     }
     let collect_left = is_collect_left(plan);
     let children = plan
@@ -1062,4 +739,17 @@ pub fn task_view(plan: &Arc<dyn ExecutionPlan>, p: usize) -> DfResult<Arc<dyn Ex
         })
         .collect::<DfResult<Vec<_>>>()?;
     replace_children_if_necessary(Arc::clone(plan), children)
+}
+
+/// Bytes of files a scan reads (its byte ranges where it has them).
+pub(crate) fn scan_bytes(config: &FileScanConfig) -> u64 {
+    config
+        .file_groups
+        .iter()
+        .flat_map(|g| g.iter())
+        .map(|f| match &f.range {
+            Some(r) => (r.end - r.start).max(0) as u64,
+            None => f.object_meta.size,
+        })
+        .sum()
 }

@@ -26,8 +26,8 @@
 //! It knows DataFusion's plans and Parquet footers, not tasks or the
 //! network.
 
-use crate::pass_through::{PassThrough, PassThroughExec};
-use crate::split::dynamic_filter_ids;
+use crate::exec::pass_through::{PassThrough, PassThroughExec};
+use crate::inspect::dynamic_filter_ids;
 use datafusion::datasource::physical_plan::FileSource;
 use datafusion::datasource::physical_plan::parquet::metadata::DFParquetMetadata;
 use datafusion::datasource::physical_plan::parquet::{
@@ -64,7 +64,7 @@ fn probe_scan(probe: &Arc<dyn ExecutionPlan>) -> Option<&Arc<dyn ExecutionPlan>>
         return (parquet.filter().is_some() && config.file_groups.len() == 1).then_some(probe);
     }
     if let Some(join) = probe.downcast_ref::<HashJoinExec>() {
-        return crate::empty_probe::empty_probe_empties(join)
+        return crate::exec::empty_probe::empty_probe_empties(join)
             .then(|| probe_scan(join.right()))
             .flatten();
     }
@@ -108,7 +108,7 @@ fn rewrite(plan: Arc<dyn ExecutionPlan>, above: &[u64]) -> DfResult<Arc<dyn Exec
     let probe = rewrite(Arc::clone(join.right()), &below)?;
     // Only a join that an empty probe side empties: a left, full or anti
     // join still emits its build rows.
-    if crate::empty_probe::empty_probe_empties(join)
+    if crate::exec::empty_probe::empty_probe_empties(join)
         && let Some(scan) = probe_scan(&probe)
         && dynamic_filter_ids(scan).iter().any(|id| above.contains(id))
     {

@@ -1,4 +1,6 @@
-//! DataFusion session settings and table registration.
+//! A SQL session: DataFusion session settings and table registration here,
+//! the statements it takes ([`statement`]) and the tables and views it knows
+//! ([`catalog`]).
 //!
 //! The settings make DataFusion plan for a distributed run: partitions are
 //! Fluvia subtasks, so every option that couples partitions inside one
@@ -6,10 +8,17 @@
 //! evaluated into an in-process container) is switched off, and round-robin
 //! exchanges, which only spread work across threads, are not planned.
 //! Dynamic filters stay on: each task runs its fragment as a plan of one
-//! partition (`split::task_view`), where a join's filter is complete. The
+//! partition (`planning::split::task_view`), where a join's filter is complete. The
 //! same options are shipped with the job so every process decodes fragments
 //! with the planner's settings.
+//!
+//! Knows DataFusion and the formats it registers tables in; not how a
+//! plan is cut, shipped or run.
 
+pub mod catalog;
+pub mod statement;
+
+use crate::formats::schema_file::{SCHEMA_FILE, read_schema_file};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::datasource::file_format::options::ReadOptions;
 use datafusion::execution::context::{SessionConfig, SessionContext};
@@ -17,7 +26,6 @@ use datafusion::prelude::{CsvReadOptions, ParquetReadOptions};
 use fluvia_core::config::{Configuration, options};
 use fluvia_core::{FluviaError, Result};
 use std::path::Path;
-use std::str::FromStr;
 use std::sync::Arc;
 
 /// Table file formats.
@@ -127,9 +135,9 @@ pub fn datafusion_options(
         ));
     }
     // Not DataFusion's: `session_config` turns it into an extension.
-    let reader = crate::csv_scan::CsvReader::parse(config.get(&options::CSV_READER)?)?;
+    let reader = crate::formats::csv_scan::CsvReader::parse(config.get(&options::CSV_READER)?)?;
     opts.push((
-        crate::csv_scan::CsvReader::OPTION.to_string(),
+        crate::formats::csv_scan::CsvReader::OPTION.to_string(),
         reader.name().to_string(),
     ));
     // DataFusion's own keys given in the configuration (`-D`) win.
@@ -146,8 +154,9 @@ pub fn datafusion_options(
 pub fn session_config(options: &[(String, String)]) -> Result<SessionConfig> {
     let mut config = SessionConfig::new();
     for (k, v) in options {
-        if k == crate::csv_scan::CsvReader::OPTION {
-            config = config.with_extension(Arc::new(crate::csv_scan::CsvReader::parse(v)?));
+        if k == crate::formats::csv_scan::CsvReader::OPTION {
+            config =
+                config.with_extension(Arc::new(crate::formats::csv_scan::CsvReader::parse(v)?));
             continue;
         }
         config
@@ -156,97 +165,6 @@ pub fn session_config(options: &[(String, String)]) -> Result<SessionConfig> {
             .map_err(|e| FluviaError::Config(format!("DataFusion option {k}={v}: {e}")))?;
     }
     Ok(config)
-}
-
-/// The file beside a table's data that declares its columns:
-/// `{"fields": [{"name": "c", "type": "Int32", "nullable": true}, ...]}`,
-/// types as Arrow writes them (`Utf8`, `Date32`, `Decimal128(7, 2)`).
-pub const SCHEMA_FILE: &str = "_schema.json";
-
-#[derive(serde::Serialize, serde::Deserialize)]
-struct SchemaFile {
-    fields: Vec<SchemaField>,
-}
-
-#[derive(serde::Serialize, serde::Deserialize)]
-struct SchemaField {
-    name: String,
-    #[serde(rename = "type")]
-    data_type: String,
-    #[serde(default = "yes")]
-    nullable: bool,
-    /// Column statistics, optional (Flink's catalog column statistics):
-    /// smallest and largest value as text, and nulls over the table.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    min: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    max: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    nulls: Option<u64>,
-}
-
-/// Declared statistics of one column, as text (see [`SCHEMA_FILE`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DeclaredColumnStats {
-    pub min: Option<String>,
-    pub max: Option<String>,
-    pub nulls: Option<u64>,
-}
-
-fn yes() -> bool {
-    true
-}
-
-/// `schema` as a [`SCHEMA_FILE`], with the column statistics given (one
-/// per field, or none).
-pub fn schema_file_json(schema: &Schema, stats: &[DeclaredColumnStats]) -> String {
-    let file = SchemaFile {
-        fields: schema
-            .fields()
-            .iter()
-            .enumerate()
-            .map(|(i, f)| {
-                let st = stats.get(i).cloned().unwrap_or_default();
-                SchemaField {
-                    name: f.name().clone(),
-                    data_type: f.data_type().to_string(),
-                    nullable: f.is_nullable(),
-                    min: st.min,
-                    max: st.max,
-                    nulls: st.nulls,
-                }
-            })
-            .collect(),
-    };
-    serde_json::to_string_pretty(&file).unwrap_or_default()
-}
-
-/// Reads a [`SCHEMA_FILE`]: the schema and the column statistics it
-/// declares (one per field); errors name the file and the field.
-pub fn read_schema_file(path: &Path) -> Result<(SchemaRef, Vec<DeclaredColumnStats>)> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| FluviaError::io(format!("reading {}", path.display()), e))?;
-    let file: SchemaFile = serde_json::from_str(&text)
-        .map_err(|e| FluviaError::Config(format!("{}: {e}", path.display())))?;
-    let mut fields = Vec::with_capacity(file.fields.len());
-    let mut stats = Vec::with_capacity(file.fields.len());
-    for f in file.fields {
-        let t = DataType::from_str(&f.data_type).map_err(|e| {
-            FluviaError::Config(format!(
-                "{}: column '{}' has type '{}', which is not an Arrow type: {e}",
-                path.display(),
-                f.name,
-                f.data_type
-            ))
-        })?;
-        fields.push(Field::new(&f.name, t, f.nullable));
-        stats.push(DeclaredColumnStats {
-            min: f.min,
-            max: f.max,
-            nulls: f.nulls,
-        });
-    }
-    Ok((Arc::new(Schema::new(fields)), stats))
 }
 
 /// `schema` with its strings as views when the session reads Parquet
@@ -365,7 +283,7 @@ pub async fn register_tables(
                 }
                 let mut listing =
                     options.to_listing_options(&ctx.copied_config(), ctx.copied_table_options());
-                listing.format = Arc::new(crate::csv_stats::EstimatingCsvFormat::new(
+                listing.format = Arc::new(crate::formats::csv_stats::EstimatingCsvFormat::new(
                     Arc::clone(&listing.format),
                     true,
                     stats,

@@ -22,8 +22,9 @@
 //! Knows plans and stages only; which stages run where is the job's
 //! business.
 
-use crate::exchange::ExchangeReaderExec;
-use crate::split::{Exchange, StagePlan, dynamic_filter_ids, file_bytes, is_plain_pipeline};
+use crate::exec::exchange::ExchangeReaderExec;
+use crate::inspect::dynamic_filter_ids;
+use crate::planning::split::{Exchange, StagePlan, file_bytes, is_plain_pipeline};
 use datafusion::common::{JoinSide, JoinType, NullEquality};
 use datafusion::config::ConfigOptions;
 use datafusion::datasource::physical_plan::FileScanConfig;
@@ -80,7 +81,7 @@ pub fn plant_runtime_filters(
                 tracing::debug!(
                     "runtime filter: a join of stage {consumer} filters the scan of {} in stage {} ({} build bytes)",
                     node_at(&plan.stages[origin.stage].plan, &origin.path)
-                        .and_then(|s| crate::split::scan_table(&s))
+                        .and_then(|s| crate::planning::split::scan_table(&s))
                         .unwrap_or_default(),
                     origin.stage,
                     file_bytes(&build).unwrap_or_default(),
@@ -287,7 +288,7 @@ fn scanned_bytes(plan: &Arc<dyn ExecutionPlan>) -> u64 {
     let own = plan
         .downcast_ref::<DataSourceExec>()
         .and_then(|ds| ds.data_source().downcast_ref::<FileScanConfig>())
-        .map_or(0, crate::reuse::scan_bytes);
+        .map_or(0, crate::planning::split::scan_bytes);
     own + plan.children().into_iter().map(scanned_bytes).sum::<u64>()
 }
 
@@ -344,8 +345,8 @@ fn plant(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exchange::ReaderFacts;
-    use crate::split::Stage;
+    use crate::exec::exchange::ReaderFacts;
+    use crate::planning::split::Stage;
     use datafusion::arrow::array::{Array, Int64Array, RecordBatch};
     use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
     use datafusion::datasource::listing::PartitionedFile;
@@ -504,17 +505,23 @@ mod tests {
     fn only_a_scan_on_the_probe_side_of_a_join_an_empty_build_side_empties_waits() {
         let dir = tempfile::tempdir().unwrap();
         let plan = stages(dir.path(), INNER);
-        assert_eq!(crate::split::read_later(&plan), [false, true, false]);
+        assert_eq!(
+            crate::planning::multiple_input::read_later(&plan),
+            [false, true, false]
+        );
         for join_type in [JoinType::LeftSemi, JoinType::LeftAnti, JoinType::Left] {
             let shape = Shape { join_type, ..INNER };
             let plan = stages(dir.path(), shape);
-            assert_eq!(crate::split::read_later(&plan), [false, true, false]);
+            assert_eq!(
+                crate::planning::multiple_input::read_later(&plan),
+                [false, true, false]
+            );
         }
         for join_type in [JoinType::Right, JoinType::Full, JoinType::RightAnti] {
             let shape = Shape { join_type, ..INNER };
             let plan = stages(dir.path(), shape);
             assert_eq!(
-                crate::split::read_later(&plan),
+                crate::planning::multiple_input::read_later(&plan),
                 [false, false, false],
                 "{join_type}"
             );

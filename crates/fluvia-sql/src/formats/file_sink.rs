@@ -7,8 +7,8 @@
 //! A subtask that receives no rows writes no file (Flink's part files open
 //! with their first record).
 
-use crate::catalog::{CsvLayout, FileFormat};
-use crate::exchange::{SqlBatch, SqlBatchType};
+use crate::exec::exchange::{SqlBatch, SqlBatchType};
+use crate::session::catalog::{CsvLayout, FileFormat};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::parquet::arrow::ArrowWriter;

@@ -709,7 +709,7 @@ async fn register_declared(ctx: &SessionContext, def: &TableDef) -> Result<()> {
             }
             let mut listing =
                 options.to_listing_options(&ctx.copied_config(), ctx.copied_table_options());
-            listing.format = Arc::new(crate::csv_stats::EstimatingCsvFormat::new(
+            listing.format = Arc::new(crate::formats::csv_stats::EstimatingCsvFormat::new(
                 Arc::clone(&listing.format),
                 csv.header,
                 Vec::new(),
