@@ -11,7 +11,7 @@ use clap::Args as ClapArgs;
 use fluvia_cli::sql::{QueryRun, SqlSettings, Target, edge_stats, run};
 use fluvia_core::Configuration;
 use fluvia_sql::session::TableFormat;
-use fluvia_sql::tpcds::statements;
+use fluvia_tpcds::statements;
 use std::path::PathBuf;
 
 #[derive(ClapArgs)]

@@ -17,7 +17,7 @@ use fluvia_core::config::options;
 use fluvia_graph::plan;
 use fluvia_sql::session::catalog::Catalog;
 use fluvia_sql::session::TableFormat;
-use fluvia_sql::tpcds;
+use fluvia_tpcds as tpcds;
 use std::io::IsTerminal as _;
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -32,7 +32,6 @@ pub mod inspect;
 pub mod job;
 pub mod planning;
 pub mod session;
-pub mod tpcds;
 
 /// The DataFusion this crate plans with (and its Arrow), for callers that
 /// print or compare results.

@@ -1,7 +1,13 @@
-//! TPC-DS: data generation with `tpcdsgen` (the generator of the reference
-//! answers), table checksums, and comparison of results with answers.
+//! TPC-DS, a tool beside the engine: data generation with `tpcdsgen` (the
+//! generator of the reference answers), table checksums, the statements of
+//! a query file, and comparison of results with answers.
+//!
+//! Used by `fluvia tpcds ...` and by the benchmarks; the engine never
+//! depends on it. It knows Fluvia's SQL crate only for its DataFusion and
+//! its result rendering.
 
-use crate::formats::output::{Cell, parse_csv};
+use fluvia_sql::datafusion;
+use fluvia_sql::formats::output::{Cell, parse_csv};
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{
@@ -168,8 +174,8 @@ fn generate_table(table: &str, session: Session, out: &Path, csv: bool) -> Resul
         }
         // Declared, so readers need not guess (zip codes are strings), with
         // the column statistics a planner orders joins by.
-        let declared = dir.join(crate::formats::schema_file::SCHEMA_FILE);
-        let json = crate::formats::schema_file::schema_file_json(&schema, &stats.declared(&schema));
+        let declared = dir.join(fluvia_sql::formats::schema_file::SCHEMA_FILE);
+        let json = fluvia_sql::formats::schema_file::schema_file_json(&schema, &stats.declared(&schema));
         std::fs::write(&declared, json)
             .map_err(|e| FluviaError::io(format!("writing {}", declared.display()), e))?;
     } else {
@@ -235,7 +241,7 @@ impl ColumnBounds {
         }
     }
 
-    fn declared(&self, schema: &Schema) -> Vec<crate::formats::schema_file::DeclaredColumnStats> {
+    fn declared(&self, schema: &Schema) -> Vec<fluvia_sql::formats::schema_file::DeclaredColumnStats> {
         use datafusion::common::ScalarValue;
         schema
             .fields()
@@ -252,7 +258,7 @@ impl ColumnBounds {
                     };
                     Some(s.to_string())
                 };
-                crate::formats::schema_file::DeclaredColumnStats {
+                fluvia_sql::formats::schema_file::DeclaredColumnStats {
                     min: b.and_then(|(lo, _)| text(lo)),
                     max: b.and_then(|(_, hi)| text(hi)),
                     nulls: Some(nulls),
