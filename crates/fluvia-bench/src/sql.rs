@@ -197,7 +197,7 @@ pub fn run_suite(a: Args) -> Result<()> {
             multiple_input.to_string(),
         );
         config.set(
-            fluvia_core::config::options::FILTERED_BUILD_IN_TASK.key,
+            fluvia_sql::session::options::FILTERED_BUILD_IN_TASK.key,
             build_in_task.to_string(),
         );
         SqlSettings {
@@ -216,7 +216,7 @@ pub fn run_suite(a: Args) -> Result<()> {
         s.config.set(key, value.to_string());
         s
     };
-    use fluvia_core::config::options;
+    use fluvia_sql::session::options;
     // Fluvia with one key changed: a column each, after the others.
     let one_key: Vec<(&str, SqlSettings)> = vec![
         (

@@ -15,8 +15,8 @@ use fluvia_cluster::config as cluster_config;
 use fluvia_cluster::program::{ProgramCatalog, ProgramSpec};
 use fluvia_core::config::options;
 use fluvia_graph::plan;
-use fluvia_sql::session::catalog::Catalog;
 use fluvia_sql::session::TableFormat;
+use fluvia_sql::session::catalog::Catalog;
 use fluvia_tpcds as tpcds;
 use std::io::IsTerminal as _;
 use std::path::PathBuf;
@@ -754,7 +754,11 @@ fn main() -> ExitCode {
             Ok(())
         }
         Command::Config => {
-            for (key, default, about) in options::all().into_iter().chain(cluster_config::all()) {
+            for (key, default, about) in options::all()
+                .into_iter()
+                .chain(fluvia_sql::session::options::all())
+                .chain(cluster_config::all())
+            {
                 println!("{key}\n    default: {default}\n    {about}");
             }
             Ok(())

@@ -6,8 +6,6 @@
 //! depends on it. It knows Fluvia's SQL crate only for its DataFusion and
 //! its result rendering.
 
-use fluvia_sql::datafusion;
-use fluvia_sql::formats::output::{Cell, parse_csv};
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{
@@ -18,6 +16,8 @@ use datafusion::parquet::arrow::ArrowWriter;
 use datafusion::parquet::basic::Compression;
 use datafusion::parquet::file::properties::WriterProperties;
 use fluvia_core::{FluviaError, Result};
+use fluvia_sql::datafusion;
+use fluvia_sql::formats::output::{Cell, parse_csv};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tpcdsgen::config::{Session, SessionBuilder};
@@ -175,7 +175,8 @@ fn generate_table(table: &str, session: Session, out: &Path, csv: bool) -> Resul
         // Declared, so readers need not guess (zip codes are strings), with
         // the column statistics a planner orders joins by.
         let declared = dir.join(fluvia_sql::formats::schema_file::SCHEMA_FILE);
-        let json = fluvia_sql::formats::schema_file::schema_file_json(&schema, &stats.declared(&schema));
+        let json =
+            fluvia_sql::formats::schema_file::schema_file_json(&schema, &stats.declared(&schema));
         std::fs::write(&declared, json)
             .map_err(|e| FluviaError::io(format!("writing {}", declared.display()), e))?;
     } else {
@@ -241,7 +242,10 @@ impl ColumnBounds {
         }
     }
 
-    fn declared(&self, schema: &Schema) -> Vec<fluvia_sql::formats::schema_file::DeclaredColumnStats> {
+    fn declared(
+        &self,
+        schema: &Schema,
+    ) -> Vec<fluvia_sql::formats::schema_file::DeclaredColumnStats> {
         use datafusion::common::ScalarValue;
         schema
             .fields()

@@ -9,6 +9,7 @@ use crate::exec::exchange::OutputOf;
 use crate::formats::file_sink::FileSinkFactory;
 use crate::planning::source_chaining::ReuseGroup;
 use crate::planning::split::Exchange;
+use crate::session::options as sql_options;
 use fluvia_core::config::options;
 use fluvia_core::{ExchangeMode, FluviaError, PartitionerKind, Result, RuntimeMode};
 use fluvia_graph::{JobGraph, JobGraphGenerator, StreamGraph, StreamGraphBuilder};
@@ -114,7 +115,8 @@ impl SqlJob {
         b.chaining_enabled = config.get(&options::CHAINING_ENABLED)?;
         // Branch readers deadlock pipelined unless the inputs of branches a
         // subtask does not run are released at its start.
-        let branches_safe = !self.branch_readers || config.get(&options::RELEASE_UNREAD_INPUTS)?;
+        let branches_safe =
+            !self.branch_readers || config.get(&sql_options::RELEASE_UNREAD_INPUTS)?;
         // The adaptive batch scheduler sizes stages from the bytes their
         // producers wrote into finished partitions (as in Flink, it takes
         // blocking exchanges only).

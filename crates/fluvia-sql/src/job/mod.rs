@@ -32,6 +32,7 @@ use crate::exec::exchange::lock;
 use crate::formats::file_sink::FileSinkSpec;
 use crate::planning::source_chaining::ReuseGroup;
 use crate::planning::split::Exchange;
+use crate::session::options as sql_options;
 use base64::Engine;
 use datafusion::arrow::datatypes::{Schema, SchemaRef};
 use datafusion::error::DataFusionError;
@@ -143,14 +144,14 @@ pub enum ShuffleMode {
 
 impl ShuffleMode {
     pub fn of(config: &Configuration) -> Result<ShuffleMode> {
-        let v = config.get(&options::BATCH_SHUFFLE_MODE)?;
+        let v = config.get(&sql_options::BATCH_SHUFFLE_MODE)?;
         match v.to_ascii_uppercase().as_str() {
             "ALL_EXCHANGES_BLOCKING" => Ok(ShuffleMode::Blocking),
             "ALL_EXCHANGES_PIPELINED" => Ok(ShuffleMode::Pipelined),
             "AUTO" => Ok(ShuffleMode::Auto),
             _ => Err(FluviaError::Config(format!(
                 "{} must be ALL_EXCHANGES_BLOCKING, ALL_EXCHANGES_PIPELINED or AUTO, not '{v}'",
-                options::BATCH_SHUFFLE_MODE.key
+                sql_options::BATCH_SHUFFLE_MODE.key
             ))),
         }
     }
@@ -177,9 +178,9 @@ impl SqlJob {
             "ALL_EXCHANGES_BLOCKING"
         };
         self.config
-            .retain(|(k, _)| k != options::BATCH_SHUFFLE_MODE.key);
+            .retain(|(k, _)| k != sql_options::BATCH_SHUFFLE_MODE.key);
         self.config.push((
-            options::BATCH_SHUFFLE_MODE.key.to_string(),
+            sql_options::BATCH_SHUFFLE_MODE.key.to_string(),
             mode.to_string(),
         ));
         Ok(())

@@ -10,6 +10,7 @@ use crate::formats::codec::FluviaCodec;
 use crate::formats::file_sink::FileSinkSpec;
 use crate::planning::split::{self, CutPolicy, Exchange, StagePlan};
 use crate::session::catalog::Catalog;
+use crate::session::options as sql_options;
 use crate::session::{datafusion_options, session_config};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::error::DataFusionError;
@@ -109,7 +110,7 @@ pub fn planning_context(
 pub fn cut_policy(config: &Configuration) -> Result<CutPolicy> {
     Ok(if !config.get(&options::CHAINING_ENABLED)? {
         CutPolicy::Everything
-    } else if !config.get(&options::MULTIPLE_INPUT)? {
+    } else if !config.get(&sql_options::MULTIPLE_INPUT)? {
         CutPolicy::Joins
     } else {
         CutPolicy::Exchanges
@@ -124,7 +125,8 @@ pub fn plan(req: &PlanRequest) -> std::result::Result<PlannedQuery, PlanError> {
     let options = datafusion_options(req.parallelism, &req.config)?;
     let ctx = planning_context(
         &options,
-        req.config.get(&options::SCALAR_SUBQUERY_JOIN_PUSHDOWN)?,
+        req.config
+            .get(&sql_options::SCALAR_SUBQUERY_JOIN_PUSHDOWN)?,
     )?;
     rt.block_on(req.catalog.register(&ctx))?;
     let registered = started.elapsed();
@@ -138,7 +140,7 @@ pub fn plan(req: &PlanRequest) -> std::result::Result<PlannedQuery, PlanError> {
             Arc::clone(state.config_options()),
         )
     };
-    let split_on_row_groups = req.config.get(&options::SPLIT_SCANS_ON_ROW_GROUPS)?;
+    let split_on_row_groups = req.config.get(&sql_options::SPLIT_SCANS_ON_ROW_GROUPS)?;
     let physical = rt
         .block_on(async {
             let df = ctx.sql(&req.sql).await?;
@@ -161,8 +163,8 @@ pub fn plan(req: &PlanRequest) -> std::result::Result<PlannedQuery, PlanError> {
         .map_err(|e| PlanError::Query(QueryError(e.to_string())))?;
     let planned = started.elapsed();
     let policy = cut_policy(&req.config)?;
-    let filtered_build_in_task = req.config.get(&options::FILTERED_BUILD_IN_TASK)?;
-    let small_build_bytes = req.config.get(&options::SMALL_BUILD_IN_TASK_MAX_SIZE)?;
+    let filtered_build_in_task = req.config.get(&sql_options::FILTERED_BUILD_IN_TASK)?;
+    let small_build_bytes = req.config.get(&sql_options::SMALL_BUILD_IN_TASK_MAX_SIZE)?;
     let mut stage_plan = split::split(
         Arc::clone(&physical),
         policy,
@@ -170,10 +172,14 @@ pub fn plan(req: &PlanRequest) -> std::result::Result<PlannedQuery, PlanError> {
         small_build_bytes,
     )
     .map_err(|e| PlanError::Query(QueryError(e.to_string())))?;
-    if policy == CutPolicy::Exchanges && req.config.get(&options::RUNTIME_FILTER_ENABLED)? {
+    if policy == CutPolicy::Exchanges && req.config.get(&sql_options::RUNTIME_FILTER_ENABLED)? {
         let filters = crate::planning::runtime_filter::RuntimeFilterOptions {
-            max_build_bytes: req.config.get(&options::RUNTIME_FILTER_MAX_BUILD_SIZE)?,
-            min_probe_bytes: req.config.get(&options::RUNTIME_FILTER_MIN_PROBE_SIZE)?,
+            max_build_bytes: req
+                .config
+                .get(&sql_options::RUNTIME_FILTER_MAX_BUILD_SIZE)?,
+            min_probe_bytes: req
+                .config
+                .get(&sql_options::RUNTIME_FILTER_MIN_PROBE_SIZE)?,
         };
         let planted = crate::planning::runtime_filter::plant_runtime_filters(
             &mut stage_plan,
@@ -243,8 +249,8 @@ pub fn plan(req: &PlanRequest) -> std::result::Result<PlannedQuery, PlanError> {
     } else {
         vec![false; stage_plan.stages.len()]
     };
-    let reuse = if req.config.get(&options::REUSE_SOURCE)? {
-        let min_bytes = req.config.get(&options::REUSE_SOURCE_MIN_SIZE)?;
+    let reuse = if req.config.get(&sql_options::REUSE_SOURCE)? {
+        let min_bytes = req.config.get(&sql_options::REUSE_SOURCE_MIN_SIZE)?;
         crate::planning::source_chaining::reuse_groups(&stage_plan, min_bytes)
             .into_iter()
             .filter(|g| g.stages.iter().all(|&s| !adaptive[s]))
@@ -278,7 +284,7 @@ pub fn plan(req: &PlanRequest) -> std::result::Result<PlannedQuery, PlanError> {
                 .any(|s| split::reads_under_union(&s.plan)),
             key_groups: req.config.get(&options::AUTO_PARALLELISM_MAX)?,
             reuse,
-            read_later: if req.config.get(&options::SOURCE_START_ON_DEMAND)? {
+            read_later: if req.config.get(&sql_options::SOURCE_START_ON_DEMAND)? {
                 crate::planning::multiple_input::read_later(&stage_plan)
             } else {
                 Vec::new()
@@ -391,7 +397,7 @@ pub fn check_statement(
     let options = datafusion_options(parallelism, config)?;
     let ctx = planning_context(
         &options,
-        config.get(&options::SCALAR_SUBQUERY_JOIN_PUSHDOWN)?,
+        config.get(&sql_options::SCALAR_SUBQUERY_JOIN_PUSHDOWN)?,
     )?;
     rt.block_on(catalog.register(&ctx))?;
     rt.block_on(async {

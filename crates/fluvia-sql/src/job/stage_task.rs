@@ -9,6 +9,7 @@ use super::{SqlJob, df_err};
 use crate::exec::exchange::{SqlBatch, SqlBatchType, TaskInputs};
 use crate::formats::codec::FluviaCodec;
 use crate::planning::split::{self, Exchange};
+use crate::session::options as sql_options;
 use crate::session::session_config;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::ipc::writer::FileWriter;
@@ -22,7 +23,6 @@ use datafusion::physical_plan::repartition::{BatchPartitioner, RepartitionExec};
 use datafusion_proto::physical_plan::{
     DeduplicatingProtoConverter, PhysicalPlanDecodeContext, PhysicalProtoConverterExtension,
 };
-use fluvia_core::config::options;
 use fluvia_core::{FluviaError, Result};
 use fluvia_network::metrics::IoCounters;
 use fluvia_network::{CancelToken, InputChannelSpec};
@@ -132,11 +132,11 @@ impl TaskDriver for StageDriver {
             by_stage.entry(p).or_default();
         }
         let configuration = self.job.configuration();
-        let release_unread = configuration.get(&options::RELEASE_UNREAD_INPUTS)?;
-        let cluster = configuration.get(&options::CLUSTER_BUILD_SIDE)?;
-        let read_once = configuration.get(&options::READ_BUILD_SIDE_ONCE)?;
-        let end_on_empty_probe = configuration.get(&options::END_JOIN_ON_EMPTY_PROBE)?;
-        let skip_on_pruned_probe = configuration.get(&options::SKIP_BUILD_ON_PRUNED_PROBE)?;
+        let release_unread = configuration.get(&sql_options::RELEASE_UNREAD_INPUTS)?;
+        let cluster = configuration.get(&sql_options::CLUSTER_BUILD_SIDE)?;
+        let read_once = configuration.get(&sql_options::READ_BUILD_SIDE_ONCE)?;
+        let end_on_empty_probe = configuration.get(&sql_options::END_JOIN_ON_EMPTY_PROBE)?;
+        let skip_on_pruned_probe = configuration.get(&sql_options::SKIP_BUILD_ON_PRUNED_PROBE)?;
         let task_inputs = Arc::new(TaskInputs::new(
             by_stage,
             release_unread,

@@ -1,6 +1,6 @@
 //! A SQL session: DataFusion session settings and table registration here,
-//! the statements it takes ([`statement`]) and the tables and views it knows
-//! ([`catalog`]).
+//! the statements it takes ([`statement`]), the tables and views it knows
+//! ([`catalog`]) and SQL's configuration keys ([`options`]).
 //!
 //! The settings make DataFusion plan for a distributed run: partitions are
 //! Fluvia subtasks, so every option that couples partitions inside one
@@ -16,6 +16,7 @@
 //! plan is cut, shipped or run.
 
 pub mod catalog;
+pub mod options;
 pub mod statement;
 
 use crate::formats::schema_file::{SCHEMA_FILE, read_schema_file};
@@ -23,7 +24,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::datasource::file_format::options::ReadOptions;
 use datafusion::execution::context::{SessionConfig, SessionContext};
 use datafusion::prelude::{CsvReadOptions, ParquetReadOptions};
-use fluvia_core::config::{Configuration, options};
+use fluvia_core::config::{Configuration, options as core_options};
 use fluvia_core::{FluviaError, Result};
 use std::path::Path;
 use std::sync::Arc;
@@ -62,12 +63,12 @@ pub fn datafusion_options(
     // RUNTIME_ONLY: no join is broadcast on estimates, only once the
     // scheduler saw a side's real bytes.
     let threshold = match config
-        .get(&options::ADAPTIVE_BROADCAST_JOIN_STRATEGY)?
+        .get(&core_options::ADAPTIVE_BROADCAST_JOIN_STRATEGY)?
         .to_ascii_uppercase()
         .as_str()
     {
         "RUNTIME_ONLY" => 0,
-        _ => config.get(&options::BROADCAST_THRESHOLD)?,
+        _ => config.get(&core_options::BROADCAST_THRESHOLD)?,
     };
     let mut opts: Vec<(String, String)> = vec![
         (

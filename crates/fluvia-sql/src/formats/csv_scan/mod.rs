@@ -79,7 +79,7 @@ impl CsvReader {
             "datafusion" => Ok(CsvReader::DataFusion),
             _ => Err(fluvia_core::FluviaError::Config(format!(
                 "{} must be 'fluvia' or 'datafusion', not '{v}'",
-                fluvia_core::config::options::CSV_READER.key
+                crate::session::options::CSV_READER.key
             ))),
         }
     }
