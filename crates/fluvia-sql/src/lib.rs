@@ -20,11 +20,15 @@
 //! - [`formats`]: CSV reading, Arrow IPC, the fragment codec, file sinks.
 //! - [`inspect`]: facts read off a plan that planning and exec share.
 //!
-//! Dependencies point one way: `job` → `planning` → `exec` → `formats`,
-//! all on `session`'s settings. This is the only crate that knows
-//! DataFusion and Arrow; the runtime sees a [`fluvia_runtime::TaskDriver`]
-//! and bytes. TPC-DS generation and checking is a tool of its own, in
-//! `fluvia-tpcds`.
+//! `job` uses all the others and nothing uses `job`; `planning` places
+//! `exec` nodes, and no `exec` node knows which rule placed it; `session`
+//! registers tables in `formats`. The fragment codec and the sinks in
+//! `formats` know the exchange's reader and batch type. No module imports
+//! one that imports it back.
+//!
+//! This is the only crate that knows DataFusion and Arrow; the runtime sees
+//! a [`fluvia_runtime::TaskDriver`] and bytes. TPC-DS generation and
+//! checking is a tool of its own, in `fluvia-tpcds`.
 
 pub mod exec;
 pub mod formats;

@@ -28,15 +28,11 @@ pub struct Deferred;
 
 impl DeferredExec {
     pub fn new(input: Arc<dyn ExecutionPlan>) -> Self {
-        PassThroughExec::of(input, Deferred)
+        PassThroughExec::of(input, "DeferredExec", Deferred)
     }
 }
 
 impl PassThrough for Deferred {
-    fn name(&self) -> &'static str {
-        "DeferredExec"
-    }
-
     fn execute(
         &self,
         input: &Arc<dyn ExecutionPlan>,
@@ -58,68 +54,15 @@ impl PassThrough for Deferred {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::exec::pass_through::CountExecutions;
     use datafusion::arrow::array::Int32Array;
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
     use datafusion::arrow::record_batch::RecordBatch;
-    use datafusion::common::tree_node::TreeNodeRecursion;
     use datafusion::datasource::memory::MemorySourceConfig;
     use datafusion::error::DataFusionError;
-    use datafusion::physical_expr::EquivalenceProperties;
-    use datafusion::physical_expr::PhysicalExpr;
-    use datafusion::physical_plan::DisplayAs;
-    use datafusion::physical_plan::DisplayFormatType;
     use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
     use datafusion::physical_plan::common::collect;
-    use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-    use datafusion::physical_plan::{Partitioning, PlanProperties};
-    use std::fmt;
     use std::sync::atomic::{AtomicUsize, Ordering};
-
-    /// A one-partition leaf that counts its `execute` calls.
-    #[derive(Debug)]
-    struct Counting {
-        executed: Arc<AtomicUsize>,
-        inner: Arc<dyn ExecutionPlan>,
-        props: Arc<PlanProperties>,
-    }
-
-    impl DisplayAs for Counting {
-        fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-            write!(f, "Counting")
-        }
-    }
-
-    impl ExecutionPlan for Counting {
-        fn name(&self) -> &str {
-            "Counting"
-        }
-        fn properties(&self) -> &Arc<PlanProperties> {
-            &self.props
-        }
-        fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-            vec![]
-        }
-        fn apply_expressions(
-            &self,
-            _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
-        ) -> DfResult<TreeNodeRecursion> {
-            Ok(TreeNodeRecursion::Continue)
-        }
-        fn with_new_children(
-            self: Arc<Self>,
-            _children: Vec<Arc<dyn ExecutionPlan>>,
-        ) -> DfResult<Arc<dyn ExecutionPlan>> {
-            Ok(self)
-        }
-        fn execute(
-            &self,
-            partition: usize,
-            ctx: Arc<TaskContext>,
-        ) -> DfResult<SendableRecordBatchStream> {
-            self.executed.fetch_add(1, Ordering::SeqCst);
-            self.inner.execute(partition, ctx)
-        }
-    }
 
     #[test]
     fn the_input_starts_at_the_first_poll_and_yields_all_rows() -> DfResult<()> {
@@ -130,16 +73,11 @@ mod tests {
         )?;
         let memory = MemorySourceConfig::try_new_exec(&[vec![batch]], Arc::clone(&schema), None)?;
         let executed = Arc::new(AtomicUsize::new(0));
-        let leaf: Arc<dyn ExecutionPlan> = Arc::new(Counting {
-            executed: Arc::clone(&executed),
-            inner: memory,
-            props: Arc::new(PlanProperties::new(
-                EquivalenceProperties::new(Arc::clone(&schema)),
-                Partitioning::UnknownPartitioning(1),
-                EmissionType::Incremental,
-                Boundedness::Bounded,
-            )),
-        });
+        let leaf: Arc<dyn ExecutionPlan> = Arc::new(PassThroughExec::of(
+            memory,
+            "Counting",
+            CountExecutions(Arc::clone(&executed)),
+        ));
         let gather: Arc<dyn ExecutionPlan> = Arc::new(CoalescePartitionsExec::new(leaf));
         let deferred = DeferredExec::new(gather);
         let stream = deferred.execute(0, Arc::new(TaskContext::default()))?;

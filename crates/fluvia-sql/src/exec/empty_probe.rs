@@ -34,7 +34,7 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::JoinType;
 use datafusion::error::{DataFusionError, Result as DfResult};
-use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream, TaskContext};
+use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::joins::HashJoinExec;
@@ -132,17 +132,7 @@ struct ProbeTap {
 }
 
 impl PassThrough for ProbeTap {
-    fn name(&self) -> &'static str {
-        "ProbeTapExec"
-    }
-
-    fn execute(
-        &self,
-        input: &Arc<dyn ExecutionPlan>,
-        partition: usize,
-        ctx: Arc<TaskContext>,
-    ) -> DfResult<SendableRecordBatchStream> {
-        let input = input.execute(partition, ctx)?;
+    fn wrap(&self, input: SendableRecordBatchStream) -> DfResult<SendableRecordBatchStream> {
         let schema = input.schema();
         let shared = Arc::new(Mutex::new(SharedProbe {
             input,
@@ -212,6 +202,7 @@ impl EndOnEmptyProbeExec {
         let watch = Arc::new(Watch::default());
         let probe = Arc::new(ProbeTapExec::of(
             stop_leaves(Arc::clone(probe), &watch.probe_stop, None)?,
+            "ProbeTapExec",
             ProbeTap {
                 watch: Arc::clone(&watch),
             },
@@ -222,6 +213,7 @@ impl EndOnEmptyProbeExec {
         let join = replace_children_if_necessary(Arc::clone(&join), vec![build, probe])?;
         Ok(Arc::new(EndOnEmptyProbeExec::of(
             join,
+            "EndOnEmptyProbeExec",
             EndOnEmptyProbe { watch },
         )))
     }
@@ -257,17 +249,7 @@ fn stop_leaves(
 }
 
 impl PassThrough for EndOnEmptyProbe {
-    fn name(&self) -> &'static str {
-        "EndOnEmptyProbeExec"
-    }
-
-    fn execute(
-        &self,
-        join: &Arc<dyn ExecutionPlan>,
-        partition: usize,
-        ctx: Arc<TaskContext>,
-    ) -> DfResult<SendableRecordBatchStream> {
-        let join = join.execute(partition, ctx)?;
+    fn wrap(&self, join: SendableRecordBatchStream) -> DfResult<SendableRecordBatchStream> {
         Ok(Box::pin(EndOnEmptyProbeStream {
             schema: join.schema(),
             join,
@@ -376,6 +358,7 @@ mod tests {
     use datafusion::common::NullEquality;
     use datafusion::common::tree_node::TreeNodeRecursion;
     use datafusion::datasource::memory::MemorySourceConfig;
+    use datafusion::execution::TaskContext;
     use datafusion::physical_expr::EquivalenceProperties;
     use datafusion::physical_expr::PhysicalExpr;
     use datafusion::physical_expr::expressions::Column;

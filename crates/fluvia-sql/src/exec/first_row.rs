@@ -7,7 +7,7 @@ use crate::exec::pass_through::{PassThrough, PassThroughExec};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::error::Result as DfResult;
-use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::execution::SendableRecordBatchStream;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::StreamExt;
@@ -26,7 +26,7 @@ pub struct FirstRow {
 
 impl FirstRowExec {
     pub fn new(input: Arc<dyn ExecutionPlan>, on_row: Arc<dyn Fn() + Send + Sync>) -> Self {
-        PassThroughExec::of(input, FirstRow { on_row })
+        PassThroughExec::of(input, "FirstRowExec", FirstRow { on_row })
     }
 }
 
@@ -43,17 +43,7 @@ pub fn signal_first_rows(plan: &Arc<dyn ExecutionPlan>) {
 }
 
 impl PassThrough for FirstRow {
-    fn name(&self) -> &'static str {
-        "FirstRowExec"
-    }
-
-    fn execute(
-        &self,
-        input: &Arc<dyn ExecutionPlan>,
-        partition: usize,
-        ctx: Arc<TaskContext>,
-    ) -> DfResult<SendableRecordBatchStream> {
-        let input = input.execute(partition, ctx)?;
+    fn wrap(&self, input: SendableRecordBatchStream) -> DfResult<SendableRecordBatchStream> {
         let schema = input.schema();
         let (on_row, seen) = (Arc::clone(&self.on_row), AtomicBool::new(false));
         let stream = input.map(move |b: DfResult<RecordBatch>| {

@@ -15,30 +15,41 @@ use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, Pla
 use std::fmt;
 use std::sync::Arc;
 
-/// What a [`PassThroughExec`] does with its input's stream.
+/// What a [`PassThroughExec`] does with its input's stream. Most nodes
+/// only change the stream their input gives ([`PassThrough::wrap`]); one
+/// that decides when or whether its input is executed at all implements
+/// [`PassThrough::execute`].
 pub trait PassThrough: Send + Sync + 'static {
-    /// The node's name in plans (`EXPLAIN`, debug logs).
-    fn name(&self) -> &'static str;
-
-    /// The node's stream of partition `partition`, from its input.
+    /// The node's stream of partition `partition`, from its input: by
+    /// default the input's stream of that partition, as `wrap` makes it.
     fn execute(
         &self,
         input: &Arc<dyn ExecutionPlan>,
         partition: usize,
         ctx: Arc<TaskContext>,
-    ) -> DfResult<SendableRecordBatchStream>;
+    ) -> DfResult<SendableRecordBatchStream> {
+        self.wrap(input.execute(partition, ctx)?)
+    }
+
+    /// The node's stream made of its input's (by default that stream).
+    fn wrap(&self, input: SendableRecordBatchStream) -> DfResult<SendableRecordBatchStream> {
+        Ok(input)
+    }
 }
 
 /// Its input's rows, streamed as `P` says.
 pub struct PassThroughExec<P> {
     input: Arc<dyn ExecutionPlan>,
+    /// The node's name in plans (`EXPLAIN`, debug logs).
+    name: &'static str,
     node: Arc<P>,
 }
 
 impl<P: PassThrough> PassThroughExec<P> {
-    pub fn of(input: Arc<dyn ExecutionPlan>, node: P) -> Self {
+    pub fn of(input: Arc<dyn ExecutionPlan>, name: &'static str, node: P) -> Self {
         PassThroughExec {
             input,
+            name,
             node: Arc::new(node),
         }
     }
@@ -51,19 +62,19 @@ impl<P: PassThrough> PassThroughExec<P> {
 
 impl<P: PassThrough> fmt::Debug for PassThroughExec<P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct(self.node.name()).finish()
+        f.debug_struct(self.name).finish()
     }
 }
 
 impl<P: PassThrough> DisplayAs for PassThroughExec<P> {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "{}", self.node.name())
+        write!(f, "{}", self.name)
     }
 }
 
 impl<P: PassThrough> ExecutionPlan for PassThroughExec<P> {
     fn name(&self) -> &str {
-        self.node.name()
+        self.name
     }
 
     fn properties(&self) -> &Arc<PlanProperties> {
@@ -88,11 +99,12 @@ impl<P: PassThrough> ExecutionPlan for PassThroughExec<P> {
         match children.pop() {
             Some(input) if children.is_empty() => Ok(Arc::new(PassThroughExec {
                 input,
+                name: self.name,
                 node: Arc::clone(&self.node),
             })),
             _ => Err(DataFusionError::Internal(format!(
                 "{} takes one child",
-                self.node.name()
+                self.name
             ))),
         }
     }
@@ -103,5 +115,23 @@ impl<P: PassThrough> ExecutionPlan for PassThroughExec<P> {
         ctx: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
         self.node.execute(&self.input, partition, ctx)
+    }
+}
+
+/// Counts the executions of its input (a scan opening its files): for
+/// tests.
+#[cfg(test)]
+pub(crate) struct CountExecutions(pub(crate) Arc<std::sync::atomic::AtomicUsize>);
+
+#[cfg(test)]
+impl PassThrough for CountExecutions {
+    fn execute(
+        &self,
+        input: &Arc<dyn ExecutionPlan>,
+        partition: usize,
+        ctx: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        input.execute(partition, ctx)
     }
 }

@@ -200,15 +200,11 @@ pub struct PrunedProbeGate {
 
 impl PrunedProbeGateExec {
     pub fn new(input: Arc<dyn ExecutionPlan>, scan: Arc<dyn ExecutionPlan>) -> Self {
-        PassThroughExec::of(input, PrunedProbeGate { scan })
+        PassThroughExec::of(input, "PrunedProbeGateExec", PrunedProbeGate { scan })
     }
 }
 
 impl PassThrough for PrunedProbeGate {
-    fn name(&self) -> &'static str {
-        "PrunedProbeGateExec"
-    }
-
     fn execute(
         &self,
         input: &Arc<dyn ExecutionPlan>,

@@ -19,7 +19,7 @@ use crate::exec::exchange::{ReaderStop, lock};
 use crate::exec::pass_through::{PassThrough, PassThroughExec};
 use crate::exec::shared_scan::SharedScanExec;
 use datafusion::error::Result as DfResult;
-use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::execution::SendableRecordBatchStream;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
@@ -98,7 +98,11 @@ pub fn cut_short(plan: &Arc<dyn ExecutionPlan>) -> bool {
 /// `leaf`, its stream ended (and dropped at once, so an exchange reader
 /// releases its own inputs in turn) once `signal` is set.
 pub fn end_leaf_when(leaf: Arc<dyn ExecutionPlan>, signal: EndSignal) -> Arc<dyn ExecutionPlan> {
-    Arc::new(PassThroughExec::of(leaf, EndWhen { signal }))
+    let name = match signal {
+        EndSignal::Released(_) => "EndWhenReleasedExec",
+        EndSignal::Stopped(_) => "EndOnStopExec",
+    };
+    Arc::new(PassThroughExec::of(leaf, name, EndWhen { signal }))
 }
 
 /// A leaf's stream, ended early when its signal is set.
@@ -107,20 +111,7 @@ struct EndWhen {
 }
 
 impl PassThrough for EndWhen {
-    fn name(&self) -> &'static str {
-        match self.signal {
-            EndSignal::Released(_) => "EndWhenReleasedExec",
-            EndSignal::Stopped(_) => "EndOnStopExec",
-        }
-    }
-
-    fn execute(
-        &self,
-        input: &Arc<dyn ExecutionPlan>,
-        partition: usize,
-        ctx: Arc<TaskContext>,
-    ) -> DfResult<SendableRecordBatchStream> {
-        let inner = input.execute(partition, ctx)?;
+    fn wrap(&self, inner: SendableRecordBatchStream) -> DfResult<SendableRecordBatchStream> {
         let schema = inner.schema();
         let signal = self.signal.clone();
         let mut inner = Some(inner);

@@ -68,18 +68,23 @@ impl OperatorFactory for FileSinkFactory {
             writer: None,
             rows: 0,
         });
-        Ok(OperatorInstance::OneInput {
-            input: Box::new(sink),
-            input_type: Arc::new(SqlBatchType {
-                schema: Arc::clone(&self.input),
-            }),
-        })
+        Ok(sink_of(sink, &self.input))
     }
 
     fn output_type(&self) -> Arc<dyn RecordType> {
         Arc::new(SqlBatchType {
             schema: Arc::clone(&self.input),
         })
+    }
+}
+
+/// A sink operator: the batches of a SQL edge of `schema` into `sink`.
+pub(crate) fn sink_of(sink: Box<dyn Output<SqlBatch>>, schema: &SchemaRef) -> OperatorInstance {
+    OperatorInstance::OneInput {
+        input: Box::new(sink),
+        input_type: Arc::new(SqlBatchType {
+            schema: Arc::clone(schema),
+        }),
     }
 }
 

@@ -434,12 +434,7 @@ impl OperatorFactory for SinkFactory {
             writer: Some(writer),
             path: pending,
         });
-        Ok(OperatorInstance::OneInput {
-            input: Box::new(input),
-            input_type: Arc::new(SqlBatchType {
-                schema: Arc::clone(&self.schema),
-            }),
-        })
+        Ok(crate::formats::file_sink::sink_of(input, &self.schema))
     }
 
     fn output_type(&self) -> Arc<dyn RecordType> {

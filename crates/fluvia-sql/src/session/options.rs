@@ -154,95 +154,36 @@ pub const READ_BUILD_SIDE_ONCE: ConfigOption<bool> = ConfigOption {
     description: "SQL: a broadcast hash join's build side that every subtask reads whole from the same files (a dimension table kept in the join's task) is read, filtered and clustered by one subtask per process for all the others of its stage, which wait for it and never open the files; false has each subtask read its own. Needs table.exec.hash-join.cluster-build-side.",
 };
 
+/// An option's (key, default as text, description).
+fn entry<T: ToString>(option: &ConfigOption<T>) -> (&'static str, String, &'static str) {
+    (option.key, option.default.to_string(), option.description)
+}
+
 /// (key, default as text, description) of every SQL option, for docs and
 /// `fluvia config`.
 pub fn all() -> Vec<(&'static str, String, &'static str)> {
     vec![
-        (
-            MULTIPLE_INPUT.key,
-            MULTIPLE_INPUT.default.to_string(),
-            MULTIPLE_INPUT.description,
-        ),
-        (
-            BATCH_SHUFFLE_MODE.key,
-            BATCH_SHUFFLE_MODE.default.to_string(),
-            BATCH_SHUFFLE_MODE.description,
-        ),
-        (
-            FILTERED_BUILD_IN_TASK.key,
-            FILTERED_BUILD_IN_TASK.default.to_string(),
-            FILTERED_BUILD_IN_TASK.description,
-        ),
+        entry(&MULTIPLE_INPUT),
+        entry(&BATCH_SHUFFLE_MODE),
+        entry(&FILTERED_BUILD_IN_TASK),
         (
             SMALL_BUILD_IN_TASK_MAX_SIZE.key,
             "1536 kb".to_string(),
             SMALL_BUILD_IN_TASK_MAX_SIZE.description,
         ),
-        (
-            CSV_READER.key,
-            CSV_READER.default.to_string(),
-            CSV_READER.description,
-        ),
-        (
-            REUSE_SOURCE.key,
-            REUSE_SOURCE.default.to_string(),
-            REUSE_SOURCE.description,
-        ),
-        (
-            SCALAR_SUBQUERY_JOIN_PUSHDOWN.key,
-            SCALAR_SUBQUERY_JOIN_PUSHDOWN.default.to_string(),
-            SCALAR_SUBQUERY_JOIN_PUSHDOWN.description,
-        ),
-        (
-            RELEASE_UNREAD_INPUTS.key,
-            RELEASE_UNREAD_INPUTS.default.to_string(),
-            RELEASE_UNREAD_INPUTS.description,
-        ),
-        (
-            SOURCE_START_ON_DEMAND.key,
-            SOURCE_START_ON_DEMAND.default.to_string(),
-            SOURCE_START_ON_DEMAND.description,
-        ),
-        (
-            END_JOIN_ON_EMPTY_PROBE.key,
-            END_JOIN_ON_EMPTY_PROBE.default.to_string(),
-            END_JOIN_ON_EMPTY_PROBE.description,
-        ),
-        (
-            SKIP_BUILD_ON_PRUNED_PROBE.key,
-            SKIP_BUILD_ON_PRUNED_PROBE.default.to_string(),
-            SKIP_BUILD_ON_PRUNED_PROBE.description,
-        ),
-        (
-            SPLIT_SCANS_ON_ROW_GROUPS.key,
-            SPLIT_SCANS_ON_ROW_GROUPS.default.to_string(),
-            SPLIT_SCANS_ON_ROW_GROUPS.description,
-        ),
-        (
-            RUNTIME_FILTER_ENABLED.key,
-            RUNTIME_FILTER_ENABLED.default.to_string(),
-            RUNTIME_FILTER_ENABLED.description,
-        ),
-        (
-            RUNTIME_FILTER_MAX_BUILD_SIZE.key,
-            RUNTIME_FILTER_MAX_BUILD_SIZE.default.to_string(),
-            RUNTIME_FILTER_MAX_BUILD_SIZE.description,
-        ),
-        (
-            RUNTIME_FILTER_MIN_PROBE_SIZE.key,
-            RUNTIME_FILTER_MIN_PROBE_SIZE.default.to_string(),
-            RUNTIME_FILTER_MIN_PROBE_SIZE.description,
-        ),
-        (
-            CLUSTER_BUILD_SIDE.key,
-            CLUSTER_BUILD_SIDE.default.to_string(),
-            CLUSTER_BUILD_SIDE.description,
-        ),
-        (
-            READ_BUILD_SIDE_ONCE.key,
-            READ_BUILD_SIDE_ONCE.default.to_string(),
-            READ_BUILD_SIDE_ONCE.description,
-        ),
+        entry(&CSV_READER),
+        entry(&REUSE_SOURCE),
+        entry(&SCALAR_SUBQUERY_JOIN_PUSHDOWN),
+        entry(&RELEASE_UNREAD_INPUTS),
+        entry(&SOURCE_START_ON_DEMAND),
+        entry(&END_JOIN_ON_EMPTY_PROBE),
+        entry(&SKIP_BUILD_ON_PRUNED_PROBE),
+        entry(&SPLIT_SCANS_ON_ROW_GROUPS),
+        entry(&RUNTIME_FILTER_ENABLED),
+        entry(&RUNTIME_FILTER_MAX_BUILD_SIZE),
+        entry(&RUNTIME_FILTER_MIN_PROBE_SIZE),
+        entry(&CLUSTER_BUILD_SIDE),
+        entry(&READ_BUILD_SIDE_ONCE),
         (
             REUSE_SOURCE_MIN_SIZE.key,
             "64 mb".to_string(),

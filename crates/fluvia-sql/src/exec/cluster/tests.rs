@@ -461,25 +461,6 @@ fn read_once_node(
     Arc::new(node)
 }
 
-/// Counts the executions of its input (a scan opening its files).
-struct Opened(Arc<std::sync::atomic::AtomicUsize>);
-
-impl crate::exec::pass_through::PassThrough for Opened {
-    fn name(&self) -> &'static str {
-        "OpenedExec"
-    }
-
-    fn execute(
-        &self,
-        input: &Arc<dyn ExecutionPlan>,
-        partition: usize,
-        ctx: Arc<TaskContext>,
-    ) -> DfResult<SendableRecordBatchStream> {
-        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        input.execute(partition, ctx)
-    }
-}
-
 /// The second subtask never runs its input, and what the first row of
 /// that input would have started (a probe side's scans) still starts.
 #[test]
@@ -490,7 +471,11 @@ fn a_build_side_read_once_is_read_by_one_subtask_for_all() {
     let input = repeating(40_000);
     let (opened, first_rows) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let wrap = |scan: Arc<dyn ExecutionPlan>| -> Arc<dyn ExecutionPlan> {
-        let counted = Arc::new(PassThroughExec::of(scan, Opened(Arc::clone(&opened))));
+        let counted = Arc::new(PassThroughExec::of(
+            scan,
+            "OpenedExec",
+            crate::exec::pass_through::CountExecutions(Arc::clone(&opened)),
+        ));
         let rows = Arc::clone(&first_rows);
         Arc::new(crate::exec::first_row::FirstRowExec::new(
             counted,
@@ -571,18 +556,8 @@ fn a_scan_is_shared_only_with_dynamic_filters_of_shared_build_sides() {
 struct WaitsOnce;
 
 impl crate::exec::pass_through::PassThrough for WaitsOnce {
-    fn name(&self) -> &'static str {
-        "WaitsOnceExec"
-    }
-
-    fn execute(
-        &self,
-        input: &Arc<dyn ExecutionPlan>,
-        partition: usize,
-        ctx: Arc<TaskContext>,
-    ) -> DfResult<SendableRecordBatchStream> {
+    fn wrap(&self, rows: SendableRecordBatchStream) -> DfResult<SendableRecordBatchStream> {
         use futures::StreamExt;
-        let rows = input.execute(partition, ctx)?;
         let schema = rows.schema();
         let waited = futures::stream::once(tokio::task::yield_now())
             .filter_map(|()| async { None::<DfResult<RecordBatch>> });
@@ -605,7 +580,9 @@ fn a_build_side_read_for_all_goes_on_while_the_first_subtasks_thread_is_blocked(
     // A scan waits for its file read once before its rows come.
     let slow = |scan| -> Arc<dyn ExecutionPlan> {
         Arc::new(crate::exec::pass_through::PassThroughExec::of(
-            scan, WaitsOnce,
+            scan,
+            "WaitsOnceExec",
+            WaitsOnce,
         ))
     };
     let first = read_once_node(&input, &shared, (4, "j".into(), 0), slow);
