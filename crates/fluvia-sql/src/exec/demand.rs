@@ -104,15 +104,12 @@ mod tests {
     use datafusion::arrow::array::Int64Array;
     use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
     use datafusion::arrow::record_batch::RecordBatch;
-    use datafusion::common::NullEquality;
     use datafusion::common::tree_node::TreeNodeRecursion;
     use datafusion::datasource::memory::MemorySourceConfig;
     use datafusion::logical_expr::JoinType;
     use datafusion::physical_expr::PhysicalExpr;
     use datafusion::physical_expr::expressions::Column;
     use datafusion::physical_plan::collect;
-    use datafusion::physical_plan::joins::HashJoinExec;
-    use datafusion::physical_plan::joins::PartitionMode;
     use datafusion::prelude::SessionContext;
     use fluvia_network::metrics::IoCounters;
     use fluvia_network::{CancelToken, InputChannelSpec, LocalInputChannel, ResultPartition};
@@ -138,21 +135,16 @@ mod tests {
         let build = MemorySourceConfig::try_new_exec(&[vec![batch]], schema("b"), None).unwrap();
         let probe: Arc<dyn ExecutionPlan> =
             Arc::new(ExchangeReaderExec::new(1, schema("p"), 1, ReaderFacts::default()).unwrap());
-        let join = HashJoinExec::try_new(
+        let join = crate::exec::collect_left_join(
             build,
             probe,
             vec![(
                 Arc::new(Column::new("b", 0)) as Arc<dyn PhysicalExpr>,
                 Arc::new(Column::new("p", 0)) as Arc<dyn PhysicalExpr>,
             )],
-            None,
             &join_type,
             None,
-            PartitionMode::CollectLeft,
-            NullEquality::NullEqualsNothing,
-            false,
-        )
-        .unwrap();
+        );
         let channel = InputChannelSpec {
             channel: LocalInputChannel::new(Arc::clone(producer), 0, 0).unwrap(),
             input_index: 1,

@@ -355,19 +355,13 @@ mod tests {
     use super::*;
     use datafusion::arrow::array::Int32Array;
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
-    use datafusion::common::NullEquality;
-    use datafusion::common::tree_node::TreeNodeRecursion;
     use datafusion::datasource::memory::MemorySourceConfig;
     use datafusion::execution::TaskContext;
-    use datafusion::physical_expr::EquivalenceProperties;
     use datafusion::physical_expr::PhysicalExpr;
     use datafusion::physical_expr::expressions::Column;
     use datafusion::physical_plan::common::collect;
-    use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-    use datafusion::physical_plan::joins::PartitionMode;
     use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-    use datafusion::physical_plan::{DisplayAs, DisplayFormatType};
-    use datafusion::physical_plan::{Partitioning, PlanProperties};
+    use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
 
     fn schema() -> SchemaRef {
         Arc::new(Schema::new(vec![Field::new("k", DataType::Int32, false)]))
@@ -382,63 +376,31 @@ mod tests {
     }
 
     /// A build side that delivers rows and never ends (its producer is
-    /// still running).
+    /// still running): a leaf.
     #[derive(Debug)]
-    struct Endless {
-        props: Arc<PlanProperties>,
-    }
+    struct Endless(SchemaRef);
 
     impl Endless {
         fn plan() -> Arc<dyn ExecutionPlan> {
-            Arc::new(Endless {
-                props: Arc::new(PlanProperties::new(
-                    EquivalenceProperties::new(schema()),
-                    Partitioning::UnknownPartitioning(1),
-                    EmissionType::Incremental,
-                    Boundedness::Bounded,
-                )),
-            })
+            let partitions: Vec<Arc<dyn PartitionStream>> = vec![Arc::new(Endless(schema()))];
+            Arc::new(
+                StreamingTableExec::try_new(schema(), partitions, None, vec![], false, None)
+                    .expect("endless"),
+            )
         }
     }
 
-    impl DisplayAs for Endless {
-        fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-            write!(f, "Endless")
+    impl PartitionStream for Endless {
+        fn schema(&self) -> &SchemaRef {
+            &self.0
         }
-    }
 
-    impl ExecutionPlan for Endless {
-        fn name(&self) -> &str {
-            "Endless"
-        }
-        fn properties(&self) -> &Arc<PlanProperties> {
-            &self.props
-        }
-        fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-            vec![]
-        }
-        fn apply_expressions(
-            &self,
-            _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
-        ) -> DfResult<TreeNodeRecursion> {
-            Ok(TreeNodeRecursion::Continue)
-        }
-        fn with_new_children(
-            self: Arc<Self>,
-            _children: Vec<Arc<dyn ExecutionPlan>>,
-        ) -> DfResult<Arc<dyn ExecutionPlan>> {
-            Ok(self)
-        }
-        fn execute(
-            &self,
-            _partition: usize,
-            _ctx: Arc<TaskContext>,
-        ) -> DfResult<SendableRecordBatchStream> {
+        fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
             let first = futures::stream::once(async { Ok(batch(vec![1, 2])) });
-            Ok(Box::pin(RecordBatchStreamAdapter::new(
+            Box::pin(RecordBatchStreamAdapter::new(
                 schema(),
                 first.chain(futures::stream::pending()),
-            )))
+            ))
         }
     }
 
@@ -448,20 +410,13 @@ mod tests {
         join_type: JoinType,
     ) -> Arc<dyn ExecutionPlan> {
         let k: Arc<dyn PhysicalExpr> = Arc::new(Column::new("k", 0));
-        Arc::new(
-            HashJoinExec::try_new(
-                build,
-                probe,
-                vec![(Arc::clone(&k), k)],
-                None,
-                &join_type,
-                None,
-                PartitionMode::CollectLeft,
-                NullEquality::NullEqualsNothing,
-                false,
-            )
-            .expect("join"),
-        )
+        Arc::new(crate::exec::collect_left_join(
+            build,
+            probe,
+            vec![(Arc::clone(&k), k)],
+            &join_type,
+            None,
+        ))
     }
 
     fn runtime() -> tokio::runtime::Runtime {

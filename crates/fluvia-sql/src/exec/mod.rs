@@ -29,3 +29,28 @@ pub mod pass_through;
 pub mod pruned_probe;
 pub mod released;
 pub mod shared_scan;
+
+/// A collect-left hash join of `build` and `probe` on one pair of keys
+/// (`projection`: the columns it keeps), for tests.
+#[cfg(test)]
+pub(crate) fn collect_left_join(
+    build: std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+    probe: std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+    on: datafusion::physical_plan::joins::utils::JoinOn,
+    join_type: &datafusion::logical_expr::JoinType,
+    projection: Option<Vec<usize>>,
+) -> datafusion::physical_plan::joins::HashJoinExec {
+    use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+    HashJoinExec::try_new(
+        build,
+        probe,
+        on,
+        None,
+        join_type,
+        projection,
+        PartitionMode::CollectLeft,
+        datafusion::common::NullEquality::NullEqualsNothing,
+        false,
+    )
+    .expect("join")
+}

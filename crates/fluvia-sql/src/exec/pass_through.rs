@@ -125,13 +125,8 @@ pub(crate) struct CountExecutions(pub(crate) Arc<std::sync::atomic::AtomicUsize>
 
 #[cfg(test)]
 impl PassThrough for CountExecutions {
-    fn execute(
-        &self,
-        input: &Arc<dyn ExecutionPlan>,
-        partition: usize,
-        ctx: Arc<TaskContext>,
-    ) -> DfResult<SendableRecordBatchStream> {
+    fn wrap(&self, input: SendableRecordBatchStream) -> DfResult<SendableRecordBatchStream> {
         self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        input.execute(partition, ctx)
+        Ok(input)
     }
 }

@@ -456,23 +456,16 @@ mod tests {
                     .unwrap(),
             )
         };
-        let join: Arc<dyn ExecutionPlan> = Arc::new(
-            HashJoinExec::try_new(
-                reader(0, &build),
-                reader(1, &probe),
-                vec![(
-                    Arc::new(Column::new("dim", 0)) as Arc<dyn PhysicalExpr>,
-                    Arc::new(Column::new("fact", 0)) as Arc<dyn PhysicalExpr>,
-                )],
-                None,
-                &shape.join_type,
-                None,
-                PartitionMode::CollectLeft,
-                NullEquality::NullEqualsNothing,
-                false,
-            )
-            .unwrap(),
-        );
+        let join: Arc<dyn ExecutionPlan> = Arc::new(crate::exec::collect_left_join(
+            reader(0, &build),
+            reader(1, &probe),
+            vec![(
+                Arc::new(Column::new("dim", 0)) as Arc<dyn PhysicalExpr>,
+                Arc::new(Column::new("fact", 0)) as Arc<dyn PhysicalExpr>,
+            )],
+            &shape.join_type,
+            None,
+        ));
         let stage = |plan: Arc<dyn ExecutionPlan>, exchange, consumer, inputs| Stage {
             plan,
             parallelism: 1,

@@ -12,7 +12,6 @@ use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::metrics::Count;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use std::collections::HashSet;
@@ -140,11 +139,9 @@ fn sorted_count(plan: &Arc<dyn ExecutionPlan>) -> usize {
 
 #[test]
 fn a_join_over_a_clustered_build_side_returns_the_same_rows() {
-    use datafusion::common::NullEquality;
     use datafusion::datasource::memory::MemorySourceConfig;
     use datafusion::logical_expr::JoinType;
     use datafusion::physical_plan::collect;
-    use datafusion::physical_plan::joins::PartitionMode;
 
     // Build: 40,000 rows over 500 keys; probe: keys 0..1,000 twice.
     let build = batch((0..40_000).map(|i| (i * 7) % 500).collect());
@@ -156,20 +153,13 @@ fn a_join_over_a_clustered_build_side_returns_the_same_rows() {
     // Two joins: a rewritten join keeps the build-side state of the
     // one it was made from, so that one must not have run.
     let join = || -> Arc<dyn ExecutionPlan> {
-        Arc::new(
-            HashJoinExec::try_new(
-                scan(&build),
-                scan(&probe),
-                vec![(key()[0].clone(), key()[0].clone())],
-                None,
-                &JoinType::Inner,
-                Some(vec![0, 1, 3]),
-                PartitionMode::CollectLeft,
-                NullEquality::NullEqualsNothing,
-                false,
-            )
-            .expect("join"),
-        )
+        Arc::new(crate::exec::collect_left_join(
+            scan(&build),
+            scan(&probe),
+            vec![(key()[0].clone(), key()[0].clone())],
+            &JoinType::Inner,
+            Some(vec![0, 1, 3]),
+        ))
     };
     let clustered = cluster_build_sides(join()).expect("rewrite");
     let ctx = Arc::new(TaskContext::default());
