@@ -1,6 +1,7 @@
 //! TPC-DS, a tool beside the engine: data generation with `tpcdsgen` (the
 //! generator of the reference answers), table checksums, the statements of
-//! a query file, and comparison of results with answers.
+//! a query file, and the verdict on each statement a runner ran: its rows
+//! compared with the answers, or its error judged.
 //!
 //! Used by `fluvia tpcds ...` and by the benchmarks; the engine never
 //! depends on it. It knows Fluvia's SQL crate only for its DataFusion and
@@ -498,4 +499,43 @@ pub fn compare(
         }
     }
     Ok(())
+}
+
+/// The verdict on statement `k` of query `q` that ran: `pass`, or `FAIL`
+/// and why, from the answer file of `answers`.
+pub fn check_answer(
+    answers: &Path,
+    q: usize,
+    k: usize,
+    batches: &[RecordBatch],
+    schema: &SchemaRef,
+) -> String {
+    let path = answer_path(answers, q, k);
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return format!("FAIL no answer {}", path.display());
+    };
+    let rows = match fluvia_sql::formats::output::render(batches) {
+        Ok(r) => r,
+        Err(e) => return format!("FAIL {e}"),
+    };
+    let numeric: Vec<bool> = schema
+        .fields()
+        .iter()
+        .map(|f| fluvia_sql::formats::output::is_numeric(f.data_type()))
+        .collect();
+    match compare(&rows, &text, &numeric) {
+        Ok(()) => "pass".to_string(),
+        Err(e) => format!("FAIL {e}"),
+    }
+}
+
+/// The verdict on a statement of query `q` that failed with `error`.
+pub fn error_verdict(q: usize, error: &str) -> String {
+    let msg = error.replace('\n', " ");
+    // q90 divides by a count that is 0 at small scales.
+    if q == 90 && msg.contains("Divide by zero") {
+        "pass (division by zero, accepted)".to_string()
+    } else {
+        format!("FAIL error: {msg}")
+    }
 }
