@@ -10,8 +10,9 @@
 //!   tables and views, DataFusion's settings for a distributed run.
 //! - [`planning`]: the rules on the physical plan: stage splitting
 //!   ([`planning::split`]), the multiple-input operator
-//!   ([`planning::multiple_input`]), source chaining and reuse
-//!   ([`planning::source_chaining`]), broadcast, runtime filters,
+//!   ([`planning::multiple_input`]), source chaining
+//!   ([`planning::source_chaining`]) and reuse ([`planning::source_reuse`]),
+//!   broadcast, runtime filters,
 //!   scalar-subquery pushdown, row-group splits.
 //! - [`job`]: a statement planned into a [`job::SqlJob`], its JobGraph
 //!   translation, and the task-side stage driver.

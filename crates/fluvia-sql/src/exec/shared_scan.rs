@@ -1,5 +1,5 @@
 //! The shared scan of a task that runs several fragments of a reuse group
-//! (see `planning::source_chaining`): [`share_scans`] turns the scans
+//! (see `planning::source_reuse`): [`share_scans`] turns the scans
 //! that are the same for this subtask into one read, with the union of
 //! their columns and the disjunction of their filters, whose batches
 //! [`SharedScanExec`] leaves hand to every consumer; each consumer keeps
@@ -496,7 +496,7 @@ impl Drop for SharedStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::planning::source_chaining::reuse_groups;
+    use crate::planning::source_reuse::reuse_groups;
     use crate::planning::split::{Exchange, Stage, StagePlan};
     use datafusion::arrow::array::{Array, Int64Array};
     use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};

@@ -1,13 +1,13 @@
 //! A [`SqlJob`] as a StreamGraph (one node per task, a sink, an edge per
 //! stage's exchange) and a JobGraph with the operators of every process.
 //! Which stages share a task (a reuse group: a shared source chained to
-//! several fragments) is [`crate::planning::source_chaining`]'s decision.
+//! several fragments) is [`crate::planning::source_reuse`]'s decision.
 
 use super::stage_task::{SinkFactory, StageFactory};
 use super::{ShuffleMode, SqlJob, decode_schema};
 use crate::exec::exchange::OutputOf;
 use crate::formats::file_sink::FileSinkFactory;
-use crate::planning::source_chaining::ReuseGroup;
+use crate::planning::source_reuse::ReuseGroup;
 use crate::planning::split::Exchange;
 use crate::session::options as sql_options;
 use fluvia_core::config::options;

@@ -30,7 +30,7 @@ pub use stage_task::read_result;
 
 use crate::exec::exchange::lock;
 use crate::formats::file_sink::FileSinkSpec;
-use crate::planning::source_chaining::ReuseGroup;
+use crate::planning::source_reuse::ReuseGroup;
 use crate::planning::split::Exchange;
 use crate::session::options as sql_options;
 use base64::Engine;

@@ -163,15 +163,12 @@ pub fn plan(req: &PlanRequest) -> std::result::Result<PlannedQuery, PlanError> {
         .map_err(|e| PlanError::Query(QueryError(e.to_string())))?;
     let planned = started.elapsed();
     let policy = cut_policy(&req.config)?;
-    let filtered_build_in_task = req.config.get(&sql_options::FILTERED_BUILD_IN_TASK)?;
-    let small_build_bytes = req.config.get(&sql_options::SMALL_BUILD_IN_TASK_MAX_SIZE)?;
-    let mut stage_plan = split::split(
-        Arc::clone(&physical),
-        policy,
-        filtered_build_in_task,
-        small_build_bytes,
-    )
-    .map_err(|e| PlanError::Query(QueryError(e.to_string())))?;
+    let chaining = crate::planning::source_chaining::SourceChaining {
+        filtered_build_in_task: req.config.get(&sql_options::FILTERED_BUILD_IN_TASK)?,
+        small_build_bytes: req.config.get(&sql_options::SMALL_BUILD_IN_TASK_MAX_SIZE)?,
+    };
+    let mut stage_plan = split::split(Arc::clone(&physical), policy, chaining)
+        .map_err(|e| PlanError::Query(QueryError(e.to_string())))?;
     if policy == CutPolicy::Exchanges && req.config.get(&sql_options::RUNTIME_FILTER_ENABLED)? {
         let filters = crate::planning::runtime_filter::RuntimeFilterOptions {
             max_build_bytes: req
@@ -251,7 +248,7 @@ pub fn plan(req: &PlanRequest) -> std::result::Result<PlannedQuery, PlanError> {
     };
     let reuse = if req.config.get(&sql_options::REUSE_SOURCE)? {
         let min_bytes = req.config.get(&sql_options::REUSE_SOURCE_MIN_SIZE)?;
-        crate::planning::source_chaining::reuse_groups(&stage_plan, min_bytes)
+        crate::planning::source_reuse::reuse_groups(&stage_plan, min_bytes)
             .into_iter()
             .filter(|g| g.stages.iter().all(|&s| !adaptive[s]))
             .collect()

@@ -3,7 +3,8 @@
 //! broadcasting its build side would duplicate rows or cost more than the
 //! shuffle it saves ([`BroadcastSafety`]).
 
-use crate::planning::split::{partitions, row_wise};
+use crate::inspect::partitions;
+use crate::planning::split::row_wise;
 use datafusion::common::JoinType;
 use datafusion::config::ConfigOptions;
 use datafusion::error::Result as DfResult;

@@ -6,8 +6,10 @@
 //!   hash, broadcast, global), adaptive and skew-splittable stages.
 //! - [`multiple_input`]: the operators no exchange separates, fused into one
 //!   multiple-input task with input read priorities (build before probe).
-//! - [`source_chaining`]: source reuse, stages that scan the same files run
-//!   as one task whose shared scan is chained to each of them.
+//! - [`source_chaining`]: a broadcast build side that is a plain scan
+//!   stays in its join's task, chained into the multiple-input operator.
+//! - [`source_reuse`]: stages that scan the same files run as one task
+//!   whose shared scan is chained to each of them.
 //! - [`broadcast`]: broadcast for small build sides, where it is safe.
 //! - [`runtime_filter`]: runtime filters that cross a task.
 //! - [`scalar_join`]: scalar-subquery joins pushed down to their table.
@@ -23,4 +25,5 @@ pub mod row_group_split;
 pub mod runtime_filter;
 pub mod scalar_join;
 pub mod source_chaining;
+pub mod source_reuse;
 pub mod split;

@@ -24,7 +24,8 @@
 
 use crate::exec::exchange::ExchangeReaderExec;
 use crate::inspect::dynamic_filter_ids;
-use crate::planning::split::{Exchange, StagePlan, file_bytes, is_plain_pipeline};
+use crate::inspect::{file_bytes, is_plain_pipeline};
+use crate::planning::split::{Exchange, StagePlan};
 use datafusion::common::{JoinSide, JoinType, NullEquality};
 use datafusion::config::ConfigOptions;
 use datafusion::datasource::physical_plan::FileScanConfig;
@@ -288,7 +289,7 @@ fn scanned_bytes(plan: &Arc<dyn ExecutionPlan>) -> u64 {
     let own = plan
         .downcast_ref::<DataSourceExec>()
         .and_then(|ds| ds.data_source().downcast_ref::<FileScanConfig>())
-        .map_or(0, crate::planning::split::scan_bytes);
+        .map_or(0, crate::inspect::scan_bytes);
     own + plan.children().into_iter().map(scanned_bytes).sum::<u64>()
 }
 

@@ -21,23 +21,24 @@
 //! ([`task_view`]).
 
 use crate::exec::exchange::{ExchangeReaderExec, ReaderFacts};
-use crate::inspect::dynamic_filter_ids;
+use crate::inspect::{dynamic_filter_ids, is_join, is_plain_pipeline, partitions};
+use crate::planning::source_chaining::SourceChaining;
 use datafusion::common::{JoinType, not_impl_err};
 use datafusion::datasource::physical_plan::FileScanConfig;
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::Result as DfResult;
 use datafusion::physical_expr::{Partitioning, PhysicalExpr};
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::joins::{
-    CrossJoinExec, HashJoinExec, NestedLoopJoinExec, PartitionMode, SortMergeJoinExec,
+    CrossJoinExec, HashJoinExec, NestedLoopJoinExec, PartitionMode,
 };
 use datafusion::physical_plan::limit::GlobalLimitExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use datafusion::physical_plan::union::UnionExec;
-use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
@@ -107,22 +108,11 @@ impl StagePlan {
     }
 }
 
-pub(crate) fn partitions(plan: &Arc<dyn ExecutionPlan>) -> usize {
-    plan.output_partitioning().partition_count()
-}
-
 fn is_collect_left(plan: &Arc<dyn ExecutionPlan>) -> bool {
     if let Some(hj) = plan.downcast_ref::<HashJoinExec>() {
         return *hj.partition_mode() == PartitionMode::CollectLeft;
     }
     plan.is::<NestedLoopJoinExec>() || plan.is::<CrossJoinExec>()
-}
-
-fn is_join(plan: &Arc<dyn ExecutionPlan>) -> bool {
-    plan.is::<HashJoinExec>()
-        || plan.is::<NestedLoopJoinExec>()
-        || plan.is::<CrossJoinExec>()
-        || plan.is::<SortMergeJoinExec>()
 }
 
 fn with_fetch(plan: Arc<dyn ExecutionPlan>, fetch: Option<usize>) -> Arc<dyn ExecutionPlan> {
@@ -135,39 +125,11 @@ fn with_fetch(plan: Arc<dyn ExecutionPlan>, fetch: Option<usize>) -> Arc<dyn Exe
 struct Splitter {
     stages: Vec<Stage>,
     policy: CutPolicy,
-    /// Keep a build side that carries runtime filters of the joins above it
-    /// in their fragment (see [`split`]).
-    filtered_build_in_task: bool,
-    /// Keep a build side that is a plain scan pipeline over at most this
-    /// many bytes of files in its join's fragment (0: never).
-    small_build_bytes: u64,
+    /// Which build sides stay in their join's fragment.
+    chaining: SourceChaining,
     /// Ids of the dynamic filters produced by the joins on the path from
     /// the current fragment's root to the node being visited.
     filters_above: Vec<u64>,
-}
-
-/// Bytes of files the scans of `plan` read; None if a leaf is not a file
-/// scan.
-pub(crate) fn file_bytes(plan: &Arc<dyn ExecutionPlan>) -> Option<u64> {
-    let children = plan.children();
-    if children.is_empty() {
-        let ds = plan.downcast_ref::<DataSourceExec>()?;
-        let config = ds.data_source().downcast_ref::<FileScanConfig>()?;
-        return Some(crate::planning::split::scan_bytes(config));
-    }
-    children.into_iter().map(file_bytes).sum()
-}
-
-/// Whether `plan` runs entirely in one task: no exchange and no join
-/// (which could want one) anywhere in it.
-pub(crate) fn is_plain_pipeline(plan: &Arc<dyn ExecutionPlan>) -> bool {
-    !(plan.is::<RepartitionExec>()
-        || plan.is::<CoalescePartitionsExec>()
-        || plan.is::<SortPreservingMergeExec>()
-        || plan.is::<ExchangeReaderExec>()
-        || plan.is::<UnionExec>()
-        || is_join(plan))
-        && plan.children().into_iter().all(is_plain_pipeline)
 }
 
 /// Whether `plan` (a fragment's part, its cut inputs already exchange
@@ -219,28 +181,9 @@ impl Splitter {
     }
 
     /// Whether the build side `child` of a broadcast join stays in the
-    /// join's fragment: a plain scan pipeline (gathered, or of one
-    /// partition) whose scans carry
-    /// dynamic filters of joins of this fragment. Each subtask then reads
-    /// it whole, after those joins built their tables (a join reads its
-    /// build side before its probe side, and the filtered scan is on the
-    /// probe side of the joins that filter it), so the filters prune it
-    /// as they do in DataFusion's single process. Broadcast from its own
-    /// task it would be read before any of them exist.
+    /// join's fragment, chained into it (see [`SourceChaining`]).
     fn keeps_build(&self, child: &Arc<dyn ExecutionPlan>) -> bool {
-        if !self.filtered_build_in_task || self.policy != CutPolicy::Exchanges {
-            return false;
-        }
-        let scan = match child.downcast_ref::<CoalescePartitionsExec>() {
-            Some(c) => c.input(),
-            None if partitions(child) == 1 => child,
-            None => return false,
-        };
-        is_plain_pipeline(scan)
-            && (dynamic_filter_ids(scan)
-                .iter()
-                .any(|id| self.filters_above.contains(id))
-                || file_bytes(scan).is_some_and(|b| b <= self.small_build_bytes))
+        self.policy == CutPolicy::Exchanges && self.chaining.keeps_build(child, &self.filters_above)
     }
 
     /// A build side that only projects or filters gathered rows (a scalar
@@ -439,21 +382,17 @@ fn connect(plan: &Arc<dyn ExecutionPlan>, offset: usize, consumer: usize, stages
     }
 }
 
-/// Cuts `plan` into stages. With `filtered_build_in_task`, a broadcast
-/// build side that is a plain scan carrying runtime filters of the joins
-/// of its consumer's fragment stays in that fragment (see
-/// `Splitter::keeps_build`).
+/// Cuts `plan` into stages; `chaining` keeps some broadcast build sides
+/// in their consumer's fragment (see [`SourceChaining`]).
 pub fn split(
     plan: Arc<dyn ExecutionPlan>,
     policy: CutPolicy,
-    filtered_build_in_task: bool,
-    small_build_bytes: u64,
+    chaining: SourceChaining,
 ) -> DfResult<StagePlan> {
     let mut s = Splitter {
         stages: Vec::new(),
         policy,
-        filtered_build_in_task,
-        small_build_bytes,
+        chaining,
         filters_above: Vec::new(),
     };
     let root = s.visit(plan)?;
@@ -739,17 +678,4 @@ pub fn task_view(plan: &Arc<dyn ExecutionPlan>, p: usize) -> DfResult<Arc<dyn Ex
         })
         .collect::<DfResult<Vec<_>>>()?;
     replace_children_if_necessary(Arc::clone(plan), children)
-}
-
-/// Bytes of files a scan reads (its byte ranges where it has them).
-pub(crate) fn scan_bytes(config: &FileScanConfig) -> u64 {
-    config
-        .file_groups
-        .iter()
-        .flat_map(|g| g.iter())
-        .map(|f| match &f.range {
-            Some(r) => (r.end - r.start).max(0) as u64,
-            None => f.object_meta.size,
-        })
-        .sum()
 }
