@@ -4,8 +4,8 @@
 //! compared with the answers, or its error judged.
 //!
 //! Used by `fluvia tpcds ...` and by the benchmarks; the engine never
-//! depends on it. It knows Fluvia's SQL crate only for its DataFusion and
-//! its result rendering.
+//! depends on it. It knows Fluvia's SQL crate only for its DataFusion, its
+//! result rendering and its schema files.
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
 use datafusion::arrow::compute::cast;

@@ -4,7 +4,7 @@
 //! their columns and the disjunction of their filters, whose batches
 //! [`SharedScanExec`] leaves hand to every consumer; each consumer keeps
 //! its own columns and applies its own filters on top. Also which scans are
-//! the same ([`scan_key`]).
+//! the same (`scan_key`).
 
 use crate::formats::codec::FluviaCodec;
 use crate::formats::csv_scan::{FluviaCsvSource, csv_with_columns};
