@@ -1,3 +1,6 @@
+//! Tests of clustered build sides: the rewrite rules, the node, and the
+//! build sides the subtasks of one process share.
+
 use super::exec::*;
 use super::hash::*;
 use super::rules::*;
