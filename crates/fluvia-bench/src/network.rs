@@ -212,7 +212,7 @@ fn arrow_exchange(batches: usize, in_place: bool) -> Result<Duration> {
     use fluvia_sql::datafusion::arrow::array::{Decimal128Array, Int64Array, StringViewArray};
     use fluvia_sql::datafusion::arrow::datatypes::{DataType, Field, Schema};
     use fluvia_sql::datafusion::arrow::record_batch::RecordBatch;
-    use fluvia_sql::ipc;
+    use fluvia_sql::formats::ipc;
     let rows = 8192i64;
     let schema = Arc::new(Schema::new(vec![
         Field::new("k", DataType::Int64, true),

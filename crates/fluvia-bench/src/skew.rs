@@ -106,7 +106,7 @@ fn measure(dir: &Path, a: &Args, strategy: &str) -> Result<Outcome> {
         .collect();
     times.sort_by(f64::total_cmp);
     let mut csv = Vec::new();
-    fluvia_sql::output::write_csv(&mut csv, &r.batches, &r.schema)?;
+    fluvia_sql::formats::output::write_csv(&mut csv, &r.batches, &r.schema)?;
     let answer = String::from_utf8_lossy(&csv).to_string();
     Ok(Outcome {
         answer,

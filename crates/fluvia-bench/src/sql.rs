@@ -11,7 +11,7 @@ use clap::Args as ClapArgs;
 use fluvia_cli::sql::{QueryRun, SqlSettings, Target, edge_stats, run};
 use fluvia_core::Configuration;
 use fluvia_sql::session::TableFormat;
-use fluvia_sql::tpcds::statements;
+use fluvia_tpcds::statements;
 use std::path::PathBuf;
 
 #[derive(ClapArgs)]
@@ -189,7 +189,7 @@ pub fn run_suite(a: Args) -> Result<()> {
         c.apply_dynamic(&a.dynamic)?;
         c
     };
-    let catalog = fluvia_sql::catalog::Catalog::with_dir(&a.data, format)?;
+    let catalog = fluvia_sql::session::catalog::Catalog::with_dir(&a.data, format)?;
     let settings = |multiple_input: bool, build_in_task: bool| {
         let mut config = base.clone();
         config.set(
@@ -197,7 +197,7 @@ pub fn run_suite(a: Args) -> Result<()> {
             multiple_input.to_string(),
         );
         config.set(
-            fluvia_core::config::options::FILTERED_BUILD_IN_TASK.key,
+            fluvia_sql::session::options::FILTERED_BUILD_IN_TASK.key,
             build_in_task.to_string(),
         );
         SqlSettings {
@@ -216,7 +216,7 @@ pub fn run_suite(a: Args) -> Result<()> {
         s.config.set(key, value.to_string());
         s
     };
-    use fluvia_core::config::options;
+    use fluvia_sql::session::options;
     // Fluvia with one key changed: a column each, after the others.
     let one_key: Vec<(&str, SqlSettings)> = vec![
         (

@@ -9,7 +9,7 @@
 use crate::session::{Outcome, SqlSession};
 use crate::sql::{Cancel, SqlError};
 use anyhow::{Context, Result};
-use fluvia_sql::statement;
+use fluvia_sql::session::statement;
 use rustyline::error::ReadlineError;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};

@@ -15,9 +15,9 @@ use fluvia_cluster::config as cluster_config;
 use fluvia_cluster::program::{ProgramCatalog, ProgramSpec};
 use fluvia_core::config::options;
 use fluvia_graph::plan;
-use fluvia_sql::catalog::Catalog;
 use fluvia_sql::session::TableFormat;
-use fluvia_sql::tpcds;
+use fluvia_sql::session::catalog::Catalog;
+use fluvia_tpcds as tpcds;
 use std::io::IsTerminal as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -38,7 +38,7 @@ fn note_inferred_schemas(dir: &std::path::Path, format: TableFormat) {
     if !guessed.is_empty() {
         note!(
             "note: no {} for table(s) {}: column types are inferred from the data",
-            fluvia_sql::session::SCHEMA_FILE,
+            fluvia_sql::formats::schema_file::SCHEMA_FILE,
             guessed.join(", ")
         );
     }
@@ -491,7 +491,7 @@ fn sql_command(a: SqlArgs) -> Result<ExitCode> {
             text
         }
     };
-    let statements = fluvia_sql::statement::split_statements(&text);
+    let statements = fluvia_sql::session::statement::split_statements(&text);
     if statements.is_empty() {
         bail!("no SQL statement given");
     }
@@ -524,7 +524,7 @@ fn sql_command(a: SqlArgs) -> Result<ExitCode> {
                     writeln!(stdout).context("writing to standard output")?;
                 }
                 printed = true;
-                fluvia_sql::output::write_csv(&mut stdout, &run.batches, &run.schema)?;
+                fluvia_sql::formats::output::write_csv(&mut stdout, &run.batches, &run.schema)?;
                 let rows: usize = run.batches.iter().map(|b| b.num_rows()).sum();
                 if let (Some(g), Some(st)) = (&run.graph, &run.status) {
                     let shuffled: u64 =
@@ -646,19 +646,13 @@ fn tpcds_command(command: TpcdsCommand) -> Result<ExitCode> {
                             let rows: usize = run.batches.iter().map(|b| b.num_rows()).sum();
                             let verdict = match &check {
                                 None => "ok".to_string(),
-                                Some(dir) => check_answer(dir, q, k + 1, &run),
+                                Some(dir) => {
+                                    tpcds::check_answer(dir, q, k + 1, &run.batches, &run.schema)
+                                }
                             };
                             (rows, verdict)
                         }
-                        Some(Err(e)) => {
-                            let msg = e.to_string().replace('\n', " ");
-                            // q90 divides by a count that is 0 at small scales.
-                            if q == 90 && msg.contains("Divide by zero") {
-                                (0, "pass (division by zero, accepted)".to_string())
-                            } else {
-                                (0, format!("FAIL error: {msg}"))
-                            }
-                        }
+                        Some(Err(e)) => (0, tpcds::error_verdict(q, &e.to_string())),
                         None => (0, "FAIL not run".to_string()),
                     };
                     if verdict.starts_with("FAIL") {
@@ -676,32 +670,6 @@ fn tpcds_command(command: TpcdsCommand) -> Result<ExitCode> {
                 ExitCode::FAILURE
             })
         }
-    }
-}
-
-fn check_answer(
-    dir: &std::path::Path,
-    q: usize,
-    k: usize,
-    run: &fluvia_cli::sql::QueryRun,
-) -> String {
-    let path = tpcds::answer_path(dir, q, k);
-    let Ok(text) = std::fs::read_to_string(&path) else {
-        return format!("FAIL no answer {}", path.display());
-    };
-    let rows = match fluvia_sql::output::render(&run.batches) {
-        Ok(r) => r,
-        Err(e) => return format!("FAIL {e}"),
-    };
-    let numeric: Vec<bool> = run
-        .schema
-        .fields()
-        .iter()
-        .map(|f| fluvia_sql::output::is_numeric(f.data_type()))
-        .collect();
-    match tpcds::compare(&rows, &text, &numeric) {
-        Ok(()) => "pass".to_string(),
-        Err(e) => format!("FAIL {e}"),
     }
 }
 
@@ -754,7 +722,11 @@ fn main() -> ExitCode {
             Ok(())
         }
         Command::Config => {
-            for (key, default, about) in options::all().into_iter().chain(cluster_config::all()) {
+            for (key, default, about) in options::all()
+                .into_iter()
+                .chain(fluvia_sql::session::options::all())
+                .chain(cluster_config::all())
+            {
                 println!("{key}\n    default: {default}\n    {about}");
             }
             Ok(())

@@ -8,13 +8,13 @@
 use crate::sql::{Cancel, QueryRun, SqlError, SqlSettings, Target, run_with};
 use anyhow::anyhow;
 use fluvia_core::Configuration;
-use fluvia_sql::catalog::{Catalog, CsvLayout, FileFormat, TableKind};
 use fluvia_sql::datafusion::arrow::array::{ArrayRef, StringArray};
 use fluvia_sql::datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use fluvia_sql::datafusion::arrow::record_batch::RecordBatch;
 use fluvia_sql::job::InsertTarget;
 use fluvia_sql::session::TableFormat;
-use fluvia_sql::statement::{self, Statement};
+use fluvia_sql::session::catalog::{Catalog, CsvLayout, FileFormat, TableKind};
+use fluvia_sql::session::statement::{self, Statement};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -99,6 +99,7 @@ impl SqlSession {
             SqlSettings::with_catalog(self.settings.catalog.clone(), parallelism, config)
                 .map_err(query_error)?;
         fluvia_core::config::options::check(&settings.config).map_err(query_error)?;
+        fluvia_sql::session::options::check(&settings.config).map_err(query_error)?;
         fluvia_sql::session::datafusion_options(settings.parallelism, &settings.config)
             .and_then(|o| fluvia_sql::session::session_config(&o).map(|_| ()))
             .map_err(query_error)?;

@@ -10,10 +10,10 @@ use fluvia_cluster::program::{ProgramCatalog, ProgramSpec};
 use fluvia_cluster::rpc::JobStatus;
 use fluvia_core::Configuration;
 use fluvia_graph::JobGraph;
-use fluvia_sql::catalog::Catalog;
 use fluvia_sql::datafusion::arrow::record_batch::RecordBatch;
 use fluvia_sql::job::{InsertTarget, PROGRAM, PlanError, PlanRequest, PlannedQuery};
 use fluvia_sql::session::TableFormat;
+use fluvia_sql::session::catalog::Catalog;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -295,7 +295,7 @@ pub fn rows_written(status: &JobStatus) -> u64 {
         .iter()
         .filter_map(|r| r.metrics.as_ref())
         .flat_map(|m| &m.accumulators)
-        .filter(|a| a.name == fluvia_sql::file_sink::ROWS_WRITTEN)
+        .filter(|a| a.name == fluvia_sql::formats::file_sink::ROWS_WRITTEN)
         .filter_map(|a| <[u8; 8]>::try_from(a.value.as_slice()).ok())
         .map(u64::from_le_bytes)
         .sum()
