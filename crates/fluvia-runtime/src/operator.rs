@@ -226,6 +226,43 @@ pub enum SourceStatus {
     End,
 }
 
+/// The lifecycle hooks every operator trait shares (Flink's
+/// `StreamOperator`), written once; each defaults to nothing.
+macro_rules! lifecycle_hooks {
+    () => {
+        /// Called once before [`open`](Self::open), with the state this
+        /// subtask restores from (empty on a fresh start).
+        fn initialize_state(
+            &mut self,
+            _ctx: &mut StateInitializationContext,
+        ) -> Result<(), UserError> {
+            Ok(())
+        }
+        /// A barrier is about to be sent downstream: emit what must precede it
+        /// (Flink's `prepareSnapshotPreBarrier`).
+        fn prepare_snapshot_pre_barrier(&mut self, _checkpoint_id: u64) -> Result<(), UserError> {
+            Ok(())
+        }
+        /// Writes this operator's state for checkpoint `ctx.checkpoint_id`.
+        fn snapshot_state(&mut self, _ctx: &mut StateSnapshotContext) -> Result<(), UserError> {
+            Ok(())
+        }
+        /// Checkpoint `id` completed everywhere: side effects it covers may be
+        /// committed.
+        fn notify_checkpoint_complete(&mut self, _id: u64) -> Result<(), UserError> {
+            Ok(())
+        }
+        /// Checkpoint `id` was given up.
+        fn notify_checkpoint_aborted(&mut self, _id: u64) -> Result<(), UserError> {
+            Ok(())
+        }
+        /// Releases resources, after the last record or on failure.
+        fn close(&mut self) -> Result<(), UserError> {
+            Ok(())
+        }
+    };
+}
+
 /// A source: polled until it says [`SourceStatus::End`]. Each poll may emit
 /// any number of records; keeping polls short keeps cancellation prompt and
 /// lets the task thread run its mailbox in between.
@@ -236,33 +273,7 @@ pub enum SourceStatus {
 /// `notify_checkpoint_complete` / `_aborted`, `end_input`, then `close`.
 /// Only the processing method is required.
 pub trait SourceOperator<OUT>: 'static {
-    /// Called once before [`open`](Self::open), with the state this
-    /// subtask restores from (empty on a fresh start).
-    fn initialize_state(&mut self, _ctx: &mut StateInitializationContext) -> Result<(), UserError> {
-        Ok(())
-    }
-    /// A barrier is about to be sent downstream: emit what must precede it
-    /// (Flink's `prepareSnapshotPreBarrier`).
-    fn prepare_snapshot_pre_barrier(&mut self, _checkpoint_id: u64) -> Result<(), UserError> {
-        Ok(())
-    }
-    /// Writes this operator's state for checkpoint `ctx.checkpoint_id`.
-    fn snapshot_state(&mut self, _ctx: &mut StateSnapshotContext) -> Result<(), UserError> {
-        Ok(())
-    }
-    /// Checkpoint `id` completed everywhere: side effects it covers may be
-    /// committed.
-    fn notify_checkpoint_complete(&mut self, _id: u64) -> Result<(), UserError> {
-        Ok(())
-    }
-    /// Checkpoint `id` was given up.
-    fn notify_checkpoint_aborted(&mut self, _id: u64) -> Result<(), UserError> {
-        Ok(())
-    }
-    /// Releases resources, after the last record or on failure.
-    fn close(&mut self) -> Result<(), UserError> {
-        Ok(())
-    }
+    lifecycle_hooks!();
     fn open(&mut self, _ctx: &OperatorContext) -> Result<(), UserError> {
         Ok(())
     }
@@ -275,33 +286,7 @@ pub trait SourceOperator<OUT>: 'static {
 
 /// An operator with one input (lifecycle as [`SourceOperator`]'s).
 pub trait OneInputOperator<IN, OUT>: 'static {
-    /// Called once before [`open`](Self::open), with the state this
-    /// subtask restores from (empty on a fresh start).
-    fn initialize_state(&mut self, _ctx: &mut StateInitializationContext) -> Result<(), UserError> {
-        Ok(())
-    }
-    /// A barrier is about to be sent downstream: emit what must precede it
-    /// (Flink's `prepareSnapshotPreBarrier`).
-    fn prepare_snapshot_pre_barrier(&mut self, _checkpoint_id: u64) -> Result<(), UserError> {
-        Ok(())
-    }
-    /// Writes this operator's state for checkpoint `ctx.checkpoint_id`.
-    fn snapshot_state(&mut self, _ctx: &mut StateSnapshotContext) -> Result<(), UserError> {
-        Ok(())
-    }
-    /// Checkpoint `id` completed everywhere: side effects it covers may be
-    /// committed.
-    fn notify_checkpoint_complete(&mut self, _id: u64) -> Result<(), UserError> {
-        Ok(())
-    }
-    /// Checkpoint `id` was given up.
-    fn notify_checkpoint_aborted(&mut self, _id: u64) -> Result<(), UserError> {
-        Ok(())
-    }
-    /// Releases resources, after the last record or on failure.
-    fn close(&mut self) -> Result<(), UserError> {
-        Ok(())
-    }
+    lifecycle_hooks!();
     /// Event time advanced to `watermark`; by default it is forwarded.
     /// Operators with event-time timers fire them here first.
     fn process_watermark(
@@ -329,33 +314,7 @@ pub trait OneInputOperator<IN, OUT>: 'static {
 /// An operator with two inputs (`connect`; lifecycle as
 /// [`SourceOperator`]'s). Its watermark is the minimum of its inputs'.
 pub trait TwoInputOperator<IN1, IN2, OUT>: 'static {
-    /// Called once before [`open`](Self::open), with the state this
-    /// subtask restores from (empty on a fresh start).
-    fn initialize_state(&mut self, _ctx: &mut StateInitializationContext) -> Result<(), UserError> {
-        Ok(())
-    }
-    /// A barrier is about to be sent downstream: emit what must precede it
-    /// (Flink's `prepareSnapshotPreBarrier`).
-    fn prepare_snapshot_pre_barrier(&mut self, _checkpoint_id: u64) -> Result<(), UserError> {
-        Ok(())
-    }
-    /// Writes this operator's state for checkpoint `ctx.checkpoint_id`.
-    fn snapshot_state(&mut self, _ctx: &mut StateSnapshotContext) -> Result<(), UserError> {
-        Ok(())
-    }
-    /// Checkpoint `id` completed everywhere: side effects it covers may be
-    /// committed.
-    fn notify_checkpoint_complete(&mut self, _id: u64) -> Result<(), UserError> {
-        Ok(())
-    }
-    /// Checkpoint `id` was given up.
-    fn notify_checkpoint_aborted(&mut self, _id: u64) -> Result<(), UserError> {
-        Ok(())
-    }
-    /// Releases resources, after the last record or on failure.
-    fn close(&mut self) -> Result<(), UserError> {
-        Ok(())
-    }
+    lifecycle_hooks!();
     /// Event time advanced to `watermark`; by default it is forwarded.
     /// Operators with event-time timers fire them here first.
     fn process_watermark(
@@ -880,5 +839,85 @@ impl<IN1: Data, IN2: Data, OUT: Data> OperatorFactory for TwoInputFactory<IN1, I
 
     fn output_type(&self) -> Arc<dyn RecordType> {
         record_type::<OUT>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::mailbox::{Mail, Mailbox, TaskControl};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    /// A source that emits as fast as it can until told to stop.
+    struct Busy {
+        emitted: Arc<AtomicU64>,
+        stop: Arc<AtomicBool>,
+    }
+
+    impl SourceOperator<u64> for Busy {
+        fn poll_next(&mut self, out: &mut Collector<'_, u64>) -> Result<SourceStatus, UserError> {
+            if self.stop.load(Ordering::Acquire) {
+                return Ok(SourceStatus::End);
+            }
+            for _ in 0..16 {
+                out.collect(self.emitted.fetch_add(1, Ordering::Relaxed));
+            }
+            Ok(SourceStatus::MoreAvailable)
+        }
+    }
+
+    /// Mail sent from another thread while a source is busy runs on the
+    /// task thread, between two of the source's polls.
+    #[test]
+    fn mail_runs_on_the_task_thread_between_polls_of_a_busy_source() {
+        let (emitted, stop) = (
+            Arc::new(AtomicU64::new(0)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let (e, s) = (Arc::clone(&emitted), Arc::clone(&stop));
+        let factory = SourceFactory::<u64>::new(move |_| {
+            Ok(Box::new(Busy {
+                emitted: Arc::clone(&e),
+                stop: Arc::clone(&s),
+            }))
+        });
+        let mailbox = Mailbox::new();
+        let sender = mailbox.sender();
+        let seen = Arc::new(std::sync::Mutex::new(None));
+        let (seen2, emitted2, stop2) = (Arc::clone(&seen), Arc::clone(&emitted), Arc::clone(&stop));
+        let task = std::thread::spawn(move || {
+            // Operators are built on their task thread.
+            let ctx = OperatorContext::new("t", "busy", 0, 0, 1, 128, 0, false, false);
+            let OperatorInstance::Source(mut driver) = factory
+                .create(&ctx, record_type::<u64>().discarding())
+                .unwrap()
+            else {
+                panic!("not a source");
+            };
+            let id = std::thread::current().id();
+            driver
+                .run(&CancelToken::new(), &mailbox, &mut TaskControl::new(&[]))
+                .unwrap();
+            (id, emitted2.load(Ordering::Relaxed))
+        });
+        // Let the source run, then ask it from here.
+        while emitted.load(Ordering::Relaxed) < 10_000 {
+            std::thread::yield_now();
+        }
+        sender
+            .send(Mail::new("stop", move |_| {
+                let at = emitted.load(Ordering::Relaxed);
+                *seen2.lock().unwrap() = Some((std::thread::current().id(), at));
+                stop2.store(true, Ordering::Release);
+                Ok(())
+            }))
+            .unwrap();
+        let (task_thread, total) = task.join().unwrap();
+        let (ran_on, at) = seen.lock().unwrap().unwrap();
+        assert_eq!(ran_on, task_thread, "the mail ran on the task thread");
+        assert!(at >= 10_000, "it ran while the source was busy");
+        assert_eq!(at % 16, 0, "between two polls, not inside one");
+        assert_eq!(total, at, "the source ended at the next poll");
     }
 }
