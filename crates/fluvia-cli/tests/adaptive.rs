@@ -11,7 +11,6 @@ mod common;
 use common::{Cluster, corpus, get, job_id};
 use fluvia_scheduler::adaptive::{self, BlockingResultInfo, DeciderConfig};
 use serde_json::Value;
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -19,24 +18,22 @@ use std::path::Path;
 /// two dozen subtasks.
 const AVG: u64 = 512 * 1024;
 
-/// Runs the word count on the cluster without `-p` and returns the job's
-/// REST details after checking the output against `expected`.
-fn run_wordcount(cluster: &Cluster, dir: &Path, expected: &BTreeMap<String, u64>) -> Value {
-    let input = dir.join("corpus.txt");
-    let out = dir.join("counts.txt");
+/// Runs the word count without `-p` over a corpus of 60 000 lines with
+/// `hot_percent` of one hot word, on a cluster of two four-slot
+/// TaskManagers, and returns the job's REST details after checking the
+/// output.
+fn run_wordcount(hot_percent: u64) -> Value {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("corpus.txt");
+    let out = dir.path().join("counts.txt");
+    let expected = corpus(&input, 60_000, 3000, hot_percent);
+    let cluster = Cluster::start(&[], 2, &["--slots", "4"]);
+    cluster.wait_for_task_managers(2);
     let avg = format!("execution.batch.adaptive.auto-parallelism.avg-data-volume-per-task={AVG}");
-    let o = cluster.run(&[
-        "wordcount",
-        "--input",
-        input.to_str().unwrap(),
-        "--output",
-        out.to_str().unwrap(),
-        "-D",
-        &avg,
-    ]);
+    let o = cluster.wordcount(&input, &out, &["-D", &avg]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let mut want = String::new();
-    for (w, n) in expected {
+    for (w, n) in &expected {
         writeln!(want, "{w},{n}").unwrap();
     }
     assert_eq!(std::fs::read_to_string(&out).unwrap(), want);
@@ -87,11 +84,7 @@ fn decider() -> DeciderConfig {
 
 #[test]
 fn a_batch_word_count_without_p_gets_the_parallelism_its_data_volume_gives() {
-    let dir = tempfile::tempdir().unwrap();
-    let expected = corpus(&dir.path().join("corpus.txt"), 60_000, 3000, 0);
-    let cluster = Cluster::start(&[], 2, &["--slots", "4"]);
-    cluster.wait_for_task_managers(2);
-    let details = run_wordcount(&cluster, dir.path(), &expected);
+    let details = run_wordcount(0);
     let vertices = details["vertices"].as_array().unwrap();
     assert_eq!(vertices[1]["name"], "Keyed Aggregation");
     // The source kept the default source parallelism; the counting vertex
@@ -120,11 +113,7 @@ fn a_batch_word_count_without_p_gets_the_parallelism_its_data_volume_gives() {
 
 #[test]
 fn with_one_hot_key_the_counting_subtasks_read_balanced_inputs_except_the_hot_one() {
-    let dir = tempfile::tempdir().unwrap();
-    let expected = corpus(&dir.path().join("corpus.txt"), 60_000, 3000, 90);
-    let cluster = Cluster::start(&[], 2, &["--slots", "4"]);
-    cluster.wait_for_task_managers(2);
-    let details = run_wordcount(&cluster, dir.path(), &expected);
+    let details = run_wordcount(90);
     let bytes = tokenizer_bytes(&details);
     let per_subpartition: Vec<u64> = (0..128).map(|s| bytes.iter().map(|p| p[s]).sum()).collect();
     let hot = (0..128).max_by_key(|&s| per_subpartition[s]).unwrap();
