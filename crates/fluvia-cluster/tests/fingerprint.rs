@@ -8,12 +8,10 @@
 
 mod common;
 
+use common::{Unplaced, run_unplaced};
 use fluvia_cluster::client::ClusterClient;
-use common::Catalog;
-use fluvia_cluster::program::ProgramSpec;
 use fluvia_core::Configuration;
 use fluvia_graph::JobGraph;
-use std::sync::Arc;
 use std::time::Duration;
 
 fn config() -> Configuration {
@@ -26,19 +24,16 @@ fn graph() -> JobGraph {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_runs_only_where_its_program_is_and_fails_clearly_when_nowhere() {
-    let jm = fluvia_cluster::jobmanager::start(config()).await.unwrap();
-    let address = jm.rpc_address.to_string();
     // A TaskManager of another program registers and stays up.
-    let tm = fluvia_cluster::taskmanager::spawn(&address, config(), Arc::new(Catalog("build-b")))
-        .await
-        .unwrap();
-    let mut client = ClusterClient::connect(&address, None).await.unwrap();
-    let spec = ProgramSpec {
-        name: "mine".into(),
-        args: vec![],
-    };
-    let id = client.submit(&spec, &graph(), "build-a").await.unwrap();
-    let status = client.wait(&id).await.unwrap();
+    let Unplaced {
+        jm,
+        tm,
+        address,
+        mut client,
+        spec,
+        id,
+        status,
+    } = run_unplaced(config(), "build-b", &graph(), "build-a").await;
     assert_eq!(status.state, "FAILED");
     assert!(
         status

@@ -6,15 +6,12 @@
 
 mod common;
 
-use fluvia_cluster::client::ClusterClient;
-use common::Catalog;
-use fluvia_cluster::program::ProgramSpec;
+use common::{Unplaced, run_unplaced};
 use fluvia_core::Configuration;
 use fluvia_graph::JobGraph;
 use serde_json::Value;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::Arc;
 use std::time::Duration;
 
 fn config() -> Configuration {
@@ -46,19 +43,15 @@ fn get(addr: SocketAddr, path: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rest_api_reads_jobs_and_task_managers_and_cancels() {
-    let jm = fluvia_cluster::jobmanager::start(config()).await.unwrap();
-    let address = jm.rpc_address.to_string();
+    let Unplaced {
+        jm,
+        tm,
+        client: _client,
+        id,
+        status,
+        ..
+    } = run_unplaced(config(), "other", &graph(), "mine").await;
     let rest = jm.rest_address;
-    let tm = fluvia_cluster::taskmanager::spawn(&address, config(), Arc::new(Catalog("other")))
-        .await
-        .unwrap();
-    let mut client = ClusterClient::connect(&address, None).await.unwrap();
-    let spec = ProgramSpec {
-        name: "mine".into(),
-        args: vec![],
-    };
-    let id = client.submit(&spec, &graph(), "mine").await.unwrap();
-    let status = client.wait(&id).await.unwrap();
     assert_eq!(status.state, "FAILED");
 
     let rest_get = move |path: String| tokio::task::spawn_blocking(move || get(rest, &path));
