@@ -18,6 +18,13 @@ use std::path::Path;
 /// two dozen subtasks.
 const AVG: u64 = 512 * 1024;
 
+/// A cluster of two TaskManagers with four slots each, both registered.
+fn two_task_managers() -> Cluster {
+    let cluster = Cluster::start(&[], 2, &["--slots", "4"]);
+    cluster.wait_for_task_managers(2);
+    cluster
+}
+
 /// Runs the word count without `-p` over a corpus of 60 000 lines with
 /// `hot_percent` of one hot word, on a cluster of two four-slot
 /// TaskManagers, and returns the job's REST details after checking the
@@ -27,8 +34,7 @@ fn run_wordcount(hot_percent: u64) -> Value {
     let input = dir.path().join("corpus.txt");
     let out = dir.path().join("counts.txt");
     let expected = corpus(&input, 60_000, 3000, hot_percent);
-    let cluster = Cluster::start(&[], 2, &["--slots", "4"]);
-    cluster.wait_for_task_managers(2);
+    let cluster = two_task_managers();
     let avg = format!("execution.batch.adaptive.auto-parallelism.avg-data-volume-per-task={AVG}");
     let o = cluster.wordcount(&input, &out, &["-D", &avg]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -157,8 +163,7 @@ fn with_one_hot_key_the_counting_subtasks_read_balanced_inputs_except_the_hot_on
 #[test]
 fn a_sql_query_without_p_gets_the_parallelism_of_its_hash_stages_from_the_data() {
     let data = common::tpcds_data();
-    let cluster = Cluster::start(&[], 2, &["--slots", "4"]);
-    cluster.wait_for_task_managers(2);
+    let cluster = two_task_managers();
     let sql = "select ss_item_sk, count(*) as n, sum(ss_quantity) as q from store_sales \
                group by ss_item_sk order by ss_item_sk";
     let run = |extra: &[&str]| {
@@ -339,8 +344,7 @@ fn max_read(v: &Value) -> u64 {
 fn a_skewed_join_subpartition_is_split_across_subtasks_with_the_same_answer() {
     let dir = tempfile::tempdir().unwrap();
     let (tables, want) = skewed_tables(dir.path());
-    let cluster = Cluster::start(&[], 2, &["--slots", "4"]);
-    cluster.wait_for_task_managers(2);
+    let cluster = two_task_managers();
     // No broadcast, planned or at runtime: the skew path alone.
     let common = [
         "table.optimizer.join.broadcast-threshold=0",
@@ -379,8 +383,7 @@ fn a_skewed_join_subpartition_is_split_across_subtasks_with_the_same_answer() {
 fn a_join_side_found_small_at_runtime_is_broadcast() {
     let dir = tempfile::tempdir().unwrap();
     let (tables, want) = skewed_tables(dir.path());
-    let cluster = Cluster::start(&[], 2, &["--slots", "4"]);
-    cluster.wait_for_task_managers(2);
+    let cluster = two_task_managers();
     let avg = "execution.batch.adaptive.auto-parallelism.avg-data-volume-per-task=32kb";
     let none = run_join(
         &cluster,
