@@ -386,21 +386,18 @@ pub fn run(args: Args) -> Result<()> {
         }
         Ok((median(times), median(ratios)))
     };
-    if want("remote") {
-        let (t, ratio) =
-            paired(&|| remote_channel(b, false, args.floating, args.partition_buffers))?;
-        let remote = gbps(b, t);
-        println!(
-            "| remote channel, credit-based, 32 KiB buffers | {t:.3} | {remote:.2} GB/s | {ratio:.2} of raw TCP (paired runs) |"
-        );
-    }
-    if want("lz4") {
-        let (t, ratio) =
-            paired(&|| remote_channel(b, true, args.floating, args.partition_buffers))?;
-        let lz4 = gbps(b, t);
-        println!(
-            "| remote channel, LZ4 (repetitive data) | {t:.3} | {lz4:.2} GB/s | {ratio:.2} of raw TCP (paired runs) |"
-        );
+    for (name, compression, what) in [
+        ("remote", false, "credit-based, 32 KiB buffers"),
+        ("lz4", true, "LZ4 (repetitive data)"),
+    ] {
+        if want(name) {
+            let (t, ratio) =
+                paired(&|| remote_channel(b, compression, args.floating, args.partition_buffers))?;
+            println!(
+                "| remote channel, {what} | {t:.3} | {:.2} GB/s | {ratio:.2} of raw TCP (paired runs) |",
+                gbps(b, t)
+            );
+        }
     }
     // A ceiling, so its best run: a run slowed by the machine would let
     // the channel it bounds look faster than the copy it must make.

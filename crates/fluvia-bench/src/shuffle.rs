@@ -144,7 +144,7 @@ enum Kind {
     FilePerSubpartition,
 }
 
-/// One run of one case.
+/// One run of one case, or the summary of several (see [`summarize`]).
 struct Run {
     write: Duration,
     read: Duration,
@@ -447,17 +447,8 @@ fn median(mut v: Vec<Duration>) -> Duration {
 }
 
 /// The medians of `runs` runs of one case (sizes and memory: the largest seen).
-struct Summary {
-    write: Duration,
-    read: Duration,
-    files: usize,
-    disk_bytes: u64,
-    writer_memory: usize,
-    read_memory: usize,
-}
-
-fn summarize(runs: Vec<Run>) -> Summary {
-    Summary {
+fn summarize(runs: Vec<Run>) -> Run {
+    Run {
         write: median(runs.iter().map(|r| r.write).collect()),
         read: median(runs.iter().map(|r| r.read).collect()),
         files: runs.iter().map(|r| r.files).max().unwrap_or(0),
@@ -558,7 +549,7 @@ fn run_cases(args: &Args, runs: usize, base: &Path) -> Result<()> {
         gbps(bytes, checked) / pr
     );
 
-    let row = |name: String, s: &Summary| {
+    let row = |name: String, s: &Run| {
         let (w, r) = (gbps(bytes, s.write), gbps(bytes, s.read));
         let read_buffers = if s.read_memory > 0 {
             mib(s.read_memory as u64)
@@ -576,7 +567,7 @@ fn run_cases(args: &Args, runs: usize, base: &Path) -> Result<()> {
             mib(s.writer_memory as u64),
         );
     };
-    let case = |kind: Kind, n: usize, data: &Data| -> Result<Summary> {
+    let case = |kind: Kind, n: usize, data: &Data| -> Result<Run> {
         let mut v = Vec::new();
         for r in 0..runs {
             v.push(partition_run(

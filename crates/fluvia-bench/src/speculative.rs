@@ -83,20 +83,17 @@ fn cluster(bin: &Path) -> Result<(Processes, String, String)> {
         .stderr(Stdio::null())
         .spawn()?;
     let mut out = BufReader::new(jm.stdout.take().context("no stdout")?);
-    let mut line = String::new();
-    out.read_line(&mut line)?;
-    let rpc = line
-        .trim()
-        .strip_prefix("JobManager RPC ")
-        .context("no RPC address")?
-        .to_string();
-    line.clear();
-    out.read_line(&mut line)?;
-    let rest = line
-        .trim()
-        .strip_prefix("REST http://")
-        .context("no REST address")?
-        .to_string();
+    let mut announced = |prefix: &str, what: &str| -> Result<String> {
+        let mut line = String::new();
+        out.read_line(&mut line)?;
+        Ok(line
+            .trim()
+            .strip_prefix(prefix)
+            .context(format!("no {what}"))?
+            .to_string())
+    };
+    let rpc = announced("JobManager RPC ", "RPC address")?;
+    let rest = announced("REST http://", "REST address")?;
     let mut procs = Processes(vec![jm]);
     for _ in 0..4 {
         procs.0.push(

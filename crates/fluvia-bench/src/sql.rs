@@ -218,42 +218,37 @@ pub fn run_suite(a: Args) -> Result<()> {
     };
     use fluvia_sql::session::options;
     // Fluvia with one key changed: a column each, after the others.
-    let one_key: Vec<(&str, SqlSettings)> = vec![
+    let one_key: Vec<(&str, SqlSettings)> = [
         (
             "blocking",
-            on_with(options::BATCH_SHUFFLE_MODE.key, "ALL_EXCHANGES_BLOCKING"),
+            options::BATCH_SHUFFLE_MODE.key,
+            "ALL_EXCHANGES_BLOCKING",
         ),
-        ("df-reader", on_with(options::CSV_READER.key, "datafusion")),
-        ("no-reuse", on_with(options::REUSE_SOURCE.key, "false")),
-        (
-            "drain",
-            on_with(options::RELEASE_UNREAD_INPUTS.key, "false"),
-        ),
+        ("df-reader", options::CSV_READER.key, "datafusion"),
+        ("no-reuse", options::REUSE_SOURCE.key, "false"),
+        ("drain", options::RELEASE_UNREAD_INPUTS.key, "false"),
         (
             "eager-sources",
-            on_with(options::SOURCE_START_ON_DEMAND.key, "false"),
+            options::SOURCE_START_ON_DEMAND.key,
+            "false",
         ),
-        (
-            "no-cluster",
-            on_with(options::CLUSTER_BUILD_SIDE.key, "false"),
-        ),
-        (
-            "no-read-once",
-            on_with(options::READ_BUILD_SIDE_ONCE.key, "false"),
-        ),
-        (
-            "no-rf",
-            on_with(options::RUNTIME_FILTER_ENABLED.key, "false"),
-        ),
+        ("no-cluster", options::CLUSTER_BUILD_SIDE.key, "false"),
+        ("no-read-once", options::READ_BUILD_SIDE_ONCE.key, "false"),
+        ("no-rf", options::RUNTIME_FILTER_ENABLED.key, "false"),
         (
             "byte-ranges",
-            on_with(options::SPLIT_SCANS_ON_ROW_GROUPS.key, "false"),
+            options::SPLIT_SCANS_ON_ROW_GROUPS.key,
+            "false",
         ),
         (
             "sq-on-top",
-            on_with(options::SCALAR_SUBQUERY_JOIN_PUSHDOWN.key, "false"),
+            options::SCALAR_SUBQUERY_JOIN_PUSHDOWN.key,
+            "false",
         ),
-    ];
+    ]
+    .into_iter()
+    .map(|(name, key, value)| (name, on_with(key, value)))
+    .collect();
     // No -p: scans at p, every later stage decided from the data.
     let adaptive = SqlSettings {
         adaptive: true,

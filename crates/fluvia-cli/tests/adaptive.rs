@@ -11,7 +11,6 @@ mod common;
 use common::{Cluster, corpus, get, job_id};
 use fluvia_scheduler::adaptive::{self, BlockingResultInfo, DeciderConfig};
 use serde_json::Value;
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -19,24 +18,28 @@ use std::path::Path;
 /// two dozen subtasks.
 const AVG: u64 = 512 * 1024;
 
-/// Runs the word count on the cluster without `-p` and returns the job's
-/// REST details after checking the output against `expected`.
-fn run_wordcount(cluster: &Cluster, dir: &Path, expected: &BTreeMap<String, u64>) -> Value {
-    let input = dir.join("corpus.txt");
-    let out = dir.join("counts.txt");
+/// A cluster of two TaskManagers with four slots each, both registered.
+fn two_task_managers() -> Cluster {
+    let cluster = Cluster::start(&[], 2, &["--slots", "4"]);
+    cluster.wait_for_task_managers(2);
+    cluster
+}
+
+/// Runs the word count without `-p` over a corpus of 60 000 lines with
+/// `hot_percent` of one hot word, on a cluster of two four-slot
+/// TaskManagers, and returns the job's REST details after checking the
+/// output.
+fn run_wordcount(hot_percent: u64) -> Value {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("corpus.txt");
+    let out = dir.path().join("counts.txt");
+    let expected = corpus(&input, 60_000, 3000, hot_percent);
+    let cluster = two_task_managers();
     let avg = format!("execution.batch.adaptive.auto-parallelism.avg-data-volume-per-task={AVG}");
-    let o = cluster.run(&[
-        "wordcount",
-        "--input",
-        input.to_str().unwrap(),
-        "--output",
-        out.to_str().unwrap(),
-        "-D",
-        &avg,
-    ]);
+    let o = cluster.wordcount(&input, &out, &["-D", &avg]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let mut want = String::new();
-    for (w, n) in expected {
+    for (w, n) in &expected {
         writeln!(want, "{w},{n}").unwrap();
     }
     assert_eq!(std::fs::read_to_string(&out).unwrap(), want);
@@ -87,11 +90,7 @@ fn decider() -> DeciderConfig {
 
 #[test]
 fn a_batch_word_count_without_p_gets_the_parallelism_its_data_volume_gives() {
-    let dir = tempfile::tempdir().unwrap();
-    let expected = corpus(&dir.path().join("corpus.txt"), 60_000, 3000, 0);
-    let cluster = Cluster::start(&[], 2, &["--slots", "4"]);
-    cluster.wait_for_task_managers(2);
-    let details = run_wordcount(&cluster, dir.path(), &expected);
+    let details = run_wordcount(0);
     let vertices = details["vertices"].as_array().unwrap();
     assert_eq!(vertices[1]["name"], "Keyed Aggregation");
     // The source kept the default source parallelism; the counting vertex
@@ -120,11 +119,7 @@ fn a_batch_word_count_without_p_gets_the_parallelism_its_data_volume_gives() {
 
 #[test]
 fn with_one_hot_key_the_counting_subtasks_read_balanced_inputs_except_the_hot_one() {
-    let dir = tempfile::tempdir().unwrap();
-    let expected = corpus(&dir.path().join("corpus.txt"), 60_000, 3000, 90);
-    let cluster = Cluster::start(&[], 2, &["--slots", "4"]);
-    cluster.wait_for_task_managers(2);
-    let details = run_wordcount(&cluster, dir.path(), &expected);
+    let details = run_wordcount(90);
     let bytes = tokenizer_bytes(&details);
     let per_subpartition: Vec<u64> = (0..128).map(|s| bytes.iter().map(|p| p[s]).sum()).collect();
     let hot = (0..128).max_by_key(|&s| per_subpartition[s]).unwrap();
@@ -168,8 +163,7 @@ fn with_one_hot_key_the_counting_subtasks_read_balanced_inputs_except_the_hot_on
 #[test]
 fn a_sql_query_without_p_gets_the_parallelism_of_its_hash_stages_from_the_data() {
     let data = common::tpcds_data();
-    let cluster = Cluster::start(&[], 2, &["--slots", "4"]);
-    cluster.wait_for_task_managers(2);
+    let cluster = two_task_managers();
     let sql = "select ss_item_sk, count(*) as n, sum(ss_quantity) as q from store_sales \
                group by ss_item_sk order by ss_item_sk";
     let run = |extra: &[&str]| {
@@ -350,8 +344,7 @@ fn max_read(v: &Value) -> u64 {
 fn a_skewed_join_subpartition_is_split_across_subtasks_with_the_same_answer() {
     let dir = tempfile::tempdir().unwrap();
     let (tables, want) = skewed_tables(dir.path());
-    let cluster = Cluster::start(&[], 2, &["--slots", "4"]);
-    cluster.wait_for_task_managers(2);
+    let cluster = two_task_managers();
     // No broadcast, planned or at runtime: the skew path alone.
     let common = [
         "table.optimizer.join.broadcast-threshold=0",
@@ -390,8 +383,7 @@ fn a_skewed_join_subpartition_is_split_across_subtasks_with_the_same_answer() {
 fn a_join_side_found_small_at_runtime_is_broadcast() {
     let dir = tempfile::tempdir().unwrap();
     let (tables, want) = skewed_tables(dir.path());
-    let cluster = Cluster::start(&[], 2, &["--slots", "4"]);
-    cluster.wait_for_task_managers(2);
+    let cluster = two_task_managers();
     let avg = "execution.batch.adaptive.auto-parallelism.avg-data-volume-per-task=32kb";
     let none = run_join(
         &cluster,

@@ -126,37 +126,31 @@ fn explain_json_has_the_plan_shape() {
     assert!(dot.starts_with("digraph") && dot.contains("HASH"), "{dot}");
 }
 
+/// Runs `fluvia` with `args`, asserts that it fails and returns what it
+/// wrote to standard error.
+fn failure(args: &[&str]) -> String {
+    let out = fluvia().args(args).output().unwrap();
+    assert!(!out.status.success());
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 #[test]
 fn errors_are_clear_and_fail_the_process() {
-    let out = fluvia()
-        .args(["run", "wordcount", "--input", "/no/such/file.txt"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = failure(&["run", "wordcount", "--input", "/no/such/file.txt"]);
     assert!(err.contains("/no/such/file.txt"), "{err}");
 
-    let out = fluvia()
-        .args(["run", "pipeline", "--rows", "10", "-p", "0"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = failure(&["run", "pipeline", "--rows", "10", "-p", "0"]);
     assert!(err.contains("at least 1"), "{err}");
 
-    let out = fluvia()
-        .args([
-            "run",
-            "pipeline",
-            "--rows",
-            "10",
-            "-D",
-            "pipeline.object-reuse=maybe",
-        ])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("pipeline.object-reuse"));
+    let err = failure(&[
+        "run",
+        "pipeline",
+        "--rows",
+        "10",
+        "-D",
+        "pipeline.object-reuse=maybe",
+    ]);
+    assert!(err.contains("pipeline.object-reuse"));
 }
 
 #[test]

@@ -48,17 +48,7 @@ fn word_count_on_a_cluster_matches_the_embedded_run_in_both_modes() {
     let cluster = Cluster::start(&[], 2, &["--slots", "2"]);
     for mode in ["batch", "streaming"] {
         let out = dir.path().join(format!("{mode}.txt"));
-        let o = cluster.run(&[
-            "wordcount",
-            "--input",
-            input.to_str().unwrap(),
-            "--output",
-            out.to_str().unwrap(),
-            "-p",
-            "3",
-            "--mode",
-            mode,
-        ]);
+        let o = cluster.wordcount(&input, &out, &["-p", "3", "--mode", mode]);
         assert!(
             o.status.success(),
             "{mode}: {}",
@@ -85,15 +75,7 @@ fn rest_endpoints_have_the_documented_shapes() {
     let input = write_input(dir.path(), 2_000);
     let cluster = Cluster::start(&[], 2, &["--slots", "2"]);
     let out = dir.path().join("out.txt");
-    let o = cluster.run(&[
-        "wordcount",
-        "--input",
-        input.to_str().unwrap(),
-        "--output",
-        out.to_str().unwrap(),
-        "-p",
-        "2",
-    ]);
+    let o = cluster.wordcount(&input, &out, &["-p", "2"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let id = job_id(&o);
 
@@ -293,15 +275,7 @@ fn a_wrong_or_missing_secret_is_refused() {
     );
     // With it, the job runs.
     let out = dir.path().join("out.txt");
-    let o = cluster.run(&[
-        "wordcount",
-        "--input",
-        input.to_str().unwrap(),
-        "--output",
-        out.to_str().unwrap(),
-        "-D",
-        "security.cluster-secret=right",
-    ]);
+    let o = cluster.wordcount(&input, &out, &["-D", "security.cluster-secret=right"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     // REST reads are open; mutations need the secret.
     let id = job_id(&o);

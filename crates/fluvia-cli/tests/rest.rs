@@ -96,15 +96,7 @@ fn every_endpoint_answers_with_flink_s_field_names_types_and_units() {
     let input = write_input(dir.path(), 3_000);
     let cluster = Cluster::start(&["-D", "web.refresh-interval=2 s"], 2, &["--slots", "2"]);
     let out = dir.path().join("out.txt");
-    let o = cluster.run(&[
-        "wordcount",
-        "--input",
-        input.to_str().unwrap(),
-        "--output",
-        out.to_str().unwrap(),
-        "-p",
-        "2",
-    ]);
+    let o = cluster.wordcount(&input, &out, &["-p", "2"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let id = job_id(&o);
 

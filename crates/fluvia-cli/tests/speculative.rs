@@ -16,7 +16,7 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -158,6 +158,22 @@ fn wait_slowed(mut client: std::process::Child, victim: &str) -> Result<(), Stri
     }
 }
 
+/// Starts the word count job from `input` into `out` on `cluster` with
+/// speculation on and `args`; its standard error is piped.
+fn speculated_wordcount(cluster: &Cluster, input: &Path, out: &Path, args: &[&str]) -> Child {
+    common::fluvia()
+        .args(["run", "--jobmanager", &cluster.rpc, "wordcount", "--input"])
+        .arg(input)
+        .arg("--output")
+        .arg(out)
+        .args(args)
+        .args(SPECULATION)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 /// The names in `dir`, sorted.
 fn names_in(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
@@ -176,17 +192,7 @@ fn a_slowed_task_manager_gets_a_twin_of_its_subtask_elsewhere_and_is_blocked() {
     let out = dir.path().join("counts.txt");
     let expected = corpus(&input, 400_000, 2000, 0);
     let cluster = Cluster::start(&[], 4, &["--slots", "1"]);
-    let client = common::fluvia()
-        .args(["run", "--jobmanager", &cluster.rpc, "wordcount", "--input"])
-        .arg(&input)
-        .arg("--output")
-        .arg(&out)
-        .args(["-p", "4"])
-        .args(SPECULATION)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let client = speculated_wordcount(&cluster, &input, &out, &["-p", "4"]);
     let (job, victim) = running_subtask_0(&cluster, 0);
     wait_slowed(client, &victim).unwrap();
     assert_eq!(
@@ -237,17 +243,7 @@ fn a_slowed_sink_subtask_is_speculated_and_each_record_is_written_once() {
     );
     // The sinks' inputs are served by a process that is not slowed.
     cluster.add_shuffle_service(&dir.path().join("shuffle"));
-    let client = common::fluvia()
-        .args(["run", "--jobmanager", &cluster.rpc, "wordcount", "--input"])
-        .arg(&input)
-        .arg("--output")
-        .arg(&out)
-        .args(["--unsorted", "-p", "4"])
-        .args(SPECULATION)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let client = speculated_wordcount(&cluster, &input, &out, &["--unsorted", "-p", "4"]);
     // Vertex 1: keyed sum -> format -> text file sink, one part file each.
     let (job, victim) = running_subtask_0(&cluster, 1);
     wait_slowed(client, &victim).unwrap();

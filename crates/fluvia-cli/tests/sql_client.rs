@@ -508,6 +508,16 @@ fn statements_from_standard_input_run_as_one_session() {
     assert_eq!(stdout(&o), "n\n10\n");
 }
 
+/// Types `line` into the interactive client, expects each of `output` in
+/// order and then the next prompt.
+fn statement(p: &mut rexpect::session::PtySession, line: &str, output: &[&str]) {
+    p.send_line(line).unwrap();
+    for o in output {
+        p.exp_string(o).unwrap();
+    }
+    p.exp_string("Fluvia SQL>").unwrap();
+}
+
 /// The interactive client in a pseudo-terminal, as a user types.
 #[test]
 fn the_interactive_client_runs_a_session_and_ctrl_c_cancels_only_the_running_query() {
@@ -538,17 +548,16 @@ fn the_interactive_client_runs_a_session_and_ctrl_c_cancels_only_the_running_que
     .unwrap();
     p.exp_string("[INFO] table 'orders' created").unwrap();
     p.exp_string("Fluvia SQL>").unwrap();
-    p.send_line("SET 'parallelism.default' = '2';").unwrap();
-    p.exp_string("[INFO] set 'parallelism.default' = '2'")
-        .unwrap();
-    p.exp_string("Fluvia SQL>").unwrap();
-    p.send_line("SELECT qty, count(*) AS n FROM orders WHERE qty < 2 GROUP BY qty ORDER BY qty;")
-        .unwrap();
-    p.exp_string("| qty | n |").unwrap();
-    p.exp_string("| 0   | 3 |").unwrap();
-    p.exp_string("| 1   | 3 |").unwrap();
-    p.exp_string("2 rows in").unwrap();
-    p.exp_string("Fluvia SQL>").unwrap();
+    statement(
+        &mut p,
+        "SET 'parallelism.default' = '2';",
+        &["[INFO] set 'parallelism.default' = '2'"],
+    );
+    statement(
+        &mut p,
+        "SELECT qty, count(*) AS n FROM orders WHERE qty < 2 GROUP BY qty ORDER BY qty;",
+        &["| qty | n |", "| 0   | 3 |", "| 1   | 3 |", "2 rows in"],
+    );
     // A query that would run for hours, cancelled with Ctrl-C.
     p.send_line("SELECT count(*) FROM generate_series(1, 100000000000) AS t(x) WHERE x % 7 = 3;")
         .unwrap();
@@ -557,10 +566,11 @@ fn the_interactive_client_runs_a_session_and_ctrl_c_cancels_only_the_running_que
     p.exp_string("[INFO] statement cancelled").unwrap();
     p.exp_string("Fluvia SQL>").unwrap();
     // The session goes on, its table still there.
-    p.send_line("SELECT count(*) AS total FROM orders;")
-        .unwrap();
-    p.exp_string("| 20    |").unwrap();
-    p.exp_string("Fluvia SQL>").unwrap();
+    statement(
+        &mut p,
+        "SELECT count(*) AS total FROM orders;",
+        &["| 20    |"],
+    );
     p.send_line("QUIT;").unwrap();
     p.exp_eof().unwrap();
     let history = std::fs::read_to_string(dir.path().join("history")).unwrap();

@@ -13,6 +13,7 @@
 //! client and places its tasks only on TaskManagers whose program
 //! fingerprint is the job's. It carries no program itself.
 
+use crate::RpcResult;
 use crate::config as cfg;
 use crate::deployment::{
     JobInformation, attempt_id, attempt_ref, metrics_from_proto, metrics_to_proto,
@@ -617,8 +618,6 @@ struct JmService {
     shared: Arc<JmShared>,
 }
 
-type RpcResult<T> = std::result::Result<Response<T>, Status>;
-
 impl JmService {
     /// Feeds attempts' state updates to the scheduler, in order, under one
     /// lock of the state.
@@ -644,10 +643,7 @@ impl JmService {
         }
         drop(st);
         if bad.is_empty() {
-            Ack {
-                ok: true,
-                message: String::new(),
-            }
+            Ack::success()
         } else {
             Ack {
                 ok: false,
@@ -697,16 +693,10 @@ impl JobManager for JmService {
         req: Request<crate::rpc::OperatorEventRequest>,
     ) -> RpcResult<Ack> {
         security::check_request(&self.shared.secret, &req, "SendOperatorEvent")?;
-        Ok(Response::new(match self.operator_event(req.into_inner()) {
-            Ok(()) => Ack {
-                ok: true,
-                message: String::new(),
-            },
-            Err(e) => Ack {
-                ok: false,
-                message: e.to_string(),
-            },
-        }))
+        Ok(Response::new(Ack::from_result(
+            self.operator_event(req.into_inner())
+                .map_err(|e| e.to_string()),
+        )))
     }
 
     async fn register_task_manager(
@@ -715,10 +705,8 @@ impl JobManager for JmService {
     ) -> RpcResult<RegisterTaskManagerResponse> {
         security::check_request(&self.shared.secret, &req, "RegisterTaskManager")?;
         let r = req.into_inner();
-        let channel = Channel::from_shared(format!("http://{}", r.rpc_address))
-            .map_err(|e| Status::invalid_argument(format!("bad RPC address: {e}")))?
-            .tcp_nodelay(true)
-            .connect_lazy();
+        let channel = crate::lazy_channel(&r.rpc_address)
+            .map_err(|e| Status::invalid_argument(format!("bad RPC address: {e}")))?;
         let client = TaskManagerClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE_SIZE)
             .max_encoding_message_size(MAX_MESSAGE_SIZE);
@@ -806,10 +794,8 @@ impl JobManager for JmService {
     ) -> RpcResult<Ack> {
         security::check_request(&self.shared.secret, &req, "RegisterShuffleService")?;
         let r = req.into_inner();
-        let channel = Channel::from_shared(format!("http://{}", r.rpc_address))
-            .map_err(|e| Status::invalid_argument(format!("bad RPC address: {e}")))?
-            .tcp_nodelay(true)
-            .connect_lazy();
+        let channel = crate::lazy_channel(&r.rpc_address)
+            .map_err(|e| Status::invalid_argument(format!("bad RPC address: {e}")))?;
         tracing::info!(
             "shuffle service {} registered: host {}, data {}, RPC {}, directory {}",
             r.service_id,
@@ -831,10 +817,7 @@ impl JobManager for JmService {
         self.shared
             .feed(&mut st, event)
             .map_err(|e| Status::internal(e.to_string()))?;
-        Ok(Response::new(Ack {
-            ok: true,
-            message: String::new(),
-        }))
+        Ok(Response::new(Ack::success()))
     }
 
     async fn shuffle_service_heartbeat(
@@ -923,10 +906,7 @@ impl JobManager for JmService {
         security::check_request(&self.shared.secret, &req, "CancelJob")?;
         let id = req.into_inner().job_id;
         match self.shared.cancel(&id) {
-            Ok(()) => Ok(Response::new(Ack {
-                ok: true,
-                message: String::new(),
-            })),
+            Ok(()) => Ok(Response::new(Ack::success())),
             Err(e) => Err(Status::failed_precondition(e.to_string())),
         }
     }

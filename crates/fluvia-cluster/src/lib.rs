@@ -71,6 +71,39 @@ pub mod rpc {
     tonic::include_proto!("fluvia.cluster");
 }
 
+impl rpc::Ack {
+    /// The acknowledgement of a request that was carried out.
+    pub fn success() -> rpc::Ack {
+        rpc::Ack {
+            ok: true,
+            message: String::new(),
+        }
+    }
+
+    /// Success, or a refusal that says why.
+    pub fn from_result(result: std::result::Result<(), String>) -> rpc::Ack {
+        match result {
+            Ok(()) => rpc::Ack::success(),
+            Err(message) => rpc::Ack { ok: false, message },
+        }
+    }
+}
+
+/// A channel to the RPC server at `address` (`host:port`) that connects on
+/// first use.
+pub(crate) fn lazy_channel(
+    address: &str,
+) -> std::result::Result<tonic::transport::Channel, tonic::codegen::http::uri::InvalidUri> {
+    Ok(
+        tonic::transport::Channel::from_shared(format!("http://{address}"))?
+            .tcp_nodelay(true)
+            .connect_lazy(),
+    )
+}
+
+/// What a gRPC handler returns.
+pub(crate) type RpcResult<T> = std::result::Result<tonic::Response<T>, tonic::Status>;
+
 /// Prints the lines a process announces its addresses with (scripts and
 /// tests read them to find the ports), in one write. A reader that took the
 /// first line and closed the pipe must not kill the process: `println!`

@@ -13,6 +13,7 @@
 //!
 //! It knows nothing of jobs' contents or scheduling.
 
+use crate::RpcResult;
 use crate::config as cfg;
 use crate::deployment::{partition_from_proto, partition_id};
 use crate::rpc::job_manager_client::JobManagerClient;
@@ -22,6 +23,7 @@ use crate::rpc::{
     ReleasePartitionsRequest, ShuffleServiceHeartbeatRequest,
 };
 use crate::security;
+use crate::taskmanager;
 use fluvia_core::{Configuration, FluviaError, JobId, Result};
 use fluvia_network::ResultPartition;
 use fluvia_network::net::environment::NetworkEnvironment;
@@ -33,7 +35,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tonic::transport::{Channel, Server};
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response};
 
 struct Shared {
     id: String,
@@ -49,13 +51,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 fn ack(result: std::result::Result<(), String>) -> Response<Ack> {
-    Response::new(match result {
-        Ok(()) => Ack {
-            ok: true,
-            message: String::new(),
-        },
-        Err(message) => Ack { ok: false, message },
-    })
+    Response::new(Ack::from_result(result))
 }
 
 impl Shared {
@@ -141,8 +137,6 @@ impl Shared {
 struct Service {
     shared: Arc<Shared>,
 }
-
-type RpcResult<T> = std::result::Result<Response<T>, Status>;
 
 #[tonic::async_trait]
 impl ShuffleService for Service {
@@ -259,20 +253,18 @@ pub async fn start(
     let dir = dir
         .canonicalize()
         .map_err(|e| FluviaError::io(format!("resolving {}", dir.display()), e))?;
-    let net = crate::taskmanager::network_config(&config, &secret)?;
-    let data_bind: SocketAddr = format!("{host}:{}", config.get(&cfg::SHUFFLE_SERVICE_DATA_PORT)?)
-        .parse()
-        .map_err(|e| FluviaError::Config(format!("bad {}: {e}", cfg::SHUFFLE_SERVICE_HOST.key)))?;
-    let env = NetworkEnvironment::start(net, data_bind)?;
-    let listener = tokio::net::TcpListener::bind(format!(
-        "{host}:{}",
-        config.get(&cfg::SHUFFLE_SERVICE_RPC_PORT)?
-    ))
-    .await
-    .map_err(|e| FluviaError::io("binding the shuffle service RPC port", e))?;
-    let rpc_address = listener
-        .local_addr()
-        .map_err(|e| FluviaError::io("reading the shuffle service RPC port", e))?;
+    let (env, listener, rpc_address) = taskmanager::bind_endpoints(
+        &config,
+        &secret,
+        &host,
+        &taskmanager::ServerPorts {
+            host_key: cfg::SHUFFLE_SERVICE_HOST.key,
+            data_port: &cfg::SHUFFLE_SERVICE_DATA_PORT,
+            rpc_port: &cfg::SHUFFLE_SERVICE_RPC_PORT,
+            what: "shuffle service",
+        },
+    )
+    .await?;
     let id = format!("ss-{}-{}", rpc_address.port(), std::process::id());
     let shared = Arc::new(Shared {
         id: id.clone(),
@@ -291,10 +283,7 @@ pub async fn start(
             .serve_with_incoming(incoming)
             .await;
     });
-    let channel = Channel::from_shared(format!("http://{jobmanager}"))
-        .map_err(|e| FluviaError::Config(format!("bad JobManager address '{jobmanager}': {e}")))?
-        .tcp_nodelay(true)
-        .connect_lazy();
+    let channel = taskmanager::jobmanager_channel(jobmanager)?;
     let register = RegisterShuffleServiceRequest {
         service_id: id.clone(),
         host: host.clone(),

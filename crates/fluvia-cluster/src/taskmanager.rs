@@ -10,6 +10,7 @@
 //! heartbeat until the JobManager has taken it, and every heartbeat lists
 //! the attempts running here, so a lost message cannot hang a job.
 
+use crate::RpcResult;
 use crate::config::{self as cfg};
 use crate::deployment::{
     AttemptMetrics, ExecutionState, JobInformation, OutputDescriptor, StagedFile,
@@ -29,7 +30,7 @@ use crate::shuffle::{
     ShuffleEnvironment, create_input_channels,
 };
 use fluvia_core::config::options;
-use fluvia_core::{Configuration, FluviaError, Result};
+use fluvia_core::{ConfigOption, Configuration, FluviaError, Result};
 use fluvia_graph::JobGraph;
 use fluvia_network::CancelToken;
 use fluvia_network::metrics::IoCounters;
@@ -705,10 +706,7 @@ struct TmService {
 
 #[tonic::async_trait]
 impl TaskManager for TmService {
-    async fn deploy_tasks(
-        &self,
-        req: Request<TaskDeploymentsMsg>,
-    ) -> std::result::Result<Response<Acks>, Status> {
+    async fn deploy_tasks(&self, req: Request<TaskDeploymentsMsg>) -> RpcResult<Acks> {
         security::check_request(&self.shared.secret, &req, "DeployTasks")?;
         let shared = Arc::clone(&self.shared);
         let deployments = req.into_inner().deployments;
@@ -720,13 +718,7 @@ impl TaskManager for TmService {
             let mut programs = HashMap::new();
             deployments
                 .iter()
-                .map(|d| match shared.deploy_in_call(d, &mut programs) {
-                    Ok(()) => Ack {
-                        ok: true,
-                        message: String::new(),
-                    },
-                    Err(message) => Ack { ok: false, message },
-                })
+                .map(|d| Ack::from_result(shared.deploy_in_call(d, &mut programs)))
                 .collect()
         })
         .await
@@ -734,77 +726,43 @@ impl TaskManager for TmService {
         Ok(Response::new(Acks { acks }))
     }
 
-    async fn send_operator_event(
-        &self,
-        req: Request<OperatorEventRequest>,
-    ) -> std::result::Result<Response<Ack>, Status> {
+    async fn send_operator_event(&self, req: Request<OperatorEventRequest>) -> RpcResult<Ack> {
         security::check_request(&self.shared.secret, &req, "SendOperatorEvent")?;
         self.shared.deliver_operator_event(req.into_inner());
-        Ok(Response::new(Ack {
-            ok: true,
-            message: String::new(),
-        }))
+        Ok(Response::new(Ack::success()))
     }
 
-    async fn cancel_task(
-        &self,
-        req: Request<AttemptRef>,
-    ) -> std::result::Result<Response<Ack>, Status> {
+    async fn cancel_task(&self, req: Request<AttemptRef>) -> RpcResult<Ack> {
         security::check_request(&self.shared.secret, &req, "CancelTask")?;
         self.shared.cancel_attempt(&req.into_inner());
-        Ok(Response::new(Ack {
-            ok: true,
-            message: String::new(),
-        }))
+        Ok(Response::new(Ack::success()))
     }
 
-    async fn release_partitions(
-        &self,
-        req: Request<ReleasePartitionsRequest>,
-    ) -> std::result::Result<Response<Ack>, Status> {
+    async fn release_partitions(&self, req: Request<ReleasePartitionsRequest>) -> RpcResult<Ack> {
         security::check_request(&self.shared.secret, &req, "ReleasePartitions")?;
         self.shared.release_partitions(&req.into_inner());
-        Ok(Response::new(Ack {
-            ok: true,
-            message: String::new(),
-        }))
+        Ok(Response::new(Ack::success()))
     }
 
-    async fn release_job(
-        &self,
-        req: Request<JobRequest>,
-    ) -> std::result::Result<Response<Ack>, Status> {
+    async fn release_job(&self, req: Request<JobRequest>) -> RpcResult<Ack> {
         security::check_request(&self.shared.secret, &req, "ReleaseJob")?;
         self.shared.release_job(&req.into_inner().job_id);
-        Ok(Response::new(Ack {
-            ok: true,
-            message: String::new(),
-        }))
+        Ok(Response::new(Ack::success()))
     }
 
-    async fn commit_files(
-        &self,
-        req: Request<CommitFilesRequest>,
-    ) -> std::result::Result<Response<Ack>, Status> {
+    async fn commit_files(&self, req: Request<CommitFilesRequest>) -> RpcResult<Ack> {
         security::check_request(&self.shared.secret, &req, "CommitFiles")?;
         let r = req.into_inner();
         let shared = Arc::clone(&self.shared);
         let outcome = tokio::task::spawn_blocking(move || shared.commit_files(&r))
             .await
             .map_err(|e| Status::internal(format!("committing files: {e}")))?;
-        Ok(Response::new(match outcome {
-            Ok(n) => {
-                tracing::info!("committed {n} output files");
-                Ack {
-                    ok: true,
-                    message: String::new(),
-                }
-            }
-            Err(message) => Ack { ok: false, message },
-        }))
+        Ok(Response::new(Ack::from_result(outcome.map(|n| {
+            tracing::info!("committed {n} output files");
+        }))))
     }
 
-    async fn ping(&self, req: Request<Empty>) -> std::result::Result<Response<Ack>, Status> {
+    async fn ping(&self, req: Request<Empty>) -> RpcResult<Ack> {
         security::check_request(&self.shared.secret, &req, "Ping")?;
         Ok(Response::new(Ack {
             ok: true,
@@ -954,6 +912,45 @@ pub(crate) fn network_config(
     })
 }
 
+/// The ports of a process that serves partitions (a TaskManager or a
+/// shuffle service).
+pub(crate) struct ServerPorts {
+    /// The key of the host option, for errors.
+    pub host_key: &'static str,
+    pub data_port: &'static ConfigOption<usize>,
+    pub rpc_port: &'static ConfigOption<usize>,
+    /// Names the process in errors.
+    pub what: &'static str,
+}
+
+/// Starts the data plane of a process that serves partitions at `host` and
+/// binds its RPC port; returns them with the RPC address bound.
+pub(crate) async fn bind_endpoints(
+    config: &Configuration,
+    secret: &Option<String>,
+    host: &str,
+    ports: &ServerPorts,
+) -> Result<(Arc<NetworkEnvironment>, tokio::net::TcpListener, SocketAddr)> {
+    let net = network_config(config, secret)?;
+    let data_bind: SocketAddr = format!("{host}:{}", config.get(ports.data_port)?)
+        .parse()
+        .map_err(|e| FluviaError::Config(format!("bad {}: {e}", ports.host_key)))?;
+    let env = NetworkEnvironment::start(net, data_bind)?;
+    let listener = tokio::net::TcpListener::bind(format!("{host}:{}", config.get(ports.rpc_port)?))
+        .await
+        .map_err(|e| FluviaError::io(format!("binding the {} RPC port", ports.what), e))?;
+    let rpc_address = listener
+        .local_addr()
+        .map_err(|e| FluviaError::io(format!("reading the {} RPC port", ports.what), e))?;
+    Ok((env, listener, rpc_address))
+}
+
+/// A channel to the JobManager's RPC server at `jobmanager`.
+pub(crate) fn jobmanager_channel(jobmanager: &str) -> Result<Channel> {
+    crate::lazy_channel(jobmanager)
+        .map_err(|e| FluviaError::Config(format!("bad JobManager address '{jobmanager}': {e}")))
+}
+
 pub async fn run(
     jobmanager: &str,
     config: Configuration,
@@ -977,25 +974,19 @@ async fn run_inner(
             cfg::SLOTS.key
         )));
     }
-    let net = network_config(&config, &secret)?;
-    let data_bind: SocketAddr = format!("{host}:{}", config.get(&cfg::TASKMANAGER_DATA_PORT)?)
-        .parse()
-        .map_err(|e| FluviaError::Config(format!("bad {}: {e}", cfg::TASKMANAGER_HOST.key)))?;
-    let env = NetworkEnvironment::start(net, data_bind)?;
-    let listener = tokio::net::TcpListener::bind(format!(
-        "{host}:{}",
-        config.get(&cfg::TASKMANAGER_RPC_PORT)?
-    ))
-    .await
-    .map_err(|e| FluviaError::io("binding the TaskManager RPC port", e))?;
-    let rpc_address = listener
-        .local_addr()
-        .map_err(|e| FluviaError::io("reading the TaskManager RPC port", e))?;
-    let endpoint = format!("http://{jobmanager}");
-    let channel = Channel::from_shared(endpoint.clone())
-        .map_err(|e| FluviaError::Config(format!("bad JobManager address '{jobmanager}': {e}")))?
-        .tcp_nodelay(true)
-        .connect_lazy();
+    let (env, listener, rpc_address) = bind_endpoints(
+        &config,
+        &secret,
+        &host,
+        &ServerPorts {
+            host_key: cfg::TASKMANAGER_HOST.key,
+            data_port: &cfg::TASKMANAGER_DATA_PORT,
+            rpc_port: &cfg::TASKMANAGER_RPC_PORT,
+            what: "TaskManager",
+        },
+    )
+    .await?;
+    let channel = jobmanager_channel(jobmanager)?;
     let id = format!("tm-{}-{}", rpc_address.port(), std::process::id());
     let interval = config.get(&cfg::HEARTBEAT_INTERVAL)?;
     // Below 50 ms the reports would only load the JobManager.

@@ -6,65 +6,34 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
+use common::{Unplaced, run_unplaced};
 use fluvia_cluster::client::ClusterClient;
-use fluvia_cluster::program::{ProgramCatalog, ProgramSpec};
-use fluvia_core::{Configuration, ExchangeMode, FluviaError, PartitionerKind};
-use fluvia_graph::{JobGraph, JobGraphGenerator, StreamGraphBuilder};
-use fluvia_runtime::OperatorRegistry;
-use std::sync::Arc;
+use fluvia_core::Configuration;
+use fluvia_graph::JobGraph;
 use std::time::Duration;
 
-struct Catalog(&'static str);
-
-impl ProgramCatalog for Catalog {
-    fn build(&self, spec: &ProgramSpec) -> fluvia_core::Result<(JobGraph, OperatorRegistry)> {
-        Err(FluviaError::Plan(format!("no program {}", spec.name)))
-    }
-    fn fingerprint(&self) -> String {
-        self.0.to_string()
-    }
-}
-
 fn config() -> Configuration {
-    let mut c = Configuration::new();
-    c.set("jobmanager.rpc.port", "0")
-        .set("rest.port", "0")
-        .set("heartbeat.interval", "50")
-        .set("slot.request.timeout", "500");
-    c
+    common::config("500")
 }
 
 fn graph() -> JobGraph {
-    let mut b = StreamGraphBuilder::new("two vertices");
-    let s = b.add_source("Source: s", true);
-    let m = b.add_operator("Map", 1);
-    b.add_edge(
-        s,
-        m,
-        Some(PartitionerKind::Rebalance),
-        ExchangeMode::Undefined,
-        0,
-    );
-    JobGraphGenerator::new(&b.build().unwrap())
-        .create_job_graph(Configuration::new(), false)
-        .unwrap()
+    common::graph("two vertices")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_runs_only_where_its_program_is_and_fails_clearly_when_nowhere() {
-    let jm = fluvia_cluster::jobmanager::start(config()).await.unwrap();
-    let address = jm.rpc_address.to_string();
     // A TaskManager of another program registers and stays up.
-    let tm = fluvia_cluster::taskmanager::spawn(&address, config(), Arc::new(Catalog("build-b")))
-        .await
-        .unwrap();
-    let mut client = ClusterClient::connect(&address, None).await.unwrap();
-    let spec = ProgramSpec {
-        name: "mine".into(),
-        args: vec![],
-    };
-    let id = client.submit(&spec, &graph(), "build-a").await.unwrap();
-    let status = client.wait(&id).await.unwrap();
+    let Unplaced {
+        jm,
+        tm,
+        address,
+        mut client,
+        spec,
+        id,
+        status,
+    } = run_unplaced(config(), "build-b", &graph(), "build-a").await;
     assert_eq!(status.state, "FAILED");
     assert!(
         status

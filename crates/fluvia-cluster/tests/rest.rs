@@ -4,52 +4,24 @@
 
 #![allow(clippy::unwrap_used)]
 
-use fluvia_cluster::client::ClusterClient;
-use fluvia_cluster::program::{ProgramCatalog, ProgramSpec};
-use fluvia_core::{Configuration, ExchangeMode, FluviaError, PartitionerKind};
-use fluvia_graph::{JobGraph, JobGraphGenerator, StreamGraphBuilder};
-use fluvia_runtime::OperatorRegistry;
+mod common;
+
+use common::{Unplaced, run_unplaced};
+use fluvia_core::Configuration;
+use fluvia_graph::JobGraph;
 use serde_json::Value;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::Arc;
 use std::time::Duration;
 
-struct Catalog;
-
-impl ProgramCatalog for Catalog {
-    fn build(&self, spec: &ProgramSpec) -> fluvia_core::Result<(JobGraph, OperatorRegistry)> {
-        Err(FluviaError::Plan(format!("no program {}", spec.name)))
-    }
-    fn fingerprint(&self) -> String {
-        "other".to_string()
-    }
-}
-
 fn config() -> Configuration {
-    let mut c = Configuration::new();
-    c.set("jobmanager.rpc.port", "0")
-        .set("rest.port", "0")
-        .set("rest.address", "127.0.0.1")
-        .set("heartbeat.interval", "50")
-        .set("slot.request.timeout", "300");
+    let mut c = common::config("300");
+    c.set("rest.address", "127.0.0.1");
     c
 }
 
 fn graph() -> JobGraph {
-    let mut b = StreamGraphBuilder::new("unplaced");
-    let s = b.add_source("Source: s", true);
-    let m = b.add_operator("Map", 1);
-    b.add_edge(
-        s,
-        m,
-        Some(PartitionerKind::Rebalance),
-        ExchangeMode::Undefined,
-        0,
-    );
-    JobGraphGenerator::new(&b.build().unwrap())
-        .create_job_graph(Configuration::new(), false)
-        .unwrap()
+    common::graph("unplaced")
 }
 
 /// One HTTP/1.0 request; the status code and body.
@@ -71,19 +43,15 @@ fn get(addr: SocketAddr, path: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rest_api_reads_jobs_and_task_managers_and_cancels() {
-    let jm = fluvia_cluster::jobmanager::start(config()).await.unwrap();
-    let address = jm.rpc_address.to_string();
+    let Unplaced {
+        jm,
+        tm,
+        client: _client,
+        id,
+        status,
+        ..
+    } = run_unplaced(config(), "other", &graph(), "mine").await;
     let rest = jm.rest_address;
-    let tm = fluvia_cluster::taskmanager::spawn(&address, config(), Arc::new(Catalog))
-        .await
-        .unwrap();
-    let mut client = ClusterClient::connect(&address, None).await.unwrap();
-    let spec = ProgramSpec {
-        name: "mine".into(),
-        args: vec![],
-    };
-    let id = client.submit(&spec, &graph(), "mine").await.unwrap();
-    let status = client.wait(&id).await.unwrap();
     assert_eq!(status.state, "FAILED");
 
     let rest_get = move |path: String| tokio::task::spawn_blocking(move || get(rest, &path));

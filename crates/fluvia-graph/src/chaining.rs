@@ -371,42 +371,28 @@ mod tests {
         );
     }
 
-    #[test]
-    fn non_forward_partitioner_does_not_chain() {
+    /// A source feeding operator `A` over one edge.
+    fn source_to_a(partitioner: PartitionerKind, mode: ExchangeMode) -> StreamGraph {
         let mut b = StreamGraphBuilder::new("job");
         let s = b.add_source("Source: s", true);
         let a = b.add_operator("A", 1);
-        b.add_edge(
-            s,
-            a,
-            Some(PartitionerKind::Rebalance),
-            ExchangeMode::Undefined,
-            0,
-        );
-        let g = b.build().unwrap();
+        b.add_edge(s, a, Some(partitioner), mode, 0);
+        b.build().unwrap()
+    }
+
+    #[test]
+    fn non_forward_partitioner_does_not_chain() {
+        let g = source_to_a(PartitionerKind::Rebalance, ExchangeMode::Undefined);
         assert!(!first_edge_chainable(&g));
     }
 
     #[test]
     fn batch_exchange_does_not_chain() {
-        let mut b = StreamGraphBuilder::new("job");
-        let s = b.add_source("Source: s", true);
-        let a = b.add_operator("A", 1);
-        b.add_edge(s, a, Some(PartitionerKind::Forward), ExchangeMode::Batch, 0);
-        let g = b.build().unwrap();
+        let g = source_to_a(PartitionerKind::Forward, ExchangeMode::Batch);
         assert!(!first_edge_chainable(&g));
         // The same edge pipelined chains.
-        let mut b = StreamGraphBuilder::new("job");
-        let s = b.add_source("Source: s", true);
-        let a = b.add_operator("A", 1);
-        b.add_edge(
-            s,
-            a,
-            Some(PartitionerKind::Forward),
-            ExchangeMode::Pipelined,
-            0,
-        );
-        assert!(first_edge_chainable(&b.build().unwrap()));
+        let g = source_to_a(PartitionerKind::Forward, ExchangeMode::Pipelined);
+        assert!(first_edge_chainable(&g));
     }
 
     #[test]

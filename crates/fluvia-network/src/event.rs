@@ -13,6 +13,7 @@
 //! [`Event::decode`], total on any input).
 
 use crate::buffer::Buffer;
+use crate::byte_reader::{ByteReader, Truncation};
 use std::fmt;
 
 /// Whether a snapshot is a checkpoint (owned and subsumed by the system) or
@@ -195,7 +196,7 @@ impl Event {
     /// Reads an event written by [`encode`](Self::encode); any other input
     /// is an error naming what is wrong, never a panic.
     pub fn decode(bytes: &[u8]) -> Result<Event, EventDecodeError> {
-        let mut r = Cursor { bytes, pos: 0 };
+        let mut r = Cursor::new(bytes, EventBytes);
         let event = match r.u8()? {
             0 => Event::EndOfPartition,
             1 => Event::EndOfData(match r.u8()? {
@@ -246,8 +247,8 @@ impl Event {
             }
             t => return Err(r.error(format!("unknown event tag {t}"))),
         };
-        if r.pos != bytes.len() {
-            return Err(r.error(format!("{} trailing bytes", bytes.len() - r.pos)));
+        if r.remaining() != 0 {
+            return Err(r.error(format!("{} trailing bytes", r.remaining())));
         }
         Ok(event)
     }
@@ -265,41 +266,25 @@ impl fmt::Display for EventDecodeError {
 
 impl std::error::Error for EventDecodeError {}
 
-struct Cursor<'a> {
-    bytes: &'a [u8],
-    pos: usize,
+/// Event decoding errors say at which byte they arose.
+struct EventBytes;
+
+impl Truncation for EventBytes {
+    type Error = EventDecodeError;
+    fn truncated(&self, needed: usize, at: usize, has: usize) -> EventDecodeError {
+        at_byte(format!("truncated: needs {needed} bytes, has {has}"), at)
+    }
 }
 
-impl<'a> Cursor<'a> {
+fn at_byte(what: String, pos: usize) -> EventDecodeError {
+    EventDecodeError(format!("{what} (at byte {pos})"))
+}
+
+type Cursor<'a> = ByteReader<'a, EventBytes>;
+
+impl Cursor<'_> {
     fn error(&self, what: String) -> EventDecodeError {
-        EventDecodeError(format!("{what} (at byte {})", self.pos))
-    }
-    fn take(&mut self, n: usize) -> Result<&'a [u8], EventDecodeError> {
-        let end = self
-            .pos
-            .checked_add(n)
-            .filter(|&e| e <= self.bytes.len())
-            .ok_or_else(|| {
-                self.error(format!(
-                    "truncated: needs {n} bytes, has {}",
-                    self.bytes.len().saturating_sub(self.pos)
-                ))
-            })?;
-        let s = &self.bytes[self.pos..end];
-        self.pos = end;
-        Ok(s)
-    }
-    fn u8(&mut self) -> Result<u8, EventDecodeError> {
-        Ok(self.take(1)?[0])
-    }
-    fn u32(&mut self) -> Result<u32, EventDecodeError> {
-        let b = self.take(4)?;
-        Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
-    }
-    fn u64(&mut self) -> Result<u64, EventDecodeError> {
-        let mut a = [0u8; 8];
-        a.copy_from_slice(self.take(8)?);
-        Ok(u64::from_be_bytes(a))
+        at_byte(what, self.pos)
     }
 }
 

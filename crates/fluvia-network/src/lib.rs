@@ -23,6 +23,7 @@
 
 pub mod availability;
 pub mod buffer;
+mod byte_reader;
 pub mod cancel;
 pub mod compression;
 pub mod event;

@@ -64,6 +64,17 @@ fn write(
     Written { partition, pool }
 }
 
+/// [`write`]s the records of `exp` (per subpartition) interleaved, into
+/// as many subpartitions.
+fn write_expected(
+    dir: &Path,
+    cfg: SortMergeConfig,
+    scheduler: &Arc<ReadScheduler>,
+    exp: &[Vec<Vec<u8>>],
+) -> Written {
+    write(dir, exp.len(), cfg, scheduler, interleaved(exp))
+}
+
 /// Per channel, `(subpartition, record)` in arrival order.
 type Received = Vec<Vec<(u32, Vec<u8>)>>;
 
@@ -160,13 +171,7 @@ fn two_files_per_partition_and_every_subpartition_reads_back_whatever_the_parall
             12 + (s as usize * 37) % 300
         });
         // A sort area of 8 segments: several regions, memory fixed.
-        let w = write(
-            dir.path(),
-            n,
-            config(8, true),
-            &scheduler,
-            interleaved(&exp),
-        );
+        let w = write_expected(dir.path(), config(8, true), &scheduler, &exp);
         assert_eq!(
             files_in(dir.path()),
             vec!["p.shuffle.data", "p.shuffle.index"],
@@ -212,13 +217,7 @@ fn range_reads_return_exactly_their_subpartitions_in_order_with_records_spanning
     let n = 10;
     // Records up to 3 segments long cross buffer boundaries.
     let exp = expected(n, 30, |s| 100 + (s as usize * 977) % (3 * SEGMENT));
-    let w = write(
-        dir.path(),
-        n,
-        config(16, false),
-        &scheduler,
-        interleaved(&exp),
-    );
+    let w = write_expected(dir.path(), config(16, false), &scheduler, &exp);
     let got = read_all(vec![local(&w.partition, 2, 5), local(&w.partition, 9, 9)]).unwrap();
     for (ch, range) in [(0usize, 2..=5usize), (1, 9..=9)] {
         for sp in 0..n {
@@ -362,13 +361,7 @@ fn concurrent_readers_of_one_subpartition_each_read_everything() {
     let scheduler = ReadScheduler::start(1 << 20, SEGMENT).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let exp = expected(2, 2000, |_| 300);
-    let w = write(
-        dir.path(),
-        2,
-        config(8, true),
-        &scheduler,
-        interleaved(&exp),
-    );
+    let w = write_expected(dir.path(), config(8, true), &scheduler, &exp);
     let readers: Vec<_> = (0..4)
         .map(|_| {
             let p = Arc::clone(&w.partition);
@@ -389,13 +382,7 @@ fn a_flipped_byte_is_a_checksum_error_naming_the_partition() {
     let scheduler = ReadScheduler::start(8 << 20, SEGMENT).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let exp = expected(2, 200, |_| 100);
-    let w = write(
-        dir.path(),
-        2,
-        config(8, false),
-        &scheduler,
-        interleaved(&exp),
-    );
+    let w = write_expected(dir.path(), config(8, false), &scheduler, &exp);
     let path = dir.path().join("p.shuffle.data");
     let mut bytes = std::fs::read(&path).unwrap();
     let at = bytes.len() / 2;
@@ -418,13 +405,7 @@ fn a_bad_index_is_refused_before_anything_is_allocated() {
     let scheduler = ReadScheduler::start(8 << 20, SEGMENT).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let exp = expected(4, 50, |_| 100);
-    let w = write(
-        dir.path(),
-        4,
-        config(8, false),
-        &scheduler,
-        interleaved(&exp),
-    );
+    let w = write_expected(dir.path(), config(8, false), &scheduler, &exp);
     w.partition.as_sort_merge().unwrap().disown_files();
     drop(w);
     let (data, index) = (

@@ -65,6 +65,19 @@ fn producer_partition(
     )
 }
 
+/// A gate reading `channels`, all as input 0.
+fn gate_over<C: InputChannel + 'static>(channels: &[Arc<C>]) -> InputGate {
+    InputGate::new(
+        channels
+            .iter()
+            .map(|c| InputChannelSpec {
+                channel: Arc::clone(c) as Arc<dyn InputChannel>,
+                input_index: 0,
+            })
+            .collect(),
+    )
+}
+
 /// Records are (subpartition, sequence) pairs, 16 bytes plus `pad`.
 fn record(sp: u32, seq: u64, pad: usize) -> Vec<u8> {
     let mut r = Vec::with_capacity(12 + pad);
@@ -99,15 +112,7 @@ fn exchange(compression: bool) {
         }
         w.finish().unwrap();
     });
-    let mut gate = InputGate::new(
-        channels
-            .iter()
-            .map(|c| InputChannelSpec {
-                channel: Arc::clone(c) as Arc<dyn InputChannel>,
-                input_index: 0,
-            })
-            .collect(),
-    );
+    let mut gate = gate_over(&channels);
     let mut next = [0u64; 2];
     let mut deser = [RecordDeserializer::new(), RecordDeserializer::new()];
     let cancel = CancelToken::new();
@@ -158,10 +163,7 @@ fn buffers_ready_together_leave_in_one_write() {
     w.finish().unwrap();
     let specs = [first_subpartition(a.data_address(), pid(3))];
     let (_gate_pool, channels) = b.open_remote_channels(&specs).unwrap();
-    let mut gate = InputGate::new(vec![InputChannelSpec {
-        channel: Arc::clone(&channels[0]) as Arc<dyn InputChannel>,
-        input_index: 0,
-    }]);
+    let mut gate = gate_over(&channels);
     let (mut next, mut deser) = (0u64, RecordDeserializer::new());
     let cancel = CancelToken::new();
     while let Some(ev) = gate.get_next(&cancel).unwrap() {
@@ -225,11 +227,7 @@ fn a_stalled_channel_does_not_slow_the_others_on_its_connection() {
         fast_w.finish().unwrap();
     });
     // Read only the fast channel.
-    let fast_channel = Arc::clone(&channels[1]);
-    let mut gate = InputGate::new(vec![InputChannelSpec {
-        channel: fast_channel as Arc<dyn InputChannel>,
-        input_index: 0,
-    }]);
+    let mut gate = gate_over(&channels[1..]);
     let mut d = RecordDeserializer::new();
     let mut got = 0u64;
     let cancel = CancelToken::new();
@@ -279,10 +277,7 @@ fn a_peer_that_dies_mid_stream_fails_the_channel_naming_it() {
     }
     w.flush_all().unwrap();
     let peer = a.data_address();
-    let mut gate = InputGate::new(vec![InputChannelSpec {
-        channel: Arc::clone(&channels[0]) as Arc<dyn InputChannel>,
-        input_index: 0,
-    }]);
+    let mut gate = gate_over(&channels);
     let cancel = CancelToken::new();
     // Read what was sent, then the producer's TaskManager goes away.
     assert!(matches!(
@@ -316,10 +311,7 @@ fn a_peer_sending_garbage_fails_the_channel_with_a_protocol_error() {
     let err = match b.open_remote_channels(&[first_subpartition(peer, pid(0))]) {
         Err(e) => e.to_string(),
         Ok((_gp, channels)) => {
-            let mut gate = InputGate::new(vec![InputChannelSpec {
-                channel: Arc::clone(&channels[0]) as Arc<dyn InputChannel>,
-                input_index: 0,
-            }]);
+            let mut gate = gate_over(&channels);
             gate.get_next(&CancelToken::new()).unwrap_err().to_string()
         }
     };
@@ -336,10 +328,7 @@ fn requesting_an_unknown_partition_is_a_clear_error() {
     let (_gp, channels) = b
         .open_remote_channels(&[first_subpartition(a.data_address(), pid(42))])
         .unwrap();
-    let mut gate = InputGate::new(vec![InputChannelSpec {
-        channel: Arc::clone(&channels[0]) as Arc<dyn InputChannel>,
-        input_index: 0,
-    }]);
+    let mut gate = gate_over(&channels);
     let err = gate.get_next(&CancelToken::new()).unwrap_err().to_string();
     assert!(err.contains("not found") && err.contains("#42@0"), "{err}");
 }
@@ -366,10 +355,7 @@ fn read_one(
     let (_gp, channels) = consumer
         .open_remote_channels(&specs)
         .map_err(|e| e.to_string())?;
-    let mut gate = InputGate::new(vec![InputChannelSpec {
-        channel: Arc::clone(&channels[0]) as Arc<dyn InputChannel>,
-        input_index: 0,
-    }]);
+    let mut gate = gate_over(&channels);
     let mut n = 0;
     let mut d = RecordDeserializer::new();
     while let Some(ev) = gate
@@ -457,10 +443,7 @@ fn remote_read(
         .unwrap();
     let specs = [first_subpartition(producer.data_address(), id)];
     let (gate_pool, channels) = consumer.open_remote_channels(&specs).unwrap();
-    let gate = InputGate::new(vec![InputChannelSpec {
-        channel: Arc::clone(&channels[0]) as Arc<dyn InputChannel>,
-        input_index: 0,
-    }]);
+    let gate = gate_over(&channels);
     RemoteRead {
         writer,
         pool,

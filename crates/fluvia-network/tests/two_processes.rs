@@ -11,18 +11,19 @@ fn two_processes_exchange_gigabytes_exactly_once_in_order() {
     let peer = env!("CARGO_BIN_EXE_fluvia-net-peer");
     // 2 producers × 2 subpartitions × 2.6 M records × 256 bytes ≈ 2.7 GB.
     let (records, size) = ("2600000", "256");
+    let shape = [
+        "--producers",
+        "2",
+        "--consumers",
+        "2",
+        "--records",
+        records,
+        "--size",
+        size,
+    ];
     let mut producer = Command::new(peer)
-        .args([
-            "produce",
-            "--producers",
-            "2",
-            "--consumers",
-            "2",
-            "--records",
-            records,
-            "--size",
-            size,
-        ])
+        .arg("produce")
+        .args(shape)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -33,19 +34,8 @@ fn two_processes_exchange_gigabytes_exactly_once_in_order() {
         .unwrap();
     let addr = line.trim().strip_prefix("ADDR ").unwrap().to_string();
     let out = Command::new(peer)
-        .args([
-            "consume",
-            "--peer",
-            &addr,
-            "--producers",
-            "2",
-            "--consumers",
-            "2",
-            "--records",
-            records,
-            "--size",
-            size,
-        ])
+        .args(["consume", "--peer", &addr])
+        .args(shape)
         .output()
         .unwrap();
     drop(producer.stdin.take());

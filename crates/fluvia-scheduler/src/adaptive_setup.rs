@@ -10,7 +10,7 @@ use crate::execution_graph::{SubpartitionRange, SubtaskInput};
 use crate::job::{AdaptiveJob, Job};
 use crate::skew::{self, SkewConfig};
 use fluvia_core::config::options;
-use fluvia_core::{FluviaError, Result, internal_err};
+use fluvia_core::{ConfigOption, FluviaError, Result, internal_err};
 use fluvia_graph::JobGraph;
 use std::collections::BTreeMap;
 
@@ -22,38 +22,22 @@ pub(crate) fn adaptive_plan(graph: &JobGraph) -> Result<Option<(AdaptiveJob, Vec
         return Ok(None);
     };
     let config = DeciderConfig::from_configuration(&graph.config)?;
-    let skew = match graph
-        .config
-        .get(&options::SKEWED_JOIN_STRATEGY)?
-        .to_ascii_uppercase()
-        .as_str()
-    {
-        "NONE" => None,
-        "AUTO" | "FORCED" => Some(SkewConfig {
+    let skew = if strategy_enabled(graph, &options::SKEWED_JOIN_STRATEGY, &["AUTO", "FORCED"])? {
+        Some(SkewConfig {
             factor: graph.config.get(&options::SKEWED_JOIN_FACTOR)?,
             threshold: graph.config.get(&options::SKEWED_JOIN_THRESHOLD)?,
-        }),
-        other => {
-            return Err(FluviaError::Config(format!(
-                "'{}' is {other}: expected AUTO, FORCED or NONE",
-                options::SKEWED_JOIN_STRATEGY.key
-            )));
-        }
+        })
+    } else {
+        None
     };
-    let broadcast_threshold = match graph
-        .config
-        .get(&options::ADAPTIVE_BROADCAST_JOIN_STRATEGY)?
-        .to_ascii_uppercase()
-        .as_str()
-    {
-        "NONE" => None,
-        "AUTO" | "RUNTIME_ONLY" => Some(graph.config.get(&options::BROADCAST_THRESHOLD)?),
-        other => {
-            return Err(FluviaError::Config(format!(
-                "'{}' is {other}: expected AUTO, RUNTIME_ONLY or NONE",
-                options::ADAPTIVE_BROADCAST_JOIN_STRATEGY.key
-            )));
-        }
+    let broadcast_threshold = if strategy_enabled(
+        graph,
+        &options::ADAPTIVE_BROADCAST_JOIN_STRATEGY,
+        &["AUTO", "RUNTIME_ONLY"],
+    )? {
+        Some(graph.config.get(&options::BROADCAST_THRESHOLD)?)
+    } else {
+        None
     };
     Ok(Some((
         AdaptiveJob {
@@ -65,6 +49,24 @@ pub(crate) fn adaptive_plan(graph: &JobGraph) -> Result<Option<(AdaptiveJob, Vec
         },
         undecided,
     )))
+}
+
+/// Whether the strategy `option` names (any case) is one of `enabled`
+/// rather than NONE; any other value is an error.
+fn strategy_enabled(
+    graph: &JobGraph,
+    option: &ConfigOption<&'static str>,
+    enabled: &[&str],
+) -> Result<bool> {
+    match graph.config.get(option)?.to_ascii_uppercase().as_str() {
+        "NONE" => Ok(false),
+        s if enabled.contains(&s) => Ok(true),
+        other => Err(FluviaError::Config(format!(
+            "'{}' is {other}: expected {} or NONE",
+            option.key,
+            enabled.join(", ")
+        ))),
+    }
 }
 
 /// Initializes vertex `v` if it can be now: a decided one once its

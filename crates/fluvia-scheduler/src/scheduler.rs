@@ -658,10 +658,14 @@ impl Scheduler {
             {
                 e.transition(state, now);
             }
-            ExecutionState::Finished if was_canceling => {
-                // It ended before the cancel reached it: cancelled all the
-                // same (Flink's `completeCancelling`). Its partitions are
-                // not read: a sibling won, or its region restarts.
+            ExecutionState::Finished | ExecutionState::Canceled | ExecutionState::Failed
+                if was_canceling =>
+            {
+                // A cancelled attempt ends cancelled; one that finished
+                // before the cancel reached it too (Flink's
+                // `completeCancelling`). What it did before stays visible.
+                // Nobody reads its partitions: a sibling won, or its region
+                // restarts.
                 e.transition(ExecutionState::Canceled, now);
                 e.metrics = metrics;
                 let tm = e.task_manager.clone();
@@ -678,18 +682,6 @@ impl Scheduler {
                 self.attempt_finished(a, tm);
             }
             ExecutionState::Canceled | ExecutionState::Failed => {
-                if was_canceling {
-                    e.transition(ExecutionState::Canceled, now);
-                    // What it did before it was cancelled stays visible.
-                    e.metrics = metrics;
-                    let tm = e.task_manager.clone();
-                    self.free_slot(a);
-                    // Nobody reads a cancelled attempt's partitions.
-                    if let Some(tm) = tm {
-                        self.release_partitions_of(a, &tm);
-                    }
-                    return;
-                }
                 let cause = match (state, failure) {
                     (_, Some(f)) if !f.is_empty() => f,
                     (ExecutionState::Canceled, _) => {

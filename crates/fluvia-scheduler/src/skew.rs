@@ -472,6 +472,20 @@ mod tests {
         threshold: 100,
     };
 
+    /// How many subtasks, given what each reads of one input, read
+    /// subpartition `s` of partition `p`.
+    fn readers_of(subtasks: &[Vec<ExecutionVertexInputInfo>], p: usize, s: usize) -> usize {
+        subtasks
+            .iter()
+            .filter(|slices| {
+                slices.iter().any(|sl| {
+                    (sl.partition_range.start..=sl.partition_range.end).contains(&p)
+                        && (sl.subpartition_range.start..=sl.subpartition_range.end).contains(&s)
+                })
+            })
+            .count()
+    }
+
     /// Every (producer, subpartition) pair of input `i` read exactly once,
     /// and, for each subpartition, every pair of rows (a from the split
     /// side, b from the other) meets in exactly one subtask.
@@ -480,16 +494,7 @@ mod tests {
             let n = input.num_subpartitions(0);
             for p in 0..input.num_partitions() {
                 for s in 0..n {
-                    let reads = d.inputs[i]
-                        .iter()
-                        .filter(|slices| {
-                            slices.iter().any(|sl| {
-                                (sl.partition_range.start..=sl.partition_range.end).contains(&p)
-                                    && (sl.subpartition_range.start..=sl.subpartition_range.end)
-                                        .contains(&s)
-                            })
-                        })
-                        .count();
+                    let reads = readers_of(&d.inputs[i], p, s);
                     let split = d
                         .split
                         .iter()
@@ -564,16 +569,7 @@ mod tests {
         // Every (partition, subpartition) cell of the big side exactly once.
         for p in 0..4 {
             for s in 0..4 {
-                let n = d.inputs[1]
-                    .iter()
-                    .filter(|sl| {
-                        sl.iter().any(|e| {
-                            (e.partition_range.start..=e.partition_range.end).contains(&p)
-                                && (e.subpartition_range.start..=e.subpartition_range.end)
-                                    .contains(&s)
-                        })
-                    })
-                    .count();
+                let n = readers_of(&d.inputs[1], p, s);
                 assert_eq!(n, 1, "({p},{s})");
             }
         }

@@ -14,8 +14,10 @@
 
 #![allow(clippy::unwrap_used)]
 
-use fluvia_core::{Configuration, ExchangeMode, JobId, PartitionerKind};
-use fluvia_graph::{JobGraph, JobGraphGenerator, StreamGraphBuilder};
+mod common;
+
+use fluvia_core::{Configuration, JobId, PartitionerKind};
+use fluvia_graph::{JobGraph, StreamGraphBuilder};
 use fluvia_scheduler::{
     Action, Event, Execution, ExecutionAttemptId, ExecutionState, Job, JobState, PartitionRef,
     Scheduler, SchedulerConfig, ShuffleServiceSpec, TaskDeploymentDescriptor, TaskManagerSpec,
@@ -43,32 +45,22 @@ struct V(&'static str, usize, Option<&'static str>);
 /// `vs[k]`; `edges` are (from, to, partitioner). Vertex 0 is the only
 /// source, bounded (a batch job) or not (a streaming job).
 fn graph(bounded: bool, vs: &[V], edges: &[(usize, usize, PartitionerKind)]) -> JobGraph {
-    let mut b = StreamGraphBuilder::new("test-job");
-    b.chaining_enabled = false;
-    let mut ids = Vec::new();
-    for (k, V(name, p, group)) in vs.iter().enumerate() {
-        let id = if k == 0 {
-            b.add_source(*name, bounded)
-        } else {
-            b.add_operator(*name, 1)
-        };
+    let names: Vec<&'static str> = vs.iter().map(|v| v.0).collect();
+    let configure = |b: &mut StreamGraphBuilder, id, k: usize| {
+        let V(_, p, group) = &vs[k];
         b.set_parallelism(id, *p);
         if let Some(g) = group {
             b.set_slot_sharing_group(id, *g);
         }
-        ids.push(id);
-    }
-    for &(from, to, part) in edges {
-        b.add_edge(ids[from], ids[to], Some(part), ExchangeMode::Undefined, 0);
-    }
-    let jg = JobGraphGenerator::new(&b.build().unwrap())
-        .create_job_graph(Configuration::new(), false)
-        .unwrap();
-    // The tests address vertices by their position in `vs`.
-    for (k, V(name, _, _)) in vs.iter().enumerate() {
-        assert_eq!(jg.vertices[k].name, *name);
-    }
-    jg
+    };
+    common::job_graph(
+        "test-job",
+        bounded,
+        &names,
+        configure,
+        edges,
+        Configuration::new(),
+    )
 }
 
 /// `Source (p) -> Map (p)` with a FORWARD edge: map subtask i reads only

@@ -10,7 +10,8 @@
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{
-    DataType, Date32Type, Field, Int32Type, Int64Type, Schema, SchemaRef,
+    ArrowPrimitiveType, DataType, Date32Type, Decimal128Type, Field, Int32Type, Int64Type, Schema,
+    SchemaRef,
 };
 use datafusion::arrow::error::ArrowError;
 use datafusion::parquet::arrow::ArrowWriter;
@@ -285,6 +286,19 @@ pub struct TableChecksum {
     pub columns: i128,
 }
 
+/// The sum of the non-null values of primitive column `c`.
+fn primitive_sum<T: ArrowPrimitiveType>(c: &ArrayRef) -> i128
+where
+    T::Native: Into<i128>,
+{
+    c.as_primitive::<T>().iter().flatten().map(Into::into).sum()
+}
+
+/// The bytes of the non-null values of a string column.
+fn string_bytes<'a>(values: impl IntoIterator<Item = Option<&'a str>>) -> i128 {
+    values.into_iter().flatten().map(|s| s.len() as i128).sum()
+}
+
 impl TableChecksum {
     pub fn add(&mut self, batch: &RecordBatch) {
         self.rows += batch.num_rows() as i128;
@@ -292,53 +306,14 @@ impl TableChecksum {
         for c in batch.columns() {
             self.null_cells += c.null_count() as i128;
             match c.data_type() {
-                DataType::Int32 => {
-                    self.int_sum += c
-                        .as_primitive::<Int32Type>()
-                        .iter()
-                        .flatten()
-                        .map(i128::from)
-                        .sum::<i128>()
-                }
-                DataType::Int64 => {
-                    self.int_sum += c
-                        .as_primitive::<Int64Type>()
-                        .iter()
-                        .flatten()
-                        .map(i128::from)
-                        .sum::<i128>()
-                }
-                DataType::Date32 => {
-                    self.date_sum += c
-                        .as_primitive::<Date32Type>()
-                        .iter()
-                        .flatten()
-                        .map(i128::from)
-                        .sum::<i128>()
-                }
+                DataType::Int32 => self.int_sum += primitive_sum::<Int32Type>(c),
+                DataType::Int64 => self.int_sum += primitive_sum::<Int64Type>(c),
+                DataType::Date32 => self.date_sum += primitive_sum::<Date32Type>(c),
                 DataType::Decimal128(_, _) => {
-                    self.decimal_unscaled_sum += c
-                        .as_primitive::<datafusion::arrow::datatypes::Decimal128Type>()
-                        .iter()
-                        .flatten()
-                        .sum::<i128>()
+                    self.decimal_unscaled_sum += primitive_sum::<Decimal128Type>(c)
                 }
-                DataType::Utf8 => {
-                    self.string_bytes += c
-                        .as_string::<i32>()
-                        .iter()
-                        .flatten()
-                        .map(|s| s.len() as i128)
-                        .sum::<i128>()
-                }
-                DataType::Utf8View => {
-                    self.string_bytes += c
-                        .as_string_view()
-                        .iter()
-                        .flatten()
-                        .map(|s| s.len() as i128)
-                        .sum::<i128>()
-                }
+                DataType::Utf8 => self.string_bytes += string_bytes(c.as_string::<i32>()),
+                DataType::Utf8View => self.string_bytes += string_bytes(c.as_string_view()),
                 _ => {}
             }
         }

@@ -118,35 +118,17 @@ impl Cluster {
         task_managers: usize,
         tm_args: &[&str],
     ) -> Cluster {
-        let mut jm = fluvia()
-            .args([
-                "jobmanager",
-                "-D",
-                "jobmanager.rpc.port=0",
-                "-D",
-                "rest.port=0",
-            ])
-            .args(heartbeats)
-            .args(jm_args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut out = BufReader::new(jm.stdout.take().unwrap());
-        let mut line = String::new();
-        out.read_line(&mut line).unwrap();
-        let rpc = line
-            .trim()
-            .strip_prefix("JobManager RPC ")
-            .unwrap()
-            .to_string();
-        line.clear();
-        out.read_line(&mut line).unwrap();
-        let rest = line
-            .trim()
-            .strip_prefix("REST http://")
-            .unwrap()
-            .to_string();
+        let mut jm = fluvia();
+        jm.args([
+            "jobmanager",
+            "-D",
+            "jobmanager.rpc.port=0",
+            "-D",
+            "rest.port=0",
+        ])
+        .args(heartbeats)
+        .args(jm_args);
+        let (jm, [rpc, rest]) = spawn_announcing(&mut jm, ["JobManager RPC ", "REST http://"]);
         let mut c = Cluster {
             jm,
             tms: Vec::new(),
@@ -178,22 +160,11 @@ impl Cluster {
     /// Starts `fluvia shuffle-service` on `dir` and waits until the
     /// JobManager knows it; returns its process id.
     pub fn add_shuffle_service(&mut self, dir: &Path) -> u32 {
-        let mut s = fluvia()
-            .args(["shuffle-service", "--jobmanager", &self.rpc, "--dir"])
+        let mut cmd = fluvia();
+        cmd.args(["shuffle-service", "--jobmanager", &self.rpc, "--dir"])
             .arg(dir)
-            .args(&self.heartbeats)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut out = BufReader::new(s.stdout.take().unwrap());
-        let mut line = String::new();
-        out.read_line(&mut line).unwrap();
-        let id = line
-            .trim()
-            .strip_prefix("Shuffle service ")
-            .unwrap_or_else(|| panic!("{line}"))
-            .to_string();
+            .args(&self.heartbeats);
+        let (s, [id]) = spawn_announcing(&mut cmd, ["Shuffle service "]);
         let pid = s.id();
         self.shuffle_services.push(s);
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -233,6 +204,43 @@ impl Cluster {
             .output()
             .unwrap()
     }
+
+    /// Runs the word count job from `input` into `output`, with `extra`
+    /// arguments after them.
+    pub fn wordcount(&self, input: &Path, output: &Path, extra: &[&str]) -> Output {
+        let mut args = vec![
+            "wordcount",
+            "--input",
+            input.to_str().unwrap(),
+            "--output",
+            output.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        self.run(&args)
+    }
+}
+
+/// Starts `cmd` and reads the lines it announces itself with: one a prefix
+/// in `prefixes`, returned without it.
+fn spawn_announcing<const N: usize>(
+    cmd: &mut Command,
+    prefixes: [&str; N],
+) -> (Child, [String; N]) {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let values = prefixes.map(|prefix| {
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        line.trim()
+            .strip_prefix(prefix)
+            .unwrap_or_else(|| panic!("{line}"))
+            .to_string()
+    });
+    (child, values)
 }
 
 /// A tiny HTTP client: enough for the REST API's JSON.

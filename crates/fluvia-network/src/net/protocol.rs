@@ -7,6 +7,7 @@
 //! sequence yields messages or a [`ProtocolError`], never a panic and never an
 //! allocation larger than [`MAX_FRAME`].
 
+use crate::byte_reader::{ByteReader, Truncation};
 use std::fmt;
 
 pub const MAGIC: u32 = 0xBADC_0FFE;
@@ -240,53 +241,31 @@ pub fn encode(msg: &Message, out: &mut Vec<u8>) {
     }
 }
 
-/// Reads fields from a frame body, failing on truncation.
-struct Reader<'a> {
-    buf: &'a [u8],
-    pos: usize,
-    what: &'static str,
+/// Names the frame a truncated body belongs to.
+struct FrameKind(&'static str);
+
+impl Truncation for FrameKind {
+    type Error = ProtocolError;
+    fn truncated(&self, needed: usize, at: usize, has: usize) -> ProtocolError {
+        ProtocolError(format!(
+            "{} frame truncated: needs {needed} more bytes at offset {at}, has {has}",
+            self.0
+        ))
+    }
 }
 
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], ProtocolError> {
-        let end = self
-            .pos
-            .checked_add(n)
-            .filter(|&e| e <= self.buf.len())
-            .ok_or_else(|| {
-                ProtocolError(format!(
-                    "{} frame truncated: needs {} more bytes at offset {}, has {}",
-                    self.what,
-                    n,
-                    self.pos,
-                    self.buf.len().saturating_sub(self.pos)
-                ))
-            })?;
-        let s = &self.buf[self.pos..end];
-        self.pos = end;
-        Ok(s)
-    }
-    fn u8(&mut self) -> Result<u8, ProtocolError> {
-        Ok(self.take(1)?[0])
-    }
-    fn u32(&mut self) -> Result<u32, ProtocolError> {
-        let b = self.take(4)?;
-        Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
-    }
-    fn u128(&mut self) -> Result<u128, ProtocolError> {
-        let b = self.take(16)?;
-        let mut a = [0u8; 16];
-        a.copy_from_slice(b);
-        Ok(u128::from_be_bytes(a))
-    }
+/// Reads fields from a frame body, failing on truncation.
+type Reader<'a> = ByteReader<'a, FrameKind>;
+
+impl Reader<'_> {
     fn finish(&self) -> Result<(), ProtocolError> {
-        if self.pos == self.buf.len() {
+        if self.remaining() == 0 {
             Ok(())
         } else {
             Err(ProtocolError(format!(
                 "{} frame has {} trailing bytes",
-                self.what,
-                self.buf.len() - self.pos
+                self.context.0,
+                self.remaining()
             )))
         }
     }
@@ -346,11 +325,7 @@ fn decode_frame(id: u8, body: &[u8]) -> Result<Frame<'_>, ProtocolError> {
         8 => "ConsumerDemand",
         other => return Err(ProtocolError(format!("unknown message id {other}"))),
     };
-    let mut r = Reader {
-        buf: body,
-        pos: 0,
-        what,
-    };
+    let mut r = Reader::new(body, FrameKind(what));
     let msg = match id {
         0 => {
             let receiver = r.u128()?;

@@ -245,26 +245,29 @@ struct ReaderListener {
     receiver: ReceiverId,
 }
 
-impl AvailabilityListener for ReaderListener {
-    fn notify_available(&self, _channel: usize) {
+impl ReaderListener {
+    /// Queues the reader with `enqueue` and wakes the connection's writer,
+    /// if the connection is still open.
+    fn wake(&self, enqueue: fn(&ServerConnection, &mut ConnState, ReceiverId)) {
         if let Some(c) = self.connection.upgrade() {
             let mut st = lock_state(&c.state);
-            c.enqueue(&mut st, self.receiver);
+            enqueue(&c, &mut st, self.receiver);
             drop(st);
             c.send_ready();
         }
+    }
+}
+
+impl AvailabilityListener for ReaderListener {
+    fn notify_available(&self, _channel: usize) {
+        self.wake(ServerConnection::enqueue);
     }
 
     /// A priority event overtakes the other readers' queued buffers too:
     /// its reader goes to the front (Flink's `PartitionRequestQueue`
     /// `notifyPriorityEvent`).
     fn notify_priority(&self, _channel: usize) {
-        if let Some(c) = self.connection.upgrade() {
-            let mut st = lock_state(&c.state);
-            c.enqueue_first(&mut st, self.receiver);
-            drop(st);
-            c.send_ready();
-        }
+        self.wake(ServerConnection::enqueue_first);
     }
 }
 

@@ -4,7 +4,7 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 use fluvia_core::{Configuration, ExchangeMode, JobId, PartitionerKind};
-use fluvia_graph::{JobGraph, JobGraphGenerator, StreamGraphBuilder};
+use fluvia_graph::{JobGraph, JobGraphGenerator, StreamGraphBuilder, StreamNodeId};
 use fluvia_scheduler::{
     Action, AttemptMetrics, Event, ExecutionState, Scheduler, SchedulerConfig,
     TaskDeploymentDescriptor, TaskManagerSpec,
@@ -16,28 +16,28 @@ use std::time::Duration;
 /// parallelism.
 pub struct Op(pub &'static str, pub Option<usize>, pub Option<usize>);
 
-/// A batch JobGraph, one vertex per operator (chaining off), vertex 0 the
-/// only source.
-pub fn graph(
-    ops: &[Op],
+/// A JobGraph `job` with one vertex per name in `names` (chaining off),
+/// vertex `k` named `names[k]` and set up by `configure(builder, id, k)`;
+/// `edges` are (from, to, partitioner). Vertex 0 is the only source, bounded
+/// (a batch job) or not (a streaming job).
+pub fn job_graph(
+    job: &str,
+    bounded: bool,
+    names: &[&'static str],
+    mut configure: impl FnMut(&mut StreamGraphBuilder, StreamNodeId, usize),
     edges: &[(usize, usize, PartitionerKind)],
     conf: Configuration,
 ) -> JobGraph {
-    let mut b = StreamGraphBuilder::new("adaptive-job");
+    let mut b = StreamGraphBuilder::new(job);
     b.chaining_enabled = false;
     let mut ids = Vec::new();
-    for (k, Op(name, p, max)) in ops.iter().enumerate() {
+    for (k, name) in names.iter().enumerate() {
         let id = if k == 0 {
-            b.add_source(*name, true)
+            b.add_source(*name, bounded)
         } else {
             b.add_operator(*name, 1)
         };
-        if let Some(p) = p {
-            b.set_parallelism(id, *p);
-        }
-        if let Some(m) = max {
-            b.set_max_parallelism(id, *m);
-        }
+        configure(&mut b, id, k);
         ids.push(id);
     }
     for &(from, to, part) in edges {
@@ -46,10 +46,31 @@ pub fn graph(
     let jg = JobGraphGenerator::new(&b.build().unwrap())
         .create_job_graph(conf, false)
         .unwrap();
-    for (k, Op(name, _, _)) in ops.iter().enumerate() {
+    // The tests address vertices by their position in `names`.
+    for (k, name) in names.iter().enumerate() {
         assert_eq!(jg.vertices[k].name, *name);
     }
     jg
+}
+
+/// A batch JobGraph, one vertex per operator (chaining off), vertex 0 the
+/// only source.
+pub fn graph(
+    ops: &[Op],
+    edges: &[(usize, usize, PartitionerKind)],
+    conf: Configuration,
+) -> JobGraph {
+    let names: Vec<&'static str> = ops.iter().map(|op| op.0).collect();
+    let configure = |b: &mut StreamGraphBuilder, id, k: usize| {
+        let Op(_, p, max) = &ops[k];
+        if let Some(p) = p {
+            b.set_parallelism(id, *p);
+        }
+        if let Some(m) = max {
+            b.set_max_parallelism(id, *m);
+        }
+    };
+    job_graph("adaptive-job", true, &names, configure, edges, conf)
 }
 
 /// Registers one TaskManager, submits, and plays every deployment through
