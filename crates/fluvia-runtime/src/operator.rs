@@ -229,6 +229,19 @@ pub enum SourceStatus {
 /// The lifecycle hooks every operator trait shares (Flink's
 /// `StreamOperator`), written once; each defaults to nothing.
 macro_rules! lifecycle_hooks {
+    (with_input) => {
+        lifecycle_hooks!();
+        /// Event time advanced to `watermark`; by default it is forwarded.
+        /// Operators with event-time timers fire them here first.
+        fn process_watermark(
+            &mut self,
+            watermark: i64,
+            out: &mut Collector<'_, OUT>,
+        ) -> Result<(), UserError> {
+            out.emit_watermark(watermark);
+            Ok(())
+        }
+    };
     () => {
         /// Called once before [`open`](Self::open), with the state this
         /// subtask restores from (empty on a fresh start).
@@ -286,17 +299,7 @@ pub trait SourceOperator<OUT>: 'static {
 
 /// An operator with one input (lifecycle as [`SourceOperator`]'s).
 pub trait OneInputOperator<IN, OUT>: 'static {
-    lifecycle_hooks!();
-    /// Event time advanced to `watermark`; by default it is forwarded.
-    /// Operators with event-time timers fire them here first.
-    fn process_watermark(
-        &mut self,
-        watermark: i64,
-        out: &mut Collector<'_, OUT>,
-    ) -> Result<(), UserError> {
-        out.emit_watermark(watermark);
-        Ok(())
-    }
+    lifecycle_hooks!(with_input);
     fn open(&mut self, _ctx: &OperatorContext) -> Result<(), UserError> {
         Ok(())
     }
@@ -314,17 +317,7 @@ pub trait OneInputOperator<IN, OUT>: 'static {
 /// An operator with two inputs (`connect`; lifecycle as
 /// [`SourceOperator`]'s). Its watermark is the minimum of its inputs'.
 pub trait TwoInputOperator<IN1, IN2, OUT>: 'static {
-    lifecycle_hooks!();
-    /// Event time advanced to `watermark`; by default it is forwarded.
-    /// Operators with event-time timers fire them here first.
-    fn process_watermark(
-        &mut self,
-        watermark: i64,
-        out: &mut Collector<'_, OUT>,
-    ) -> Result<(), UserError> {
-        out.emit_watermark(watermark);
-        Ok(())
-    }
+    lifecycle_hooks!(with_input);
     fn open(&mut self, _ctx: &OperatorContext) -> Result<(), UserError> {
         Ok(())
     }
@@ -712,6 +705,19 @@ type MakeTwoInput<IN1, IN2, OUT> = Box<
         + Sync,
 >;
 
+/// Makes a subtask's operator and takes it through `initialize_state` and
+/// `open`, attributing a failure to it.
+macro_rules! start_operator {
+    ($make:expr, $ctx:expr) => {{
+        set_current_operator($ctx.operator_index);
+        let mut op = ($make)($ctx).map_err(|e| $ctx.user_error(e))?;
+        op.initialize_state(&mut $ctx.state_initialization())
+            .map_err(|e| $ctx.user_error(e))?;
+        op.open($ctx).map_err(|e| $ctx.user_error(e))?;
+        op
+    }};
+}
+
 /// Factory of a source emitting `OUT`.
 pub struct SourceFactory<OUT> {
     make: MakeSource<OUT>,
@@ -740,11 +746,7 @@ impl<OUT: Data> SourceFactory<OUT> {
 impl<OUT: Data> OperatorFactory for SourceFactory<OUT> {
     fn create(&self, ctx: &OperatorContext, output: AnyOutput) -> Result<OperatorInstance> {
         let out = downcast_output::<OUT>(output)?;
-        set_current_operator(ctx.operator_index);
-        let mut op = (self.make)(ctx).map_err(|e| ctx.user_error(e))?;
-        op.initialize_state(&mut ctx.state_initialization())
-            .map_err(|e| ctx.user_error(e))?;
-        op.open(ctx).map_err(|e| ctx.user_error(e))?;
+        let op = start_operator!(self.make, ctx);
         Ok(OperatorInstance::Source(Box::new(SourceDriverImpl {
             op,
             out,
@@ -782,11 +784,7 @@ impl<IN: Data, OUT: Data> OneInputFactory<IN, OUT> {
 impl<IN: Data, OUT: Data> OperatorFactory for OneInputFactory<IN, OUT> {
     fn create(&self, ctx: &OperatorContext, output: AnyOutput) -> Result<OperatorInstance> {
         let out = downcast_output::<OUT>(output)?;
-        set_current_operator(ctx.operator_index);
-        let mut op = (self.make)(ctx).map_err(|e| ctx.user_error(e))?;
-        op.initialize_state(&mut ctx.state_initialization())
-            .map_err(|e| ctx.user_error(e))?;
-        op.open(ctx).map_err(|e| ctx.user_error(e))?;
+        let op = start_operator!(self.make, ctx);
         let driver: Box<dyn Output<IN>> = Box::new(OneInputDriver {
             op,
             out,
@@ -824,11 +822,7 @@ impl<IN1: Data, IN2: Data, OUT: Data> TwoInputFactory<IN1, IN2, OUT> {
 impl<IN1: Data, IN2: Data, OUT: Data> OperatorFactory for TwoInputFactory<IN1, IN2, OUT> {
     fn create(&self, ctx: &OperatorContext, output: AnyOutput) -> Result<OperatorInstance> {
         let out = downcast_output::<OUT>(output)?;
-        set_current_operator(ctx.operator_index);
-        let mut op = (self.make)(ctx).map_err(|e| ctx.user_error(e))?;
-        op.initialize_state(&mut ctx.state_initialization())
-            .map_err(|e| ctx.user_error(e))?;
-        op.open(ctx).map_err(|e| ctx.user_error(e))?;
+        let op = start_operator!(self.make, ctx);
         Ok(OperatorInstance::TwoInput(Box::new(TwoInputDriver {
             op,
             out,
