@@ -15,6 +15,7 @@
 //! whatever the task hands it, [`TaskControl`].
 
 use fluvia_core::{FluviaError, Result};
+use fluvia_network::metrics::IoCounters;
 use fluvia_network::{Event, PartitionWriter};
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -26,11 +27,35 @@ use std::time::Duration;
 /// What a mail can act on: the task's side, lent to it on the task thread.
 pub struct TaskControl<'a> {
     writers: &'a [Rc<RefCell<PartitionWriter>>],
+    counters: Option<&'a IoCounters>,
 }
 
 impl<'a> TaskControl<'a> {
     pub fn new(writers: &'a [Rc<RefCell<PartitionWriter>>]) -> Self {
-        TaskControl { writers }
+        TaskControl {
+            writers,
+            counters: None,
+        }
+    }
+
+    /// Time spent waiting for something to do counts as the task's idle
+    /// time in `counters`.
+    pub fn with_counters(mut self, counters: &'a IoCounters) -> Self {
+        self.counters = Some(counters);
+        self
+    }
+
+    /// Nothing to do (a source without data): hands over what is buffered
+    /// and waits on `mailbox` for mail or a wake-up, at most `timeout`,
+    /// counted as idle time.
+    pub fn wait_idle(&mut self, mailbox: &Mailbox, timeout: Duration) -> Result<()> {
+        self.flush()?;
+        let since = std::time::Instant::now();
+        mailbox.wait(timeout);
+        if let Some(c) = self.counters {
+            IoCounters::add(&c.idle_nanos, since.elapsed().as_nanos() as u64);
+        }
+        Ok(())
     }
 
     /// Hands every partly filled output buffer to its consumers.

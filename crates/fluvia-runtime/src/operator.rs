@@ -565,8 +565,7 @@ impl<OUT: Data> SourceDriver for SourceDriverImpl<OUT> {
                 // Nothing to emit: hand over what is buffered and wait for
                 // mail (an operator event with splits) or a wake-up, then
                 // run that mail before polling again.
-                control.flush()?;
-                mailbox.wait(fluvia_network::cancel::CANCEL_POLL);
+                control.wait_idle(mailbox, fluvia_network::cancel::CANCEL_POLL)?;
                 idle = false;
                 continue;
             }

@@ -283,7 +283,7 @@ fn run_task(d: &TaskDeployment, staged: &crate::operator::StagedFiles) -> Result
                     "source task {task_name} has inputs"
                 )));
             }
-            let mut control = TaskControl::new(&builder.writers);
+            let mut control = TaskControl::new(&builder.writers).with_counters(&d.counters);
             driver.run(&d.cancel, &d.mailbox, &mut control)?;
         }
         OperatorInstance::OneInput { input, input_type } => {
