@@ -259,13 +259,15 @@ impl StreamInputProcessor {
     }
 
     fn apply<O: DataOutput + ?Sized>(&mut self, action: BarrierAction, out: &mut O) -> Result<()> {
-        for &c in &action.block {
-            self.gate.block_channel(c);
-        }
+        // Resume before blocking: a newer barrier that aborts the alignment
+        // in progress resumes its channels and blocks its own.
         if action.resume_all {
             for c in 0..self.gate.num_channels() {
                 self.gate.resume_channel(c);
             }
+        }
+        for &c in &action.block {
+            self.gate.block_channel(c);
         }
         if let Some(id) = action.aborted {
             out.abort_checkpoint(id)?;

@@ -182,3 +182,21 @@ fn end_of_data_ends_an_input_once_and_a_cancel_marker_aborts_the_alignment() {
     }
     assert_eq!(out.0, vec![Seen::Abort(2), Seen::EndInput(0)]);
 }
+
+#[test]
+fn a_newer_barrier_aborts_the_alignment_and_blocks_its_own_channel() {
+    let (mut p, mut w) = setup(2);
+    let mut out = Recorder::default();
+    w[0].broadcast_event(&aligned(1)).unwrap();
+    drain(&mut p, &mut out);
+    assert!(p.gate().is_blocked(0));
+    // Channel 1 skipped checkpoint 1 (cancelled upstream) and brings 2.
+    w[1].broadcast_event(&aligned(2)).unwrap();
+    record(&mut w[1], 5);
+    record(&mut w[0], 1);
+    drain(&mut p, &mut out);
+    assert_eq!(out.0, vec![Seen::Abort(1), Seen::Record(0, 1)]);
+    assert!(!p.gate().is_blocked(0), "checkpoint 1's block is lifted");
+    assert!(p.gate().is_blocked(1), "channel 1 waits for checkpoint 2");
+    assert_eq!(p.pending_checkpoint(), Some(2));
+}
