@@ -36,13 +36,22 @@ impl JobCoordinators {
         }
     }
 
-    /// An attempt is deployed on `task_manager` with `parallelism`.
+    /// An attempt is deployed on `task_manager` with `parallelism`; only
+    /// attempts of vertices with a coordinator are remembered.
     pub fn deployed(
         &mut self,
+        graph: &JobGraph,
         attempt: &ExecutionAttemptId,
         task_manager: &str,
         parallelism: usize,
     ) {
+        let coordinated = graph
+            .vertices
+            .get(attempt.vertex)
+            .is_some_and(|v| v.operators.iter().any(|o| o.coordinator.is_some()));
+        if !coordinated {
+            return;
+        }
         self.locations.insert(*attempt, task_manager.to_string());
         self.parallelism
             .insert((attempt.job, attempt.vertex), parallelism);

@@ -160,7 +160,10 @@ impl JmShared {
             let (tm, call) = match action {
                 Action::Deploy(d) => {
                     let tm = d.task_manager.clone();
-                    st.coordinators.deployed(&d.attempt, &tm, d.parallelism);
+                    if let Some(meta) = st.jobs.get(&d.attempt.job) {
+                        st.coordinators
+                            .deployed(&meta.graph, &d.attempt, &tm, d.parallelism);
+                    }
                     match self.job_information(st, d.attempt.job) {
                         Some(job) if st.tms.contains_key(&tm) => {
                             deploys.entry(tm).or_default().push((d, job));

@@ -377,9 +377,7 @@ fn run_input_loop(
             InputStatus::MoreAvailable => {}
             InputStatus::EndOfInput => break,
             InputStatus::NothingAvailable => {
-                for w in writers {
-                    w.borrow_mut().flush_all()?;
-                }
+                TaskControl::new(writers).flush()?;
                 let idle_since = Instant::now();
                 let status = input.process_blocking(head, &d.cancel, &|| mailbox.has_mail())?;
                 IoCounters::add(&counters.idle_nanos, idle_since.elapsed().as_nanos() as u64);
