@@ -51,7 +51,7 @@ pub mod prelude {
     };
     pub use fluvia_core::{Configuration, FluviaError, RuntimeMode};
     pub use fluvia_runtime::{
-        Collector, JobExecutionResult, OneInputOperator, OperatorContext, SourceOperator,
-        SourceStatus, TwoInputOperator, UserError,
+        Collector, JobExecutionResult, OneInputOperator, OperatorContext, OutputTag,
+        SourceOperator, SourceStatus, TwoInputOperator, UserError,
     };
 }

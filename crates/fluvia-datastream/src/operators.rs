@@ -77,6 +77,22 @@ where
     }
 }
 
+/// Flink's `ProcessFunction`: each record with a collector that reaches
+/// the main output and the side outputs; an error fails the task.
+pub struct ProcessOp<F>(pub Arc<F>);
+
+impl<T, O, F> OneInputOperator<T, O> for ProcessOp<F>
+where
+    T: 'static,
+    O: 'static,
+    F: Fn(T, &mut Collector<'_, O>) -> Result<(), UserError> + Send + Sync + 'static,
+{
+    #[inline]
+    fn process_element(&mut self, record: T, out: &mut Collector<'_, O>) -> Result<(), UserError> {
+        (self.0)(record, out)
+    }
+}
+
 /// Keyed reduce. Streaming: emits the new aggregate after every record.
 /// Batch: emits each key's final aggregate once, at the end of input (what
 /// Flink's BATCH mode produces).

@@ -10,22 +10,47 @@ use crate::env::StreamExecutionEnvironment;
 use crate::operators::*;
 use fluvia_core::keygroup::KeyHash;
 use fluvia_core::{ChainingStrategy, ExchangeMode, FluviaError, PartitionerKind};
-use fluvia_graph::StreamNodeId;
+use fluvia_graph::{StreamGraphBuilder, StreamNodeId};
 use fluvia_runtime::operator::{OneInputFactory, OperatorFactory, TwoInputFactory};
 use fluvia_runtime::output::KeyHasher;
 use fluvia_runtime::state::KeyedState;
 use fluvia_runtime::{
-    Collector, Data, OneInputOperator, OperatorContext, TwoInputOperator, UserError,
+    Collector, Data, OutputTag, OneInputOperator, OperatorContext, TwoInputOperator, UserError,
 };
 use std::hash::Hash;
 use std::marker::PhantomData;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Upstream {
     node: StreamNodeId,
     partitioner: Option<PartitionerKind>,
+    /// The producer's side output this stream is (`get_side_output`).
+    output_tag: Option<Arc<str>>,
+}
+
+impl Upstream {
+    /// Adds the edge from this upstream to input `type_number` of `target`.
+    fn connect(
+        &self,
+        builder: &mut StreamGraphBuilder,
+        target: StreamNodeId,
+        partitioner: Option<PartitionerKind>,
+        type_number: u8,
+    ) -> usize {
+        let edge = builder.add_edge(
+            self.node,
+            target,
+            partitioner,
+            ExchangeMode::Undefined,
+            type_number,
+        );
+        if let Some(tag) = &self.output_tag {
+            builder.set_output_tag(edge, tag);
+        }
+        edge
+    }
 }
 
 /// Settings of the operator a stream (or sink) comes from: Flink's
@@ -118,6 +143,7 @@ impl<T> OperatorSettings for DataStream<T> {
                 Upstream {
                     node,
                     partitioner: None,
+                    output_tag: None,
                 },
             ] => Some(*node),
             _ => {
@@ -138,6 +164,7 @@ impl<T: Data> DataStream<T> {
             inputs: vec![Upstream {
                 node,
                 partitioner: None,
+                output_tag: None,
             }],
             _t: PhantomData,
         }
@@ -149,8 +176,8 @@ impl<T: Data> DataStream<T> {
                 .inputs
                 .into_iter()
                 .map(|u| Upstream {
-                    node: u.node,
                     partitioner: Some(p),
+                    ..u
                 })
                 .collect(),
             ..self
@@ -173,10 +200,7 @@ impl<T: Data> DataStream<T> {
                 } else {
                     up.partitioner
                 };
-                let edge =
-                    inner
-                        .builder
-                        .add_edge(up.node, node, partitioner, ExchangeMode::Undefined, 0);
+                let edge = up.connect(&mut inner.builder, node, partitioner, 0);
                 if let Some(k) = &key {
                     inner.registry.register_key_hasher::<T>(edge, Arc::clone(k));
                 }
@@ -225,6 +249,17 @@ impl<T: Data> DataStream<T> {
         self.transform("Flat Map", move |_| FlatMapOp(Arc::clone(&f)))
     }
 
+    /// Processes each record (Flink's `ProcessFunction`): emit any number
+    /// of records to the main output, and to side outputs with
+    /// [`Collector::output`]; an error fails the task, naming the operator.
+    pub fn process<O: Data>(
+        &self,
+        f: impl Fn(T, &mut Collector<'_, O>) -> Result<(), UserError> + Send + Sync + 'static,
+    ) -> DataStream<O> {
+        let f = Arc::new(f);
+        self.transform("Process", move |_| ProcessOp(Arc::clone(&f)))
+    }
+
     /// Partitions by key: records with equal keys go to the same subtask
     /// (by key group, as Flink).
     pub fn key_by<K>(&self, key: impl Fn(&T) -> K + Send + Sync + 'static) -> KeyedStream<T, K>
@@ -241,8 +276,34 @@ impl<T: Data> DataStream<T> {
     pub fn union(&self, others: &[&DataStream<T>]) -> DataStream<T> {
         let mut inputs = self.inputs.clone();
         for o in others {
-            inputs.extend(o.inputs.iter().copied());
+            inputs.extend(o.inputs.iter().cloned());
         }
+        DataStream {
+            env: self.env.clone(),
+            inputs,
+            _t: PhantomData,
+        }
+    }
+
+    /// The records this stream's operator emitted to side output `tag`
+    /// with [`Collector::output`] (Flink's `getSideOutput`). Like a main
+    /// output it may be chained to its consumers or go over the network.
+    pub fn get_side_output<X: Data>(&self, tag: &OutputTag<X>) -> DataStream<X> {
+        let inputs = match self.operator_node("get_side_output") {
+            Some(node) => {
+                self.env.inner.borrow_mut().registry.register_side_output(
+                    node,
+                    tag.id(),
+                    fluvia_runtime::operator::record_type::<X>(),
+                );
+                vec![Upstream {
+                    node,
+                    partitioner: None,
+                    output_tag: Some(Arc::from(tag.id())),
+                }]
+            }
+            None => Vec::new(),
+        };
         DataStream {
             env: self.env.clone(),
             inputs,
@@ -506,17 +567,13 @@ impl<A: Data, B: Data> ConnectedStreams<A, B> {
                 }
             };
             for up in &self.first.inputs {
-                let e = inner
-                    .builder
-                    .add_edge(up.node, node, pick(up), ExchangeMode::Undefined, 1);
+                let e = up.connect(&mut inner.builder, node, pick(up), 1);
                 if let Some((h1, _)) = &self.keys {
                     inner.registry.register_key_hasher::<A>(e, Arc::clone(h1));
                 }
             }
             for up in &self.second.inputs {
-                let e = inner
-                    .builder
-                    .add_edge(up.node, node, pick(up), ExchangeMode::Undefined, 2);
+                let e = up.connect(&mut inner.builder, node, pick(up), 2);
                 if let Some((_, h2)) = &self.keys {
                     inner.registry.register_key_hasher::<B>(e, Arc::clone(h2));
                 }

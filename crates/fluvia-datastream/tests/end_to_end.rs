@@ -278,6 +278,91 @@ fn union_merges_and_connect_feeds_two_inputs() {
     }
 }
 
+/// A process function splits a stream: the main output and two side
+/// outputs of other types, read chained and over the network (keyed), at
+/// every parallelism, with and without chaining, in both runtime modes.
+#[test]
+fn side_outputs_reach_their_consumers_chained_and_over_the_network() {
+    for v in variants() {
+        let env = env_for(v);
+        let odd: OutputTag<String> = OutputTag::new("odd");
+        let big: OutputTag<(i64, u8)> = OutputTag::new("big");
+        let unread: OutputTag<i64> = OutputTag::new("unread");
+        let (o, b, u) = (odd.clone(), big.clone(), unread.clone());
+        let split = env.from_sequence(1, 5000).process(move |x: i64, out| {
+            if x % 2 == 1 {
+                out.output(&o, format!("odd-{x}"));
+            } else {
+                out.collect(x);
+            }
+            if x > 4000 {
+                out.output(&b, (x, (x % 3) as u8));
+            }
+            // No consumer: dropped, as in Flink.
+            out.output(&u, x);
+            Ok(())
+        });
+        let (_, main) = split.collect();
+        // Chained (forward) consumer of one side output ...
+        let (_, odds) = split
+            .get_side_output(&odd)
+            .map(|s| s.len() as i64)
+            .collect();
+        // ... and a keyed (network) consumer of the other.
+        let (_, bigs) = split
+            .get_side_output(&big)
+            .key_by(|(_, m)| *m)
+            .reduce(|a, b| (a.0 + b.0, a.1))
+            .collect();
+        env.execute("side outputs").unwrap();
+
+        let mut m = main.take();
+        m.sort();
+        assert_eq!(m, (1..=2500).map(|x| x * 2).collect::<Vec<i64>>(), "{v:?}");
+        let odds = odds.take();
+        assert_eq!(odds.len(), 2500, "{v:?}");
+        let expected_len: i64 = (1..=5000)
+            .filter(|x| x % 2 == 1)
+            .map(|x: i64| format!("odd-{x}").len() as i64)
+            .sum();
+        assert_eq!(odds.iter().sum::<i64>(), expected_len, "{v:?}");
+        let mut sums = BTreeMap::new();
+        for (s, m) in bigs.take() {
+            let e = sums.entry(m).or_insert(0);
+            *e = (*e).max(s);
+        }
+        let mut expected = BTreeMap::new();
+        for x in 4001..=5000i64 {
+            *expected.entry((x % 3) as u8).or_insert(0) += x;
+        }
+        assert_eq!(sums, expected, "{v:?}");
+    }
+}
+
+/// A side output read as another type than it is written fails the job
+/// with an error that names the tag, not with a wrong answer.
+#[test]
+fn a_side_output_read_as_another_type_fails_naming_the_tag() {
+    let env = StreamExecutionEnvironment::new();
+    let written: OutputTag<String> = OutputTag::new("mixed");
+    let read: OutputTag<i64> = OutputTag::new("mixed");
+    let split = env
+        .from_sequence(1, 10)
+        .process(move |x: i64, out| {
+            out.output(&written, x.to_string());
+            out.collect(x);
+            Ok(())
+        })
+        .name("Split");
+    split.get_side_output(&read).discard();
+    split.discard();
+    let err = env.execute("mixed types").unwrap_err().to_string();
+    assert!(
+        err.contains("side output 'mixed'") && err.contains("Split"),
+        "{err}"
+    );
+}
+
 #[test]
 fn partitioners_route_as_flink_does() {
     let env = StreamExecutionEnvironment::new();

@@ -134,6 +134,7 @@ impl<'a> JobGraphGenerator<'a> {
                     coordinator: g.node(m).coordinator.clone(),
                     chained_outputs: Vec::new(),
                     network_outputs: Vec::new(),
+                    side_outputs: Vec::new(),
                 })
                 .collect();
             vertices.push(JobVertex {
@@ -161,9 +162,11 @@ impl<'a> JobGraphGenerator<'a> {
                 return internal_err!("edge {} touches an operator outside every chain", edge.id);
             };
             if self.chainable[edge.id] {
-                vertices[up_v].operators[up_op]
-                    .chained_outputs
-                    .push(down_op);
+                let up = &mut vertices[up_v].operators[up_op];
+                match &edge.output_tag {
+                    None => up.chained_outputs.push(down_op),
+                    Some(tag) => up.side_output_mut(tag).chained_outputs.push(down_op),
+                }
                 continue;
             }
             if down_op != 0 {
@@ -184,12 +187,15 @@ impl<'a> JobGraphGenerator<'a> {
                 result_partition_type: rpt,
                 stream_edge: edge.id,
             });
-            vertices[up_v].operators[up_op]
-                .network_outputs
-                .push(NetworkOutput {
-                    data_set: data_set_index,
-                    stream_edge: edge.id,
-                });
+            let output = NetworkOutput {
+                data_set: data_set_index,
+                stream_edge: edge.id,
+            };
+            let up = &mut vertices[up_v].operators[up_op];
+            match &edge.output_tag {
+                None => up.network_outputs.push(output),
+                Some(tag) => up.side_output_mut(tag).network_outputs.push(output),
+            }
             vertices[down_v].inputs.push(JobEdge {
                 source_data_set: data_set_id,
                 source_vertex: producer,
@@ -443,6 +449,47 @@ mod tests {
             .unwrap();
         assert_eq!(jg.vertices.len(), 1);
         assert_eq!(jg.vertices[0].name, "Source: s -> A -> (B, C -> D)");
+    }
+
+    #[test]
+    fn side_output_edges_are_wired_under_their_tag_chained_or_not() {
+        let mut b = StreamGraphBuilder::new("job");
+        let s = b.add_source("Source: s", true);
+        let p = b.add_operator("Process", 1);
+        let main = b.add_operator("Main", 1);
+        let late = b.add_operator("Late", 1);
+        let keyed = b.add_operator("Keyed", 1);
+        b.add_edge(s, p, None, ExchangeMode::Undefined, 0);
+        b.add_edge(p, main, None, ExchangeMode::Undefined, 0);
+        let e = b.add_edge(p, late, None, ExchangeMode::Undefined, 0);
+        b.set_output_tag(e, "late");
+        let e = b.add_edge(
+            p,
+            keyed,
+            Some(PartitionerKind::Hash),
+            ExchangeMode::Undefined,
+            0,
+        );
+        b.set_output_tag(e, "late");
+        let g = b.build().unwrap();
+        let jg = JobGraphGenerator::new(&g)
+            .create_job_graph(Configuration::new(), false)
+            .unwrap();
+        let head = &jg.vertices[0];
+        let process = &head.operators[1];
+        assert_eq!(process.name, "Process");
+        assert_eq!(process.chained_outputs.len(), 1, "main output chained");
+        assert!(process.network_outputs.is_empty());
+        let [side] = process.side_outputs.as_slice() else {
+            panic!("one tag: {:?}", process.side_outputs);
+        };
+        assert_eq!(side.tag, "late");
+        assert_eq!(side.chained_outputs.len(), 1, "forward side output chained");
+        assert_eq!(side.network_outputs.len(), 1, "keyed side output on the network");
+        assert_eq!(
+            head.produced_data_sets[side.network_outputs[0].data_set].partitioner,
+            PartitionerKind::Hash
+        );
     }
 
     #[test]

@@ -42,6 +42,52 @@ pub struct ChainedOperator {
     pub chained_outputs: Vec<usize>,
     /// Non-chained outputs, in the order of the stream edges.
     pub network_outputs: Vec<NetworkOutput>,
+    /// The consumers of its side outputs, one entry per output tag that
+    /// has any (Flink's `OutputTag`): chained or not, like the main output.
+    #[serde(default)]
+    pub side_outputs: Vec<SideOutputEdges>,
+}
+
+/// Where one side output of a chained operator goes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SideOutputEdges {
+    /// The output tag's id.
+    pub tag: String,
+    pub chained_outputs: Vec<usize>,
+    pub network_outputs: Vec<NetworkOutput>,
+}
+
+impl ChainedOperator {
+    /// The consumers of side output `tag`, made on first use.
+    pub fn side_output_mut(&mut self, tag: &str) -> &mut SideOutputEdges {
+        let i = match self.side_outputs.iter().position(|s| s.tag == tag) {
+            Some(i) => i,
+            None => {
+                self.side_outputs.push(SideOutputEdges {
+                    tag: tag.to_string(),
+                    chained_outputs: Vec::new(),
+                    network_outputs: Vec::new(),
+                });
+                self.side_outputs.len() - 1
+            }
+        };
+        &mut self.side_outputs[i]
+    }
+
+    /// Every chained successor, of the main output and the side outputs.
+    pub fn all_chained_outputs(&self) -> impl Iterator<Item = usize> + '_ {
+        self.chained_outputs
+            .iter()
+            .chain(self.side_outputs.iter().flat_map(|s| &s.chained_outputs))
+            .copied()
+    }
+
+    /// Every network output, of the main output and the side outputs.
+    pub fn all_network_outputs(&self) -> impl Iterator<Item = &NetworkOutput> + '_ {
+        self.network_outputs
+            .iter()
+            .chain(self.side_outputs.iter().flat_map(|s| &s.network_outputs))
+    }
 }
 
 /// A non-chained output of a chained operator: which produced data set it

@@ -22,7 +22,7 @@ pub mod stream_graph;
 pub use chaining::JobGraphGenerator;
 pub use job_graph::{
     ChainedOperator, IntermediateDataSet, JobEdge, JobGraph, JobType, JobVertex, NetworkOutput,
-    components,
+    SideOutputEdges, components,
 };
 pub use stream_graph::{
     CoordinatorSpec, StreamEdge, StreamGraph, StreamGraphBuilder, StreamNode, StreamNodeId,

@@ -81,6 +81,11 @@ pub struct StreamEdge {
     /// type allows it).
     #[serde(default = "correlated")]
     pub intra_input_key_correlated: bool,
+    /// The side output this edge carries (Flink's `OutputTag` id): the
+    /// producer emits its records through `Collector::output`, not as its
+    /// main output. `None` for the main output.
+    #[serde(default)]
+    pub output_tag: Option<String>,
 }
 
 fn correlated() -> bool {
@@ -168,6 +173,7 @@ struct EdgeSpec {
     exchange_mode: ExchangeMode,
     type_number: u8,
     intra_input_key_correlated: bool,
+    output_tag: Option<String>,
 }
 
 /// Records nodes and edges with optional settings; [`build`](Self::build)
@@ -263,8 +269,17 @@ impl StreamGraphBuilder {
             exchange_mode,
             type_number,
             intra_input_key_correlated: true,
+            output_tag: None,
         });
         self.edges.len() - 1
+    }
+
+    /// Makes edge `edge` carry the producer's side output `tag` instead of
+    /// its main output.
+    pub fn set_output_tag(&mut self, edge: usize, tag: &str) {
+        if let Some(e) = self.edges.get_mut(edge) {
+            e.output_tag = Some(tag.to_string());
+        }
     }
 
     /// Marks edge `edge` as one whose skewed subpartitions may be split
@@ -462,6 +477,7 @@ impl StreamGraphBuilder {
                 exchange_mode: e.exchange_mode,
                 type_number: e.type_number,
                 intra_input_key_correlated: e.intra_input_key_correlated,
+                output_tag: e.output_tag.clone(),
             });
         }
 

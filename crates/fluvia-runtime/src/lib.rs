@@ -40,7 +40,7 @@ pub use operator::{
     InputStats, OneInputOperator, OperatorContext, OperatorFactory, OperatorInstance, RecordType,
     SourceOperator, SourceStatus, TaskDriver, TwoInputOperator, UserError,
 };
-pub use output::{Collector, Output};
+pub use output::{Collector, Output, OutputTag, SideOutputs};
 pub use record::Data;
 pub use registry::OperatorRegistry;
 pub use result::{JobExecutionResult, VertexMetrics, validate_job};

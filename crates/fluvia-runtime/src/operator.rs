@@ -9,7 +9,7 @@
 
 use crate::output::{
     BroadcastingOutput, Collector, DiscardingOutput, KeyHasher, Output, RecordWriterOutput,
-    set_current_operator,
+    SideOutput, SideOutputs, TypedSideOutput, set_current_operator,
 };
 use crate::record::{Data, decode};
 use crate::state::{StateInitializationContext, StateSnapshotContext};
@@ -401,6 +401,23 @@ pub trait OperatorFactory: Send + Sync {
     /// Creates the operator wired to `output` (a `Box<dyn Output<OUT>>`) and
     /// opens it.
     fn create(&self, ctx: &OperatorContext, output: AnyOutput) -> Result<OperatorInstance>;
+    /// As [`OperatorFactory::create`], with the consumers of the operator's
+    /// side outputs. Operators that cannot emit side outputs refuse any.
+    fn create_with_side_outputs(
+        &self,
+        ctx: &OperatorContext,
+        output: AnyOutput,
+        side_outputs: SideOutputs,
+    ) -> Result<OperatorInstance> {
+        if side_outputs.is_empty() {
+            self.create(ctx, output)
+        } else {
+            Err(FluviaError::Plan(format!(
+                "operator '{}' has no side outputs to read",
+                ctx.operator_name
+            )))
+        }
+    }
     /// The type of the records it emits.
     fn output_type(&self) -> Arc<dyn RecordType>;
     /// Checks made before the job runs (e.g. input files exist).
@@ -424,6 +441,8 @@ pub trait RecordType: Send + Sync {
     ) -> Result<AnyOutput>;
     fn broadcasting(&self, outputs: Vec<AnyOutput>) -> Result<AnyOutput>;
     fn discarding(&self) -> AnyOutput;
+    /// Wraps a `Box<dyn Output<T>>` as a side output of records `T`.
+    fn side_output(&self, output: AnyOutput) -> Result<Box<dyn SideOutput>>;
 }
 
 /// [`RecordType`] of `T`.
@@ -493,6 +512,10 @@ impl<T: Data> RecordType for TypeOf<T> {
     fn discarding(&self) -> AnyOutput {
         erase::<T>(Box::new(DiscardingOutput))
     }
+
+    fn side_output(&self, output: AnyOutput) -> Result<Box<dyn SideOutput>> {
+        Ok(Box::new(TypedSideOutput(downcast_output::<T>(output)?)))
+    }
 }
 
 struct DecodingInput<T> {
@@ -530,6 +553,7 @@ fn settle<T, O>(
 struct SourceDriverImpl<OUT> {
     op: Box<dyn SourceOperator<OUT>>,
     out: Box<dyn Output<OUT>>,
+    side: SideOutputs,
     ctx: OperatorContext,
 }
 
@@ -570,7 +594,7 @@ impl<OUT: Data> SourceDriver for SourceDriverImpl<OUT> {
                 continue;
             }
             set_current_operator(index);
-            let mut c = Collector::new(&mut *self.out, index);
+            let mut c = Collector::with_side_outputs(&mut *self.out, &mut self.side, index);
             let status = self.op.poll_next(&mut c);
             self.ctx
                 .records_in
@@ -582,8 +606,9 @@ impl<OUT: Data> SourceDriver for SourceDriverImpl<OUT> {
             }
         }
         let r = self.op.close();
-        let mut c = Collector::new(&mut *self.out, index);
+        let mut c = Collector::with_side_outputs(&mut *self.out, &mut self.side, index);
         settle(&self.ctx, &mut c, r)?;
+        self.side.close()?;
         self.out.close()
     }
 }
@@ -591,6 +616,7 @@ impl<OUT: Data> SourceDriver for SourceDriverImpl<OUT> {
 struct OneInputDriver<IN, OUT> {
     op: Box<dyn OneInputOperator<IN, OUT>>,
     out: Box<dyn Output<OUT>>,
+    side: SideOutputs,
     ctx: OperatorContext,
 }
 
@@ -605,7 +631,7 @@ impl<IN: Clone + 'static, OUT: 'static> Output<IN> for OneInputDriver<IN, OUT> {
         let index = self.ctx.operator_index;
         self.ctx.records_in.set(self.ctx.records_in.get() + 1);
         set_current_operator(index);
-        let mut c = Collector::new(&mut *self.out, index);
+        let mut c = Collector::with_side_outputs(&mut *self.out, &mut self.side, index);
         let r = self.op.process_element(record, &mut c);
         settle(&self.ctx, &mut c, r)
     }
@@ -613,18 +639,19 @@ impl<IN: Clone + 'static, OUT: 'static> Output<IN> for OneInputDriver<IN, OUT> {
     fn close(&mut self) -> Result<()> {
         let index = self.ctx.operator_index;
         set_current_operator(index);
-        let mut c = Collector::new(&mut *self.out, index);
+        let mut c = Collector::with_side_outputs(&mut *self.out, &mut self.side, index);
         let r = self.op.end_input(&mut c);
         settle(&self.ctx, &mut c, r)?;
         let r = self.op.close();
         settle(&self.ctx, &mut c, r)?;
+        self.side.close()?;
         self.out.close()
     }
 
     fn emit_watermark(&mut self, watermark: i64) -> Result<()> {
         let index = self.ctx.operator_index;
         set_current_operator(index);
-        let mut c = Collector::new(&mut *self.out, index);
+        let mut c = Collector::with_side_outputs(&mut *self.out, &mut self.side, index);
         let r = self.op.process_watermark(watermark, &mut c);
         settle(&self.ctx, &mut c, r)
     }
@@ -633,6 +660,7 @@ impl<IN: Clone + 'static, OUT: 'static> Output<IN> for OneInputDriver<IN, OUT> {
 struct TwoInputDriver<IN1, IN2, OUT> {
     op: Box<dyn TwoInputOperator<IN1, IN2, OUT>>,
     out: Box<dyn Output<OUT>>,
+    side: SideOutputs,
     ctx: OperatorContext,
     ended: [bool; 2],
 }
@@ -645,14 +673,14 @@ impl<IN1: Data, IN2: Data, OUT: 'static> NetworkInput for TwoInputDriver<IN1, IN
             1 => {
                 let rec: IN1 = decode(bytes)?;
                 set_current_operator(index);
-                let mut c = Collector::new(&mut *self.out, index);
+                let mut c = Collector::with_side_outputs(&mut *self.out, &mut self.side, index);
                 let r = self.op.process_element1(rec, &mut c);
                 settle(&self.ctx, &mut c, r)
             }
             2 => {
                 let rec: IN2 = decode(bytes)?;
                 set_current_operator(index);
-                let mut c = Collector::new(&mut *self.out, index);
+                let mut c = Collector::with_side_outputs(&mut *self.out, &mut self.side, index);
                 let r = self.op.process_element2(rec, &mut c);
                 settle(&self.ctx, &mut c, r)
             }
@@ -670,12 +698,13 @@ impl<IN1: Data, IN2: Data, OUT: 'static> NetworkInput for TwoInputDriver<IN1, IN
         self.ended[input - 1] = true;
         let index = self.ctx.operator_index;
         set_current_operator(index);
-        let mut c = Collector::new(&mut *self.out, index);
+        let mut c = Collector::with_side_outputs(&mut *self.out, &mut self.side, index);
         let r = self.op.end_input(input, &mut c);
         settle(&self.ctx, &mut c, r)?;
         if self.ended == [true, true] {
             let r = self.op.close();
             settle(&self.ctx, &mut c, r)?;
+            self.side.close()?;
             self.out.close()?;
         }
         Ok(())
@@ -684,7 +713,7 @@ impl<IN1: Data, IN2: Data, OUT: 'static> NetworkInput for TwoInputDriver<IN1, IN
     fn process_watermark(&mut self, watermark: i64) -> Result<()> {
         let index = self.ctx.operator_index;
         set_current_operator(index);
-        let mut c = Collector::new(&mut *self.out, index);
+        let mut c = Collector::with_side_outputs(&mut *self.out, &mut self.side, index);
         let r = self.op.process_watermark(watermark, &mut c);
         settle(&self.ctx, &mut c, r)
     }
@@ -744,11 +773,21 @@ impl<OUT: Data> SourceFactory<OUT> {
 
 impl<OUT: Data> OperatorFactory for SourceFactory<OUT> {
     fn create(&self, ctx: &OperatorContext, output: AnyOutput) -> Result<OperatorInstance> {
+        self.create_with_side_outputs(ctx, output, SideOutputs::default())
+    }
+
+    fn create_with_side_outputs(
+        &self,
+        ctx: &OperatorContext,
+        output: AnyOutput,
+        side: SideOutputs,
+    ) -> Result<OperatorInstance> {
         let out = downcast_output::<OUT>(output)?;
         let op = start_operator!(self.make, ctx);
         Ok(OperatorInstance::Source(Box::new(SourceDriverImpl {
             op,
             out,
+            side,
             ctx: ctx.clone(),
         })))
     }
@@ -782,11 +821,21 @@ impl<IN: Data, OUT: Data> OneInputFactory<IN, OUT> {
 
 impl<IN: Data, OUT: Data> OperatorFactory for OneInputFactory<IN, OUT> {
     fn create(&self, ctx: &OperatorContext, output: AnyOutput) -> Result<OperatorInstance> {
+        self.create_with_side_outputs(ctx, output, SideOutputs::default())
+    }
+
+    fn create_with_side_outputs(
+        &self,
+        ctx: &OperatorContext,
+        output: AnyOutput,
+        side: SideOutputs,
+    ) -> Result<OperatorInstance> {
         let out = downcast_output::<OUT>(output)?;
         let op = start_operator!(self.make, ctx);
         let driver: Box<dyn Output<IN>> = Box::new(OneInputDriver {
             op,
             out,
+            side,
             ctx: ctx.clone(),
         });
         Ok(OperatorInstance::OneInput {
@@ -820,11 +869,21 @@ impl<IN1: Data, IN2: Data, OUT: Data> TwoInputFactory<IN1, IN2, OUT> {
 
 impl<IN1: Data, IN2: Data, OUT: Data> OperatorFactory for TwoInputFactory<IN1, IN2, OUT> {
     fn create(&self, ctx: &OperatorContext, output: AnyOutput) -> Result<OperatorInstance> {
+        self.create_with_side_outputs(ctx, output, SideOutputs::default())
+    }
+
+    fn create_with_side_outputs(
+        &self,
+        ctx: &OperatorContext,
+        output: AnyOutput,
+        side: SideOutputs,
+    ) -> Result<OperatorInstance> {
         let out = downcast_output::<OUT>(output)?;
         let op = start_operator!(self.make, ctx);
         Ok(OperatorInstance::TwoInput(Box::new(TwoInputDriver {
             op,
             out,
+            side,
             ctx: ctx.clone(),
             ended: [false, false],
         })))

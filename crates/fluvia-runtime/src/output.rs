@@ -17,7 +17,9 @@
 use crate::record::{Data, encode_into};
 use fluvia_core::{FluviaError, Result};
 use fluvia_network::{ChannelSelector, ConsumersReleased, PartitionWriter};
+use std::any::Any;
 use std::cell::RefCell;
+use std::marker::PhantomData;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -59,9 +61,106 @@ pub fn current_operator() -> usize {
     CURRENT_OPERATOR.with(|c| c.get())
 }
 
+/// Names a side output of an operator and the type of its records
+/// (Flink's `OutputTag<T>`): the operator emits with
+/// [`Collector::output`], a consumer reads it with the API's
+/// `get_side_output`. Two tags are the same output when their ids are.
+pub struct OutputTag<T> {
+    id: Arc<str>,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T> OutputTag<T> {
+    pub fn new(id: &str) -> Self {
+        OutputTag {
+            id: Arc::from(id),
+            _t: PhantomData,
+        }
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+impl<T> Clone for OutputTag<T> {
+    fn clone(&self) -> Self {
+        OutputTag {
+            id: Arc::clone(&self.id),
+            _t: PhantomData,
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for OutputTag<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "OutputTag({})", self.id)
+    }
+}
+
+/// One side output with its record type erased: what the chain needs to
+/// end it and to pass watermarks on, plus the typed output behind
+/// [`SideOutput::as_any_mut`] for [`Collector::output`].
+pub trait SideOutput {
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+    fn close(&mut self) -> Result<()>;
+    fn emit_watermark(&mut self, watermark: i64) -> Result<()>;
+}
+
+/// The typed form behind a [`SideOutput`].
+pub struct TypedSideOutput<T>(pub Box<dyn Output<T>>);
+
+impl<T: 'static> SideOutput for TypedSideOutput<T> {
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+    fn close(&mut self) -> Result<()> {
+        self.0.close()
+    }
+    fn emit_watermark(&mut self, watermark: i64) -> Result<()> {
+        self.0.emit_watermark(watermark)
+    }
+}
+
+/// The side outputs of one operator that have consumers, by tag id. A tag
+/// without consumers is absent: its records are dropped, as in Flink.
+#[derive(Default)]
+pub struct SideOutputs {
+    outputs: Vec<(String, Box<dyn SideOutput>)>,
+}
+
+impl SideOutputs {
+    pub fn insert(&mut self, tag: String, output: Box<dyn SideOutput>) {
+        self.outputs.push((tag, output));
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.outputs.is_empty()
+    }
+
+    fn get(&mut self, tag: &str) -> Option<&mut (dyn SideOutput + 'static)> {
+        self.outputs
+            .iter_mut()
+            .find(|(t, _)| t == tag)
+            .map(|(_, o)| &mut **o)
+    }
+
+    /// Ends every side output (the operator has closed).
+    pub fn close(&mut self) -> Result<()> {
+        self.outputs.iter_mut().try_for_each(|(_, o)| o.close())
+    }
+
+    fn emit_watermark(&mut self, watermark: i64) -> Result<()> {
+        self.outputs
+            .iter_mut()
+            .try_for_each(|(_, o)| o.emit_watermark(watermark))
+    }
+}
+
 /// What user functions emit into.
 pub struct Collector<'a, T> {
     out: &'a mut dyn Output<T>,
+    side: Option<&'a mut SideOutputs>,
     error: Option<FluviaError>,
     operator_index: usize,
     emitted: u64,
@@ -71,10 +170,47 @@ impl<'a, T> Collector<'a, T> {
     pub fn new(out: &'a mut dyn Output<T>, operator_index: usize) -> Self {
         Collector {
             out,
+            side: None,
             error: None,
             operator_index,
             emitted: 0,
         }
+    }
+
+    /// A collector that can also emit to the operator's side outputs.
+    pub fn with_side_outputs(
+        out: &'a mut dyn Output<T>,
+        side: &'a mut SideOutputs,
+        operator_index: usize,
+    ) -> Self {
+        Collector {
+            side: Some(side),
+            ..Collector::new(out, operator_index)
+        }
+    }
+
+    /// Emits `record` to the side output `tag` (Flink's
+    /// `Context.output`). Without a consumer of that tag the record is
+    /// dropped; a consumer that expects another type is an error.
+    pub fn output<X: 'static>(&mut self, tag: &OutputTag<X>, record: X) {
+        if self.error.is_some() {
+            return;
+        }
+        let Some(out) = self.side.as_deref_mut().and_then(|s| s.get(tag.id())) else {
+            return;
+        };
+        let result = match out.as_any_mut().downcast_mut::<TypedSideOutput<X>>() {
+            Some(typed) => typed.0.collect(record),
+            None => Err(FluviaError::Internal(format!(
+                "side output '{}' is read as another type than {}",
+                tag.id(),
+                std::any::type_name::<X>()
+            ))),
+        };
+        if let Err(e) = result {
+            self.error = Some(e);
+        }
+        set_current_operator(self.operator_index);
     }
 
     /// Emits a record downstream. After a downstream failure further records
@@ -95,7 +231,11 @@ impl<'a, T> Collector<'a, T> {
     /// default). A downstream failure is kept like a record's.
     pub fn emit_watermark(&mut self, watermark: i64) {
         if self.error.is_none() {
-            if let Err(e) = self.out.emit_watermark(watermark) {
+            let side = match self.side.as_deref_mut() {
+                Some(side) => side.emit_watermark(watermark),
+                None => Ok(()),
+            };
+            if let Err(e) = side.and_then(|()| self.out.emit_watermark(watermark)) {
                 self.error = Some(e);
             }
             set_current_operator(self.operator_index);

@@ -4,7 +4,7 @@
 //! registered by the API that built the graph. Every process that runs the
 //! job builds the same registry from the same program.
 
-use crate::operator::OperatorFactory;
+use crate::operator::{OperatorFactory, RecordType};
 use crate::output::KeyHasher;
 use crate::record::Data;
 use fluvia_core::{FluviaError, Result};
@@ -17,6 +17,8 @@ use std::sync::Arc;
 pub struct OperatorRegistry {
     factories: BTreeMap<StreamNodeId, Arc<dyn OperatorFactory>>,
     edge_data: BTreeMap<usize, Arc<dyn Any + Send + Sync>>,
+    /// (producing node, output tag) → the side output's record type.
+    side_output_types: BTreeMap<(StreamNodeId, String), Arc<dyn RecordType>>,
 }
 
 impl std::fmt::Debug for OperatorRegistry {
@@ -46,6 +48,28 @@ impl OperatorRegistry {
     /// the edge's network output (what the producer routes to it).
     pub fn register_edge_data(&mut self, edge: usize, data: Arc<dyn Any + Send + Sync>) {
         self.edge_data.insert(edge, data);
+    }
+
+    /// Node `node` emits records of `record_type` under side output `tag`.
+    pub fn register_side_output(
+        &mut self,
+        node: StreamNodeId,
+        tag: &str,
+        record_type: Arc<dyn RecordType>,
+    ) {
+        self.side_output_types
+            .insert((node, tag.to_string()), record_type);
+    }
+
+    /// The record type of side output `tag` of node `node`.
+    pub fn side_output_type(&self, node: StreamNodeId, tag: &str) -> Result<&Arc<dyn RecordType>> {
+        self.side_output_types
+            .get(&(node, tag.to_string()))
+            .ok_or_else(|| {
+                FluviaError::Plan(format!(
+                    "stream node {node} has no side output '{tag}' in this program"
+                ))
+            })
     }
 
     pub fn factory(&self, node: StreamNodeId) -> Result<&Arc<dyn OperatorFactory>> {

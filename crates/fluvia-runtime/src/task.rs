@@ -13,13 +13,14 @@
 
 use crate::input::{DataOutput, InputStatus, StreamInputProcessor};
 use crate::mailbox::{Mailbox, TaskControl};
-use crate::operator::{AnyOutput, NetworkInput, OperatorContext, OperatorInstance};
+use crate::operator::{AnyOutput, NetworkInput, OperatorContext, OperatorInstance, RecordType};
+use crate::output::SideOutputs;
 use crate::registry::OperatorRegistry;
 use fluvia_core::config::options;
 use fluvia_core::error::TaskLocation;
 use fluvia_core::{FluviaError, PartitionerKind, Result};
 use fluvia_deployment::{AttemptMetrics, TaskDeploymentDescriptor};
-use fluvia_graph::{JobGraph, JobVertex};
+use fluvia_graph::{JobGraph, JobVertex, NetworkOutput};
 use fluvia_network::metrics::IoCounters;
 use fluvia_network::{
     CancelToken, ChannelSelector, InputChannelSpec, InputGate, LocalBufferPool, PartitionWriter,
@@ -113,15 +114,40 @@ struct ChainBuilder<'a> {
 impl ChainBuilder<'_> {
     /// The output of operator `op` (a `Box<dyn Output<OUT>>`, erased).
     fn build_output(&self, op: usize) -> Result<AnyOutput> {
-        let v = self.d.vertex();
-        let chained = &v.operators[op];
+        let chained = &self.d.vertex().operators[op];
         let factory = self.d.registry.factory(chained.node_id)?;
-        let out_type = factory.output_type();
+        self.build_edges(
+            &factory.output_type(),
+            &chained.chained_outputs,
+            &chained.network_outputs,
+        )
+    }
+
+    /// The consumers of operator `op`'s side outputs, by tag.
+    fn build_side_outputs(&self, op: usize) -> Result<SideOutputs> {
+        let chained = &self.d.vertex().operators[op];
+        let mut side = SideOutputs::default();
+        for s in &chained.side_outputs {
+            let record_type = self.d.registry.side_output_type(chained.node_id, &s.tag)?;
+            let out = self.build_edges(record_type, &s.chained_outputs, &s.network_outputs)?;
+            side.insert(s.tag.clone(), record_type.side_output(out)?);
+        }
+        Ok(side)
+    }
+
+    /// One output of records `out_type` feeding `chained` operators and
+    /// `network` outputs (a broadcast over all of them where several).
+    fn build_edges(
+        &self,
+        out_type: &Arc<dyn RecordType>,
+        chained: &[usize],
+        network: &[NetworkOutput],
+    ) -> Result<AnyOutput> {
         let mut outs: Vec<AnyOutput> = Vec::new();
-        for &child in &chained.chained_outputs {
+        for &child in chained {
             outs.push(self.build_chained(child)?);
         }
-        for net in &chained.network_outputs {
+        for net in network {
             let spec = &self.d.outputs[net.data_set];
             let mut selector = ChannelSelector::new(
                 spec.partitioner,
@@ -150,12 +176,13 @@ impl ChainBuilder<'_> {
     /// A chained (non-head) operator, returned as its input side.
     fn build_chained(&self, op: usize) -> Result<AnyOutput> {
         let output = self.build_output(op)?;
+        let side = self.build_side_outputs(op)?;
         let node = self.d.vertex().operators[op].node_id;
         match self
             .d
             .registry
             .factory(node)?
-            .create(&self.contexts[op], output)?
+            .create_with_side_outputs(&self.contexts[op], output, side)?
         {
             OperatorInstance::OneInput { input, .. } => Ok(input),
             _ => Err(FluviaError::Internal(format!(
@@ -274,7 +301,9 @@ fn run_task(d: &TaskDeployment, staged: &crate::operator::StagedFiles) -> Result
 
     let head_output = builder.build_output(0)?;
     let head_factory = d.registry.factory(v.head().node_id)?;
-    let head = head_factory.create(&builder.contexts[0], head_output)?;
+    let head_side = builder.build_side_outputs(0)?;
+    let head =
+        head_factory.create_with_side_outputs(&builder.contexts[0], head_output, head_side)?;
     let mut metrics = AttemptMetrics::default();
     match head {
         OperatorInstance::Source(mut driver) => {

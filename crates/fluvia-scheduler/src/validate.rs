@@ -54,10 +54,9 @@ pub fn validate_job_graph(graph: &JobGraph) -> Result<()> {
             return Err(bad(graph, format!("vertex '{name}' has no operators")));
         }
         for (i, op) in v.operators.iter().enumerate() {
-            if let Some(&c) = op
-                .chained_outputs
-                .iter()
-                .find(|&&c| c <= i || c >= v.operators.len())
+            if let Some(c) = op
+                .all_chained_outputs()
+                .find(|&c| c <= i || c >= v.operators.len())
             {
                 return Err(bad(
                     graph,
@@ -70,8 +69,7 @@ pub fn validate_job_graph(graph: &JobGraph) -> Result<()> {
                 ));
             }
             if let Some(o) = op
-                .network_outputs
-                .iter()
+                .all_network_outputs()
                 .find(|o| o.data_set >= v.produced_data_sets.len())
             {
                 return Err(bad(
