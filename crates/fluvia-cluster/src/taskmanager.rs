@@ -281,6 +281,7 @@ impl Shared {
             counters,
             mailbox: mailbox.clone(),
             coordinator_gateway,
+            checkpointing: None,
         };
         let key: AttemptKey = (vertex_index, subtask, attempt);
         {

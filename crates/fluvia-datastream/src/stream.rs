@@ -15,7 +15,7 @@ use fluvia_runtime::operator::{OneInputFactory, OperatorFactory, TwoInputFactory
 use fluvia_runtime::output::KeyHasher;
 use fluvia_runtime::state::KeyedState;
 use fluvia_runtime::{
-    Collector, Data, OutputTag, OneInputOperator, OperatorContext, TwoInputOperator, UserError,
+    Collector, Data, OneInputOperator, OperatorContext, OutputTag, TwoInputOperator, UserError,
 };
 use std::hash::Hash;
 use std::marker::PhantomData;

@@ -79,6 +79,10 @@ pub struct TaskDeploymentDescriptor {
     pub key_group_range: Option<SubpartitionRange>,
     pub inputs: Vec<InputDescriptor>,
     pub outputs: Vec<OutputDescriptor>,
+    /// The checkpoint or savepoint the subtask's operators restore their
+    /// state from (none: a fresh start).
+    #[serde(default)]
+    pub restore: Option<crate::checkpoint::TaskRestore>,
 }
 
 #[cfg(test)]
@@ -123,6 +127,7 @@ mod tests {
                     rpc_address: "host:2".into(),
                 }),
             }],
+            restore: None,
         };
         let json = serde_json::to_string(&d).unwrap();
         let back: TaskDeploymentDescriptor = serde_json::from_str(&json).unwrap();

@@ -11,18 +11,25 @@
 //! - the ids both sides name attempts and partitions by
 //!   ([`ExecutionAttemptId`], [`PartitionRef`]);
 //! - what a task reports back: its [`ExecutionState`] and, when it ends, its
-//!   [`AttemptMetrics`] with the [`StagedFile`]s it wrote.
+//!   [`AttemptMetrics`] with the [`StagedFile`]s it wrote;
+//! - what a checkpoint moves ([`checkpoint`]): a task's acknowledgement with
+//!   its state handles, and the state a redeployed subtask restores.
 //!
 //! It must not know about scheduling (the ExecutionGraph, slots, failover),
 //! the wire (protobuf and gRPC conversions live at the boundary in
 //! `fluvia-cluster`), the network stack, threads or operators. It is plain,
 //! serialisable data: a TaskManager links it without linking the scheduler.
 
+pub mod checkpoint;
 pub mod descriptor;
 pub mod ids;
 pub mod metrics;
 pub mod state;
 
+pub use checkpoint::{
+    CheckpointMetrics, OperatorRestore, OperatorSubtaskStateHandle, TaskCheckpointAck,
+    TaskCheckpointDecline, TaskRestore,
+};
 pub use descriptor::{
     InputDescriptor, OutputDescriptor, ShuffleServiceTarget, SubpartitionRange,
     TaskDeploymentDescriptor,

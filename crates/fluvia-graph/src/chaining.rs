@@ -485,7 +485,11 @@ mod tests {
         };
         assert_eq!(side.tag, "late");
         assert_eq!(side.chained_outputs.len(), 1, "forward side output chained");
-        assert_eq!(side.network_outputs.len(), 1, "keyed side output on the network");
+        assert_eq!(
+            side.network_outputs.len(),
+            1,
+            "keyed side output on the network"
+        );
         assert_eq!(
             head.produced_data_sets[side.network_outputs[0].data_set].partitioner,
             PartitionerKind::Hash

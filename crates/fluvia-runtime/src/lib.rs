@@ -20,6 +20,7 @@
 //! Record types are known only to [`operator`] factories and [`output`]s;
 //! everything below (network, scheduler, graph) sees bytes and ids.
 
+pub mod checkpoint;
 pub mod coordinator;
 pub mod input;
 pub mod mailbox;
@@ -34,7 +35,7 @@ pub mod state;
 pub mod task;
 
 pub use input::{DataOutput, InputStatus, StreamInputProcessor};
-pub use mailbox::{CoordinatorGateway, Mail, Mailbox, MailboxSender, TaskControl};
+pub use mailbox::{CoordinatorGateway, Mail, Mailbox, MailboxSender, TaskControl, TaskMail};
 pub use metrics::{MetricRegistry, TaskMetricsSnapshot};
 pub use operator::{
     InputStats, OneInputOperator, OperatorContext, OperatorFactory, OperatorInstance, RecordType,

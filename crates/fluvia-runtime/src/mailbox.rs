@@ -14,9 +14,10 @@
 //! This module knows nothing of operators or the network: a mail acts on
 //! whatever the task hands it, [`TaskControl`].
 
+use crate::checkpoint::SubtaskCheckpointCoordinator;
 use fluvia_core::{FluviaError, Result};
 use fluvia_network::metrics::IoCounters;
-use fluvia_network::{Event, PartitionWriter};
+use fluvia_network::{CheckpointBarrier, Event, PartitionWriter};
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::rc::Rc;
@@ -28,6 +29,7 @@ use std::time::Duration;
 pub struct TaskControl<'a> {
     writers: &'a [Rc<RefCell<PartitionWriter>>],
     counters: Option<&'a IoCounters>,
+    checkpoints: Option<&'a mut SubtaskCheckpointCoordinator>,
 }
 
 impl<'a> TaskControl<'a> {
@@ -35,7 +37,22 @@ impl<'a> TaskControl<'a> {
         TaskControl {
             writers,
             counters: None,
+            checkpoints: None,
         }
+    }
+
+    /// The task takes part in checkpoints through `checkpoints`.
+    pub fn with_checkpoints(
+        mut self,
+        checkpoints: Option<&'a mut SubtaskCheckpointCoordinator>,
+    ) -> Self {
+        self.checkpoints = checkpoints;
+        self
+    }
+
+    /// The task's checkpointing; `None` when the job takes no checkpoints.
+    pub fn checkpoints(&mut self) -> Option<&mut SubtaskCheckpointCoordinator> {
+        self.checkpoints.as_deref_mut()
     }
 
     /// Time spent waiting for something to do counts as the task's idle
@@ -81,12 +98,20 @@ type Action = Box<dyn FnOnce(&mut TaskControl<'_>) -> Result<()> + Send>;
 
 enum MailKind {
     Action(Action),
+    Task(TaskMail),
+}
+
+/// Mail the task's driver acts on itself, with its operators at hand.
+#[derive(Debug)]
+pub enum TaskMail {
     /// An event from an operator's coordinator, for the operator at this
     /// index of the chain.
-    OperatorEvent {
-        operator: usize,
-        event: Vec<u8>,
-    },
+    OperatorEvent { operator: usize, event: Vec<u8> },
+    /// Start checkpoint `barrier.id` here: a source injects the barrier
+    /// (Flink's `triggerCheckpointAsync`).
+    TriggerCheckpoint(CheckpointBarrier),
+    /// Checkpoint `id` completed everywhere (`true`) or was aborted.
+    NotifyCheckpoint { id: u64, complete: bool },
 }
 
 /// One action for the task thread.
@@ -114,11 +139,21 @@ impl Mail {
         }
     }
 
-    /// An event from the coordinator of the chain's operator `operator`.
-    pub fn operator_event(operator: usize, event: Vec<u8>) -> Self {
+    /// Mail for the task's driver.
+    pub fn task(mail: TaskMail) -> Self {
+        let description = match &mail {
+            TaskMail::OperatorEvent { operator, .. } => {
+                format!("operator event for operator {operator}")
+            }
+            TaskMail::TriggerCheckpoint(b) => format!("trigger checkpoint {}", b.id),
+            TaskMail::NotifyCheckpoint { id, complete: true } => {
+                format!("checkpoint {id} complete")
+            }
+            TaskMail::NotifyCheckpoint { id, .. } => format!("checkpoint {id} aborted"),
+        };
         Mail {
-            description: format!("operator event for operator {operator}"),
-            kind: MailKind::OperatorEvent { operator, event },
+            description,
+            kind: MailKind::Task(mail),
         }
     }
 
@@ -192,7 +227,7 @@ impl MailboxSender {
 
     /// Hands `event` from its coordinator to the chain's operator `operator`.
     pub fn send_operator_event(&self, operator: usize, event: Vec<u8>) -> Result<()> {
-        self.send(Mail::operator_event(operator, event))
+        self.send(Mail::task(TaskMail::OperatorEvent { operator, event }))
     }
 
     /// Wakes a source waiting in [`Mailbox::wait`] (it has data again).
@@ -236,12 +271,12 @@ impl Mailbox {
         *lock(&self.inner.waker) = Some(waker);
     }
 
-    /// Runs every queued mail, in order, on this (the task) thread; operator
-    /// events go to `on_event` (operator index, event).
+    /// Runs every queued mail, in order, on this (the task) thread; mail
+    /// for the driver goes to `on_mail`.
     pub fn run_pending(
         &self,
         control: &mut TaskControl<'_>,
-        on_event: &mut dyn FnMut(usize, Vec<u8>) -> Result<()>,
+        on_mail: &mut dyn FnMut(&mut TaskControl<'_>, TaskMail) -> Result<()>,
     ) -> Result<usize> {
         let mut ran = 0;
         while self.has_mail() {
@@ -257,7 +292,7 @@ impl Mailbox {
             tracing::trace!("running mail '{}'", mail.description);
             match mail.kind {
                 MailKind::Action(action) => action(control)?,
-                MailKind::OperatorEvent { operator, event } => on_event(operator, event)?,
+                MailKind::Task(mail) => on_mail(control, mail)?,
             }
             ran += 1;
         }

@@ -7,6 +7,8 @@
 //! to the operator's concrete record type. Per record, a chained hand-over is
 //! one virtual call.
 
+use crate::checkpoint::ChainSnapshot;
+use crate::mailbox::TaskMail;
 use crate::output::{
     BroadcastingOutput, Collector, DiscardingOutput, KeyHasher, Output, RecordWriterOutput,
     SideOutput, SideOutputs, TypedSideOutput, set_current_operator,
@@ -17,7 +19,9 @@ use fluvia_core::error::TaskLocation;
 use fluvia_core::keygroup::key_group_range_for_operator;
 use fluvia_core::{FluviaError, Result};
 use fluvia_network::metrics::IoCounters;
-use fluvia_network::{CancelToken, ChannelSelector, InputChannelSpec, PartitionWriter};
+use fluvia_network::{
+    CancelToken, ChannelSelector, CheckpointBarrier, InputChannelSpec, PartitionWriter,
+};
 use std::any::Any;
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
@@ -253,7 +257,11 @@ macro_rules! lifecycle_hooks {
         }
         /// A barrier is about to be sent downstream: emit what must precede it
         /// (Flink's `prepareSnapshotPreBarrier`).
-        fn prepare_snapshot_pre_barrier(&mut self, _checkpoint_id: u64) -> Result<(), UserError> {
+        fn prepare_snapshot_pre_barrier(
+            &mut self,
+            _checkpoint_id: u64,
+            _out: &mut Collector<'_, OUT>,
+        ) -> Result<(), UserError> {
             Ok(())
         }
         /// Writes this operator's state for checkpoint `ctx.checkpoint_id`.
@@ -359,6 +367,16 @@ pub trait NetworkInput {
     fn process_watermark(&mut self, _watermark: i64) -> Result<()> {
         Ok(())
     }
+    /// The barrier of a checkpoint arrived on every input (as its
+    /// alignment asks): the chain takes its snapshot (see
+    /// [`Output::checkpoint`]).
+    fn checkpoint(
+        &mut self,
+        barrier: &CheckpointBarrier,
+        snapshot: &mut ChainSnapshot,
+    ) -> Result<()>;
+    /// Checkpoint `id` completed (`true`) or was aborted.
+    fn notify_checkpoint(&mut self, id: u64, complete: bool) -> Result<()>;
 }
 
 /// What a [`TaskDriver`] read from the network.
@@ -533,6 +551,16 @@ impl<T: Data> NetworkInput for DecodingInput<T> {
     fn process_watermark(&mut self, watermark: i64) -> Result<()> {
         self.inner.emit_watermark(watermark)
     }
+    fn checkpoint(
+        &mut self,
+        barrier: &CheckpointBarrier,
+        snapshot: &mut ChainSnapshot,
+    ) -> Result<()> {
+        self.inner.checkpoint(barrier, snapshot)
+    }
+    fn notify_checkpoint(&mut self, id: u64, complete: bool) -> Result<()> {
+        self.inner.notify_checkpoint(id, complete)
+    }
 }
 
 // ---------------------------------------------------------------- drivers
@@ -550,11 +578,104 @@ fn settle<T, O>(
     result.map_err(|e| ctx.user_error(e))
 }
 
+/// A checkpoint passes a driver: its operator emits what precedes the
+/// barrier, the barrier goes on through the operator's outputs (to the
+/// network at the chain's end), then the operator's state is snapshotted.
+/// Inside a chain nothing is in flight, so the order of the snapshots of
+/// the chain's operators does not matter.
+macro_rules! checkpoint_driver {
+    ($self:ident, $barrier:ident, $snapshot:ident) => {{
+        let index = $self.ctx.operator_index;
+        set_current_operator(index);
+        let mut c = Collector::with_side_outputs(&mut *$self.out, &mut $self.side, index);
+        let r = $self.op.prepare_snapshot_pre_barrier($barrier.id, &mut c);
+        settle(&$self.ctx, &mut c, r)?;
+        $self.side.checkpoint($barrier, $snapshot)?;
+        $self.out.checkpoint($barrier, $snapshot)?;
+        let mut state = StateSnapshotContext {
+            checkpoint_id: $barrier.id,
+            ..Default::default()
+        };
+        set_current_operator(index);
+        $self
+            .op
+            .snapshot_state(&mut state)
+            .map_err(|e| $self.ctx.user_error(e))?;
+        $snapshot.add(index, state.snapshot);
+        Ok(())
+    }};
+}
+
+/// Tells a driver's operator, then everything behind it, that checkpoint
+/// `id` completed or was aborted.
+macro_rules! notify_driver {
+    ($self:ident, $id:ident, $complete:ident) => {{
+        set_current_operator($self.ctx.operator_index);
+        let r = if $complete {
+            $self.op.notify_checkpoint_complete($id)
+        } else {
+            $self.op.notify_checkpoint_aborted($id)
+        };
+        r.map_err(|e| $self.ctx.user_error(e))?;
+        $self.side.notify_checkpoint($id, $complete)?;
+        $self.out.notify_checkpoint($id, $complete)
+    }};
+}
+
 struct SourceDriverImpl<OUT> {
     op: Box<dyn SourceOperator<OUT>>,
     out: Box<dyn Output<OUT>>,
     side: SideOutputs,
     ctx: OperatorContext,
+}
+
+impl<OUT: Data> SourceDriverImpl<OUT> {
+    fn on_mail(&mut self, control: &mut crate::TaskControl<'_>, mail: TaskMail) -> Result<()> {
+        let index = self.ctx.operator_index;
+        match mail {
+            TaskMail::OperatorEvent { operator, event } => {
+                if operator != index {
+                    return Err(FluviaError::Internal(format!(
+                        "operator event for operator {operator} reached the source '{}'",
+                        self.ctx.operator_name
+                    )));
+                }
+                set_current_operator(index);
+                self.op
+                    .handle_operator_event(&event)
+                    .map_err(|e| self.ctx.user_error(e))
+            }
+            TaskMail::TriggerCheckpoint(barrier) => {
+                let Some(checkpoints) = control.checkpoints() else {
+                    tracing::warn!(
+                        "checkpoint {} triggered at '{}', which takes no checkpoints",
+                        barrier.id,
+                        self.ctx.task_name
+                    );
+                    return Ok(());
+                };
+                let started = std::time::Instant::now();
+                let mut snapshot = ChainSnapshot::new(barrier.id);
+                self.checkpoint(&barrier, &mut snapshot)?;
+                let metrics = fluvia_deployment::CheckpointMetrics {
+                    checkpoint_start_delay_ms: crate::checkpoint::millis_since(barrier.timestamp),
+                    ..Default::default()
+                };
+                checkpoints.complete_sync(snapshot, metrics, started)
+            }
+            TaskMail::NotifyCheckpoint { id, complete } => {
+                notify_driver!(self, id, complete)
+            }
+        }
+    }
+
+    fn checkpoint(
+        &mut self,
+        barrier: &CheckpointBarrier,
+        snapshot: &mut ChainSnapshot,
+    ) -> Result<()> {
+        checkpoint_driver!(self, barrier, snapshot)
+    }
 }
 
 impl<OUT: Data> SourceDriver for SourceDriverImpl<OUT> {
@@ -571,18 +692,7 @@ impl<OUT: Data> SourceDriver for SourceDriverImpl<OUT> {
                 return Err(FluviaError::Cancelled);
             }
             if mailbox.has_mail() {
-                let (op, ctx) = (&mut self.op, &self.ctx);
-                mailbox.run_pending(control, &mut |target, event| {
-                    if target != index {
-                        return Err(FluviaError::Internal(format!(
-                            "operator event for operator {target} reached the source '{}'",
-                            ctx.operator_name
-                        )));
-                    }
-                    set_current_operator(index);
-                    op.handle_operator_event(&event)
-                        .map_err(|e| ctx.user_error(e))
-                })?;
+                mailbox.run_pending(control, &mut |control, mail| self.on_mail(control, mail))?;
                 idle = false;
             }
             if idle {
@@ -655,6 +765,18 @@ impl<IN: Clone + 'static, OUT: 'static> Output<IN> for OneInputDriver<IN, OUT> {
         let r = self.op.process_watermark(watermark, &mut c);
         settle(&self.ctx, &mut c, r)
     }
+
+    fn checkpoint(
+        &mut self,
+        barrier: &CheckpointBarrier,
+        snapshot: &mut ChainSnapshot,
+    ) -> Result<()> {
+        checkpoint_driver!(self, barrier, snapshot)
+    }
+
+    fn notify_checkpoint(&mut self, id: u64, complete: bool) -> Result<()> {
+        notify_driver!(self, id, complete)
+    }
 }
 
 struct TwoInputDriver<IN1, IN2, OUT> {
@@ -716,6 +838,18 @@ impl<IN1: Data, IN2: Data, OUT: 'static> NetworkInput for TwoInputDriver<IN1, IN
         let mut c = Collector::with_side_outputs(&mut *self.out, &mut self.side, index);
         let r = self.op.process_watermark(watermark, &mut c);
         settle(&self.ctx, &mut c, r)
+    }
+
+    fn checkpoint(
+        &mut self,
+        barrier: &CheckpointBarrier,
+        snapshot: &mut ChainSnapshot,
+    ) -> Result<()> {
+        checkpoint_driver!(self, barrier, snapshot)
+    }
+
+    fn notify_checkpoint(&mut self, id: u64, complete: bool) -> Result<()> {
+        notify_driver!(self, id, complete)
     }
 }
 

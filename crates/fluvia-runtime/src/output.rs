@@ -14,9 +14,10 @@
 //! instead of making user code handle it (the driver reports it after the user
 //! function returns).
 
+use crate::checkpoint::ChainSnapshot;
 use crate::record::{Data, encode_into};
 use fluvia_core::{FluviaError, Result};
-use fluvia_network::{ChannelSelector, ConsumersReleased, PartitionWriter};
+use fluvia_network::{ChannelSelector, CheckpointBarrier, ConsumersReleased, PartitionWriter};
 use std::any::Any;
 use std::cell::RefCell;
 use std::marker::PhantomData;
@@ -40,6 +41,22 @@ pub trait Output<T> {
     /// operator sees it after every record before it, a network edge sends
     /// it to every consumer. Outputs that lead nowhere drop it.
     fn emit_watermark(&mut self, _watermark: i64) -> Result<()> {
+        Ok(())
+    }
+    /// A checkpoint passes this edge: every operator behind it emits what
+    /// must precede the barrier, a network edge sends the barrier to every
+    /// consumer, and each operator's state goes into `snapshot`. Outputs
+    /// that lead nowhere do nothing.
+    fn checkpoint(
+        &mut self,
+        _barrier: &CheckpointBarrier,
+        _snapshot: &mut ChainSnapshot,
+    ) -> Result<()> {
+        Ok(())
+    }
+    /// Checkpoint `id` completed (`true`) or was aborted: every operator
+    /// behind this edge is told.
+    fn notify_checkpoint(&mut self, _id: u64, _complete: bool) -> Result<()> {
         Ok(())
     }
 }
@@ -105,6 +122,12 @@ pub trait SideOutput {
     fn as_any_mut(&mut self) -> &mut dyn Any;
     fn close(&mut self) -> Result<()>;
     fn emit_watermark(&mut self, watermark: i64) -> Result<()>;
+    fn checkpoint(
+        &mut self,
+        barrier: &CheckpointBarrier,
+        snapshot: &mut ChainSnapshot,
+    ) -> Result<()>;
+    fn notify_checkpoint(&mut self, id: u64, complete: bool) -> Result<()>;
 }
 
 /// The typed form behind a [`SideOutput`].
@@ -119,6 +142,16 @@ impl<T: 'static> SideOutput for TypedSideOutput<T> {
     }
     fn emit_watermark(&mut self, watermark: i64) -> Result<()> {
         self.0.emit_watermark(watermark)
+    }
+    fn checkpoint(
+        &mut self,
+        barrier: &CheckpointBarrier,
+        snapshot: &mut ChainSnapshot,
+    ) -> Result<()> {
+        self.0.checkpoint(barrier, snapshot)
+    }
+    fn notify_checkpoint(&mut self, id: u64, complete: bool) -> Result<()> {
+        self.0.notify_checkpoint(id, complete)
     }
 }
 
@@ -154,6 +187,23 @@ impl SideOutputs {
         self.outputs
             .iter_mut()
             .try_for_each(|(_, o)| o.emit_watermark(watermark))
+    }
+
+    /// A checkpoint passes every side output (see [`Output::checkpoint`]).
+    pub fn checkpoint(
+        &mut self,
+        barrier: &CheckpointBarrier,
+        snapshot: &mut ChainSnapshot,
+    ) -> Result<()> {
+        self.outputs
+            .iter_mut()
+            .try_for_each(|(_, o)| o.checkpoint(barrier, snapshot))
+    }
+
+    pub fn notify_checkpoint(&mut self, id: u64, complete: bool) -> Result<()> {
+        self.outputs
+            .iter_mut()
+            .try_for_each(|(_, o)| o.notify_checkpoint(id, complete))
     }
 }
 
@@ -286,6 +336,22 @@ impl<T: Clone> Output<T> for BroadcastingOutput<T> {
         }
         Ok(())
     }
+    fn checkpoint(
+        &mut self,
+        barrier: &CheckpointBarrier,
+        snapshot: &mut ChainSnapshot,
+    ) -> Result<()> {
+        for o in &mut self.outputs {
+            o.checkpoint(barrier, snapshot)?;
+        }
+        Ok(())
+    }
+    fn notify_checkpoint(&mut self, id: u64, complete: bool) -> Result<()> {
+        for o in &mut self.outputs {
+            o.notify_checkpoint(id, complete)?;
+        }
+        Ok(())
+    }
     fn consumers_released(&self) -> Option<ConsumersReleased> {
         let mut all = self.outputs.iter().map(|o| o.consumers_released());
         let first = all.next()??;
@@ -359,6 +425,16 @@ impl<T: Data> Output<T> for RecordWriterOutput<T> {
         self.writer
             .borrow_mut()
             .broadcast_event(&fluvia_network::Event::Watermark(watermark))
+    }
+
+    fn checkpoint(
+        &mut self,
+        barrier: &CheckpointBarrier,
+        _snapshot: &mut ChainSnapshot,
+    ) -> Result<()> {
+        self.writer
+            .borrow_mut()
+            .broadcast_event(&fluvia_network::Event::CheckpointBarrier(*barrier))
     }
 
     fn consumers_released(&self) -> Option<ConsumersReleased> {

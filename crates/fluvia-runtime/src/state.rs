@@ -13,11 +13,18 @@ use std::hash::Hash;
 
 /// The state an operator's snapshot holds: named operator (non-keyed)
 /// state, and keyed state cut by key group.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct OperatorStateSnapshot {
     pub operator_state: BTreeMap<String, Vec<u8>>,
     /// Key group → the bytes of that key group's entries.
     pub keyed_state: BTreeMap<usize, Vec<u8>>,
+}
+
+impl OperatorStateSnapshot {
+    /// Whether the operator wrote no state at all.
+    pub fn is_empty(&self) -> bool {
+        self.operator_state.is_empty() && self.keyed_state.is_empty()
+    }
 }
 
 /// What `initialize_state` is given.

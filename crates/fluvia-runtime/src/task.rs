@@ -11,20 +11,21 @@
 //! filled buffers never wait on our own idleness. Between input buffers (and
 //! between a source's polls) the task thread runs its [`Mailbox`].
 
+use crate::checkpoint::{ChainSnapshot, SubtaskCheckpointCoordinator, TaskCheckpointing};
 use crate::input::{DataOutput, InputStatus, StreamInputProcessor};
-use crate::mailbox::{Mailbox, TaskControl};
+use crate::mailbox::{Mailbox, TaskControl, TaskMail};
 use crate::operator::{AnyOutput, NetworkInput, OperatorContext, OperatorInstance, RecordType};
 use crate::output::SideOutputs;
 use crate::registry::OperatorRegistry;
 use fluvia_core::config::options;
 use fluvia_core::error::TaskLocation;
 use fluvia_core::{FluviaError, PartitionerKind, Result};
-use fluvia_deployment::{AttemptMetrics, TaskDeploymentDescriptor};
+use fluvia_deployment::{AttemptMetrics, CheckpointMetrics, TaskDeploymentDescriptor};
 use fluvia_graph::{JobGraph, JobVertex, NetworkOutput};
 use fluvia_network::metrics::IoCounters;
 use fluvia_network::{
-    CancelToken, ChannelSelector, InputChannelSpec, InputGate, LocalBufferPool, PartitionWriter,
-    RecordBytes, ResultPartition,
+    AlignmentType, CancelToken, ChannelSelector, CheckpointBarrier, Event, InputChannelSpec,
+    InputGate, LocalBufferPool, PartitionWriter, RecordBytes, ResultPartition,
 };
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -62,6 +63,8 @@ pub struct TaskDeployment {
     /// Where operator events to the job's coordinators go (none in a
     /// process without a JobManager connection).
     pub coordinator_gateway: Option<crate::mailbox::CoordinatorGateway>,
+    /// How the task takes part in checkpoints (none: the job takes none).
+    pub checkpointing: Option<TaskCheckpointing>,
 }
 
 impl TaskDeployment {
@@ -178,12 +181,11 @@ impl ChainBuilder<'_> {
         let output = self.build_output(op)?;
         let side = self.build_side_outputs(op)?;
         let node = self.d.vertex().operators[op].node_id;
-        match self
-            .d
-            .registry
-            .factory(node)?
-            .create_with_side_outputs(&self.contexts[op], output, side)?
-        {
+        match self.d.registry.factory(node)?.create_with_side_outputs(
+            &self.contexts[op],
+            output,
+            side,
+        )? {
             OperatorInstance::OneInput { input, .. } => Ok(input),
             _ => Err(FluviaError::Internal(format!(
                 "operator '{}' cannot be chained: only one-input operators follow a chain head",
@@ -305,6 +307,14 @@ fn run_task(d: &TaskDeployment, staged: &crate::operator::StagedFiles) -> Result
     let head =
         head_factory.create_with_side_outputs(&builder.contexts[0], head_output, head_side)?;
     let mut metrics = AttemptMetrics::default();
+    let mut checkpoints = d.checkpointing.clone().map(|services| {
+        SubtaskCheckpointCoordinator::new(
+            services,
+            d.descriptor.attempt,
+            v.operators.iter().map(|o| o.operator_id.clone()).collect(),
+            Some(builder.contexts[0].key_group_range()),
+        )
+    });
     match head {
         OperatorInstance::Source(mut driver) => {
             if !d.inputs.is_empty() {
@@ -312,23 +322,31 @@ fn run_task(d: &TaskDeployment, staged: &crate::operator::StagedFiles) -> Result
                     "source task {task_name} has inputs"
                 )));
             }
-            let mut control = TaskControl::new(&builder.writers).with_counters(&d.counters);
+            let mut control = TaskControl::new(&builder.writers)
+                .with_counters(&d.counters)
+                .with_checkpoints(checkpoints.as_mut());
             driver.run(&d.cancel, &d.mailbox, &mut control)?;
         }
         OperatorInstance::OneInput { input, input_type } => {
             let mut head = input_type.network_input(input)?;
             run_input_loop(
                 d,
-                &mut ChainInput(&mut *head),
-                &builder.writers,
+                &mut ChainInput {
+                    head: &mut *head,
+                    writers: &builder.writers,
+                    checkpoints: checkpoints.as_mut(),
+                },
                 &mut metrics,
             )?;
         }
         OperatorInstance::TwoInput(mut head) => {
             run_input_loop(
                 d,
-                &mut ChainInput(&mut *head),
-                &builder.writers,
+                &mut ChainInput {
+                    head: &mut *head,
+                    writers: &builder.writers,
+                    checkpoints: checkpoints.as_mut(),
+                },
                 &mut metrics,
             )?;
         }
@@ -339,6 +357,9 @@ fn run_task(d: &TaskDeployment, staged: &crate::operator::StagedFiles) -> Result
             metrics.buffers_in = read.buffers;
         }
     }
+    // Snapshots handed to the checkpoint thread are written and
+    // acknowledged before the task reports that it finished.
+    drop(checkpoints);
     for w in &builder.writers {
         w.borrow_mut().finish()?;
     }
@@ -361,27 +382,83 @@ fn run_task(d: &TaskDeployment, staged: &crate::operator::StagedFiles) -> Result
 }
 
 /// The head of a chain as the input processor's output.
-struct ChainInput<'a>(&'a mut dyn NetworkInput);
+struct ChainInput<'a> {
+    head: &'a mut dyn NetworkInput,
+    writers: &'a [Rc<RefCell<PartitionWriter>>],
+    checkpoints: Option<&'a mut SubtaskCheckpointCoordinator>,
+}
+
+impl ChainInput<'_> {
+    fn on_mail(&mut self, mail: TaskMail) -> Result<()> {
+        match mail {
+            TaskMail::NotifyCheckpoint { id, complete } => {
+                self.head.notify_checkpoint(id, complete)
+            }
+            // Barriers reach this task through its inputs.
+            TaskMail::TriggerCheckpoint(barrier) => {
+                if let Some(c) = self.checkpoints.as_deref() {
+                    c.decline(
+                        barrier.id,
+                        "a task with inputs takes checkpoints from their barriers".to_string(),
+                    );
+                }
+                Ok(())
+            }
+            TaskMail::OperatorEvent { operator, .. } => Err(FluviaError::Internal(format!(
+                "an operator event for operator {operator}, which takes none"
+            ))),
+        }
+    }
+}
 
 impl DataOutput for ChainInput<'_> {
     #[inline]
     fn emit_record(&mut self, input: usize, record: RecordBytes<'_>) -> Result<()> {
-        self.0.process(input, record.as_slice())
+        self.head.process(input, record.as_slice())
     }
     fn emit_watermark(&mut self, watermark: i64) -> Result<()> {
-        self.0.process_watermark(watermark)
+        self.head.process_watermark(watermark)
     }
     fn end_input(&mut self, input: usize) -> Result<()> {
-        self.0.end_input(input)
+        self.head.end_input(input)
+    }
+    fn trigger_checkpoint(&mut self, barrier: CheckpointBarrier) -> Result<()> {
+        let Some(checkpoints) = self.checkpoints.as_deref_mut() else {
+            // A job without checkpoints still passes barriers on.
+            return TaskControl::new(self.writers)
+                .broadcast_event(&Event::CheckpointBarrier(barrier));
+        };
+        let started = Instant::now();
+        let mut snapshot = ChainSnapshot::new(barrier.id);
+        self.head.checkpoint(&barrier, &mut snapshot)?;
+        let metrics = CheckpointMetrics {
+            checkpoint_start_delay_ms: crate::checkpoint::millis_since(barrier.timestamp),
+            unaligned: barrier.options.alignment == AlignmentType::Unaligned,
+            ..Default::default()
+        };
+        checkpoints.complete_sync(snapshot, metrics, started)
+    }
+    fn abort_checkpoint(&mut self, id: u64) -> Result<()> {
+        // Downstream tasks stop aligning for it too.
+        TaskControl::new(self.writers)
+            .broadcast_event(&Event::CancelCheckpointMarker { checkpoint_id: id })?;
+        self.head.notify_checkpoint(id, false)?;
+        if let Some(c) = self.checkpoints.as_deref() {
+            c.decline(
+                id,
+                format!("checkpoint {id} was cancelled upstream or overtaken"),
+            );
+        }
+        Ok(())
     }
 }
 
 fn run_input_loop(
     d: &TaskDeployment,
     head: &mut ChainInput<'_>,
-    writers: &[Rc<RefCell<PartitionWriter>>],
     metrics: &mut AttemptMetrics,
 ) -> Result<()> {
+    let writers = head.writers;
     let gate = InputGate::new(d.inputs.clone());
     if gate.num_channels() == 0 {
         return Err(FluviaError::Internal(format!(
@@ -395,11 +472,8 @@ fn run_input_loop(
     let mailbox = &d.mailbox;
     loop {
         if mailbox.has_mail() {
-            mailbox.run_pending(&mut TaskControl::new(writers), &mut |op, _| {
-                Err(FluviaError::Internal(format!(
-                    "task {} got an operator event for operator {op}, which takes none",
-                    d.task_name()
-                )))
+            mailbox.run_pending(&mut TaskControl::new(writers), &mut |_, mail| {
+                head.on_mail(mail)
             })?;
         }
         match input.process(head)? {

@@ -182,6 +182,9 @@ impl DeploymentFactory<'_> {
             key_group_range,
             inputs,
             outputs,
+            // The JobManager adds the restore handles of its latest
+            // completed checkpoint.
+            restore: None,
         })
     }
 }

@@ -615,6 +615,18 @@ impl NetworkInput for DecodingInput {
     fn end_input(&mut self, _input: usize) -> Result<()> {
         self.inner.close()
     }
+
+    fn checkpoint(
+        &mut self,
+        barrier: &fluvia_network::CheckpointBarrier,
+        snapshot: &mut fluvia_runtime::checkpoint::ChainSnapshot,
+    ) -> Result<()> {
+        self.inner.checkpoint(barrier, snapshot)
+    }
+
+    fn notify_checkpoint(&mut self, id: u64, complete: bool) -> Result<()> {
+        self.inner.notify_checkpoint(id, complete)
+    }
 }
 
 /// Writes batches as Arrow IPC records: a broadcast batch is encoded once
