@@ -51,6 +51,11 @@ pub enum Example {
         /// OUTPUT/part-<subtask> at parallelism > 1 (as Flink's WordCount).
         #[arg(long)]
         unsorted: bool,
+        /// Lines per second each source subtask reads at most (so a
+        /// streaming job runs long enough to be checkpointed, killed,
+        /// savepointed or rescaled by hand).
+        #[arg(long)]
+        rate: Option<f64>,
         #[command(flatten)]
         common: Common,
     },
@@ -106,8 +111,9 @@ impl Example {
                 input,
                 output,
                 unsorted,
+                rate,
                 ..
-            } => wordcount::build(&env, input.clone(), output.clone(), !*unsorted),
+            } => wordcount::build(&env, input.clone(), output.clone(), !*unsorted, *rate),
             Example::Pipeline { rows, job, .. } => pipeline::build(&env, *rows, *job),
         }
         Ok(env)

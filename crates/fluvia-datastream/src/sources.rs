@@ -79,7 +79,7 @@ impl StreamExecutionEnvironment {
         } else {
             0
         };
-        self.generator_source("Sequence Source", count, move |i| from + i as i64)
+        self.generator_source("Sequence Source", count, None, move |i| from + i as i64)
     }
 
     /// `count` records `f(0) .. f(count-1)`, split evenly across subtasks.
@@ -88,18 +88,34 @@ impl StreamExecutionEnvironment {
         count: u64,
         f: impl Fn(u64) -> T + Send + Sync + 'static,
     ) -> DataStream<T> {
-        self.generator_source("Generator Source", count, f)
+        self.generator_source("Generator Source", count, None, f)
+    }
+
+    /// As [`from_generator`](Self::from_generator), emitting at most
+    /// `per_second` records a second per subtask (Flink's
+    /// `DataGeneratorSource` with `RateLimiterStrategy.perSecond`).
+    pub fn from_generator_with_rate<T: Data>(
+        &self,
+        count: u64,
+        per_second: f64,
+        f: impl Fn(u64) -> T + Send + Sync + 'static,
+    ) -> DataStream<T> {
+        self.generator_source("Generator Source", count, Some(per_second), f)
     }
 
     fn generator_source<T: Data>(
         &self,
         name: &str,
         count: u64,
+        rate: Option<f64>,
         f: impl Fn(u64) -> T + Send + Sync + 'static,
     ) -> DataStream<T> {
         let f: Arc<dyn Fn(u64) -> T + Send + Sync> = Arc::new(f);
         self.from_source(name, true, move |ctx| {
-            GeneratorSource::new(Arc::clone(&f), count, ctx.subtask_index, ctx.parallelism)
+            let mut g =
+                GeneratorSource::new(Arc::clone(&f), count, ctx.subtask_index, ctx.parallelism);
+            g.rate = rate.map(RateLimiter::per_second);
+            g
         })
     }
 
@@ -111,14 +127,28 @@ impl StreamExecutionEnvironment {
     /// Lines of text files, split into byte ranges shared out among the
     /// parallel readers. A missing file fails the job before it runs.
     pub fn read_text_files(&self, paths: Vec<PathBuf>) -> DataStream<String> {
+        self.read_text_files_with_rate(paths, None)
+    }
+
+    /// As [`read_text_files`](Self::read_text_files), each reader emitting at
+    /// most `per_second` lines a second when a rate is given.
+    pub fn read_text_files_with_rate(
+        &self,
+        paths: Vec<PathBuf>,
+        per_second: Option<f64>,
+    ) -> DataStream<String> {
         let name = paths
             .iter()
             .map(|p| p.display().to_string())
             .collect::<Vec<_>>()
             .join(", ");
         let coordinator = TextFileSource::coordinator(&paths);
-        let factory = SourceFactory::<String>::new(|_| Ok(Box::new(TextFileSource::new())))
-            .with_validation(move || TextFileSource::validate(&paths));
+        let factory = SourceFactory::<String>::new(move |_| {
+            let mut source = TextFileSource::new();
+            source.rate = per_second.map(RateLimiter::per_second);
+            Ok(Box::new(source))
+        })
+        .with_validation(move || TextFileSource::validate(&paths));
         self.add_coordinated_source(&name, true, Arc::new(factory), Some(coordinator))
     }
 }
@@ -126,6 +156,47 @@ impl StreamExecutionEnvironment {
 /// Records emitted per poll: large enough to amortise the poll, small enough
 /// to notice cancellation quickly.
 const BATCH: usize = 1024;
+
+/// At most `per_second` records a second, averaged from the first poll
+/// (Flink's `RateLimiterStrategy.perSecond`): a source that may emit
+/// nothing now says so and the task thread runs its mailbox meanwhile, so
+/// a slow source still takes checkpoints promptly.
+#[derive(Debug, Clone)]
+pub struct RateLimiter {
+    per_second: f64,
+    started: Option<std::time::Instant>,
+    granted: u64,
+}
+
+impl RateLimiter {
+    pub fn per_second(per_second: f64) -> Self {
+        RateLimiter {
+            per_second: per_second.max(0.0),
+            started: None,
+            granted: 0,
+        }
+    }
+
+    /// How many records may go out now, at most `max`.
+    pub fn acquire(&mut self, max: usize) -> usize {
+        let start = *self.started.get_or_insert_with(std::time::Instant::now);
+        // The first record goes out at once.
+        let due = (start.elapsed().as_secs_f64() * self.per_second) as u64 + 1;
+        let n = due.saturating_sub(self.granted).min(max as u64);
+        self.granted += n;
+        n as usize
+    }
+
+    /// `n` of the records acquired were not emitted after all.
+    pub fn give_back(&mut self, n: usize) {
+        self.granted = self.granted.saturating_sub(n as u64);
+    }
+
+    /// Records allowed in a poll of a source limited by `rate`, if any.
+    fn allowance(rate: &mut Option<RateLimiter>) -> usize {
+        rate.as_mut().map_or(BATCH, |r| r.acquire(BATCH))
+    }
+}
 
 pub struct CollectionSource<T> {
     items: Arc<Vec<T>>,
@@ -160,6 +231,7 @@ pub struct GeneratorSource<T> {
     f: Arc<dyn Fn(u64) -> T + Send + Sync>,
     next: u64,
     end: u64,
+    pub rate: Option<RateLimiter>,
 }
 
 impl<T> GeneratorSource<T> {
@@ -175,13 +247,21 @@ impl<T> GeneratorSource<T> {
             f,
             next: share(subtask as u128),
             end: share(subtask as u128 + 1),
+            rate: None,
         }
     }
 }
 
 impl<T: Data> SourceOperator<T> for GeneratorSource<T> {
     fn poll_next(&mut self, out: &mut Collector<'_, T>) -> Result<SourceStatus, UserError> {
-        let stop = self.end.min(self.next + BATCH as u64);
+        if self.next >= self.end {
+            return Ok(SourceStatus::End);
+        }
+        let allowed = RateLimiter::allowance(&mut self.rate);
+        if allowed == 0 {
+            return Ok(SourceStatus::NothingAvailable);
+        }
+        let stop = self.end.min(self.next + allowed as u64);
         while self.next < stop {
             out.collect((self.f)(self.next));
             self.next += 1;
@@ -206,6 +286,7 @@ pub struct TextFileSource {
     /// A request is on its way to the coordinator.
     requested: bool,
     no_more_splits: bool,
+    pub rate: Option<RateLimiter>,
 }
 
 impl Default for TextFileSource {
@@ -222,6 +303,7 @@ impl TextFileSource {
             current: None,
             requested: false,
             no_more_splits: false,
+            rate: None,
         }
     }
 
@@ -296,7 +378,11 @@ impl SourceOperator<String> for TextFileSource {
 
     fn poll_next(&mut self, out: &mut Collector<'_, String>) -> Result<SourceStatus, UserError> {
         let mut emitted = 0;
-        while emitted < BATCH {
+        let allowed = RateLimiter::allowance(&mut self.rate);
+        if allowed == 0 {
+            return Ok(SourceStatus::NothingAvailable);
+        }
+        while emitted < allowed {
             let current = match &mut self.current {
                 Some(c) => c,
                 None => match self.splits.pop_front() {
@@ -310,6 +396,9 @@ impl SourceOperator<String> for TextFileSource {
                     None if self.no_more_splits => return Ok(SourceStatus::End),
                     None => {
                         self.request_split()?;
+                        if let Some(r) = &mut self.rate {
+                            r.give_back(allowed - emitted);
+                        }
                         return Ok(if emitted > 0 {
                             SourceStatus::MoreAvailable
                         } else {
@@ -327,5 +416,26 @@ impl SourceOperator<String> for TextFileSource {
             }
         }
         Ok(SourceStatus::MoreAvailable)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rate_limiter_grants_one_at_once_and_then_by_elapsed_time() {
+        let mut r = RateLimiter::per_second(1000.0);
+        assert_eq!(r.acquire(BATCH), 1, "the first record goes out at once");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let later = r.acquire(BATCH);
+        // At least 50 ms passed: 50 more are due; never more than the cap.
+        assert!(later >= 49, "{later}");
+        assert!(later <= BATCH);
+        r.give_back(later);
+        assert!(
+            r.acquire(BATCH) >= later,
+            "what was given back is granted again"
+        );
     }
 }

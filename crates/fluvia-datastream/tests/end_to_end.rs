@@ -339,6 +339,27 @@ fn side_outputs_reach_their_consumers_chained_and_over_the_network() {
     }
 }
 
+/// A rate-limited source emits every record, and no faster than its rate:
+/// 2 subtasks at 400 records a second each take at least 0.2 s for 200
+/// records (the first of each goes out at once).
+#[test]
+fn a_rate_limited_generator_emits_everything_at_its_rate() {
+    let env = StreamExecutionEnvironment::new();
+    env.set_parallelism(2)
+        .set_runtime_mode(RuntimeMode::Streaming);
+    let (_, got) = env.from_generator_with_rate(200, 400.0, |i| i).collect();
+    let started = std::time::Instant::now();
+    env.execute("rate").unwrap();
+    let elapsed = started.elapsed();
+    let mut got = got.take();
+    got.sort();
+    assert_eq!(got, (0..200).collect::<Vec<u64>>());
+    assert!(
+        elapsed >= std::time::Duration::from_millis(200),
+        "{elapsed:?}"
+    );
+}
+
 /// A side output read as another type than it is written fails the job
 /// with an error that names the tag, not with a wrong answer.
 #[test]

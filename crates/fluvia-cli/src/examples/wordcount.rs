@@ -49,9 +49,10 @@ pub fn build(
     inputs: Vec<PathBuf>,
     output: Option<PathBuf>,
     sorted: bool,
+    rate: Option<f64>,
 ) {
     let counts = env
-        .read_text_files(inputs)
+        .read_text_files_with_rate(inputs, rate)
         .name("lines")
         .flat_map(|line: String, out| tokenize(&line).for_each(|w| out.collect((w, 1i64))))
         .name("Tokenizer")
