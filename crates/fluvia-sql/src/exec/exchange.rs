@@ -594,6 +594,15 @@ impl RecordType for SqlBatchType {
         let out: Box<dyn Output<SqlBatch>> = Box::new(DiscardingOutput);
         Box::new(out)
     }
+
+    fn side_output(
+        &self,
+        _output: AnyOutput,
+    ) -> Result<Box<dyn fluvia_runtime::output::SideOutput>> {
+        Err(FluviaError::Plan(
+            "a SQL plan fragment has no side outputs".to_string(),
+        ))
+    }
 }
 
 struct DecodingInput {
