@@ -574,7 +574,13 @@ impl CheckpointCoordinator {
                 out,
             );
         }
-        self.maybe_trigger_periodic(now_ms, out);
+        // The job is about to fail: no new checkpoint for it.
+        if !out
+            .iter()
+            .any(|a| matches!(a, CheckpointAction::FailJob { .. }))
+        {
+            self.maybe_trigger_periodic(now_ms, out);
+        }
     }
 
     fn maybe_trigger_periodic(&mut self, now_ms: u64, out: &mut Vec<CheckpointAction>) {
