@@ -139,3 +139,31 @@ impl FailureManager {
         self.continuous
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use CheckpointFailureReason::*;
+
+    #[test]
+    fn counts_each_checkpoint_once_and_only_snapshot_failures() {
+        let mut m = FailureManager::new(2);
+        assert!(!m.on_failure(1, false, CheckpointExpired));
+        assert!(!m.on_failure(1, false, CheckpointDeclined));
+        assert!(!m.on_failure(2, false, TaskFailure));
+        assert!(!m.on_failure(3, true, CheckpointExpired));
+        assert_eq!(m.continuous_failures(), 1);
+        assert!(!m.on_failure(4, false, FinalizeCheckpointFailure));
+        assert!(m.on_failure(5, false, CheckpointAsyncException));
+        // The job failed: counting starts again.
+        assert_eq!(m.continuous_failures(), 0);
+    }
+
+    #[test]
+    fn a_success_resets_and_older_failures_do_not_count() {
+        let mut m = FailureManager::new(0);
+        m.on_success(10);
+        assert!(!m.on_failure(9, false, CheckpointExpired));
+        assert!(m.on_failure(11, false, CheckpointExpired));
+    }
+}
