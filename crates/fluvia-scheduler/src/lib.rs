@@ -30,17 +30,21 @@
 //! - [`job`]: one job's data (graph, regions, slots, per-job component state)
 //!   and the queries on it.
 //!
-//! A sibling state machine will sit beside the scheduler, not inside it:
-//! the **checkpoint coordinator** (Flink's `CheckpointCoordinator`). It will
-//! be fed its own events (attempts running, acknowledgements, ticks) and
-//! return its own actions (trigger a checkpoint, notify completion); the
-//! JobManager will drive both, and a deployment will carry its restore
-//! handles in the fields `fluvia-deployment` and the wire reserve for them.
-//! It belongs in a module (or crate) of its own with the same rules: no
-//! I/O, an injected clock, plain data in and out.
+//! A sibling state machine sits beside the scheduler, not inside it: the
+//! [`checkpoint`] coordinator (Flink's `CheckpointCoordinator`). It is fed
+//! its own events (attempts running, finished or failed, acknowledgements
+//! and declines, savepoint requests, the outcome of writing `_metadata`,
+//! ticks) and returns its own actions (trigger a checkpoint, write its
+//! metadata, notify completion or abortion, discard subsumed checkpoints
+//! and orphaned state, fail the job past the tolerable failures); it names
+//! the checkpoint a restart restores from and keeps the REST statistics.
+//! The JobManager drives both; a deployment will carry its restore handles
+//! in the fields `fluvia-deployment` and the wire reserve for them. Same
+//! rules: no I/O, an injected clock, plain data in and out.
 
 pub mod adaptive;
 mod adaptive_setup;
+pub mod checkpoint;
 pub mod deployment;
 mod deployment_factory;
 pub mod execution_graph;
