@@ -27,8 +27,8 @@ pub mod metrics;
 pub mod state;
 
 pub use checkpoint::{
-    CheckpointMetrics, OperatorRestore, OperatorSubtaskStateHandle, TaskCheckpointAck,
-    TaskCheckpointDecline, TaskRestore,
+    OperatorState, StateHandle, SubtaskCheckpointMetrics, TaskCheckpointAck, TaskCheckpointDecline,
+    TaskRestore, TaskStateSnapshot,
 };
 pub use descriptor::{
     InputDescriptor, OutputDescriptor, ShuffleServiceTarget, SubpartitionRange,

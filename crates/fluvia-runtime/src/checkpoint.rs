@@ -18,10 +18,11 @@
 
 use crate::state::OperatorStateSnapshot;
 use fluvia_core::{FluviaError, Result};
-use fluvia_deployment::{
-    CheckpointMetrics, ExecutionAttemptId, OperatorSubtaskStateHandle, TaskCheckpointAck,
-    TaskCheckpointDecline,
+use fluvia_deployment::checkpoint::{
+    KeyGroupRange, OperatorId, OperatorSubtaskState, StateHandle, StateKind, StateLocation,
+    SubtaskCheckpointMetrics, TaskStateSnapshot,
 };
+use fluvia_deployment::{ExecutionAttemptId, TaskCheckpointAck, TaskCheckpointDecline};
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::Instant;
@@ -99,7 +100,7 @@ pub fn decode_snapshot(bytes: &[u8], location: &str) -> Result<OperatorStateSnap
 
 struct AsyncPart {
     snapshot: ChainSnapshot,
-    metrics: CheckpointMetrics,
+    metrics: SubtaskCheckpointMetrics,
     sync_started: Instant,
 }
 
@@ -145,7 +146,7 @@ impl SubtaskCheckpointCoordinator {
     pub fn complete_sync(
         &mut self,
         snapshot: ChainSnapshot,
-        mut metrics: CheckpointMetrics,
+        mut metrics: SubtaskCheckpointMetrics,
         sync_started: Instant,
     ) -> Result<()> {
         metrics.sync_duration_ms = sync_started.elapsed().as_millis() as u64;
@@ -223,29 +224,45 @@ fn write_snapshot(
         mut metrics,
         sync_started,
     } = part;
-    let mut operators = Vec::new();
-    for (index, state) in &snapshot.operators {
-        if state.is_empty() {
+    let mut state = TaskStateSnapshot::default();
+    for (index, operator) in &snapshot.operators {
+        if operator.is_empty() {
             continue;
         }
         let operator_id = operator_ids.get(*index).ok_or_else(|| {
             FluviaError::Internal(format!("snapshot of operator {index}, beyond the chain"))
         })?;
-        let bytes = encode_snapshot(state)?;
+        let bytes = encode_snapshot(operator)?;
         let state_size = bytes.len() as u64;
         let name = format!("{operator_id}-{}-{}", attempt.subtask, attempt.attempt);
-        let location = services.store.write(snapshot.checkpoint_id, &name, bytes)?;
-        operators.push(OperatorSubtaskStateHandle {
-            operator_id: operator_id.clone(),
-            subtask: attempt.subtask,
-            location,
+        let path = services.store.write(snapshot.checkpoint_id, &name, bytes)?;
+        let keyed = !operator.keyed_state.is_empty();
+        let handle = StateHandle {
+            kind: if keyed {
+                StateKind::ManagedKeyed
+            } else {
+                StateKind::ManagedOperator
+            },
+            location: StateLocation::File { path },
+            key_groups: key_group_range
+                .filter(|_| keyed)
+                .map(|(start, end)| KeyGroupRange {
+                    start: start as u32,
+                    end: end as u32,
+                }),
+            key_group_offsets: Vec::new(),
             state_size,
-            key_group_range: (!state.keyed_state.is_empty())
-                .then_some(key_group_range)
-                .flatten(),
-        });
+        };
+        state.operators.insert(
+            OperatorId(operator_id.clone()),
+            OperatorSubtaskState {
+                handles: vec![handle],
+            },
+        );
     }
+    metrics.checkpointed_size = state.state_size();
     metrics.async_duration_ms = started.elapsed().as_millis() as u64;
+    state.metrics = metrics;
     tracing::debug!(
         "{attempt}: checkpoint {} written in {:?} after the barrier",
         snapshot.checkpoint_id,
@@ -254,8 +271,7 @@ fn write_snapshot(
     Ok(TaskCheckpointAck {
         checkpoint_id: snapshot.checkpoint_id,
         attempt,
-        operators,
-        metrics,
+        state,
     })
 }
 
@@ -477,21 +493,21 @@ mod tests {
         };
         assert_eq!(ack.checkpoint_id, 7);
         assert!(replies.declines.lock().unwrap().is_empty());
-        let ids: Vec<&str> = ack
-            .operators
-            .iter()
-            .map(|o| o.operator_id.as_str())
-            .collect();
+        let ids: Vec<&str> = ack.state.operators.keys().map(|o| o.0.as_str()).collect();
         assert_eq!(
             ids,
-            ["op-sum", "op-counter"],
+            ["op-counter", "op-sum"],
             "one file per stateful operator"
         );
         let read = |id: &str| {
-            let h = ack.operators.iter().find(|o| o.operator_id == id).unwrap();
-            let bytes = files.read(&h.location).unwrap();
+            let op = &ack.state.operators[&OperatorId(id.to_string())];
+            let [h] = op.handles.as_slice() else {
+                panic!("one handle: {op:?}");
+            };
+            let path = h.path().unwrap();
+            let bytes = files.read(path).unwrap();
             assert_eq!(h.state_size, bytes.len() as u64);
-            decode_snapshot(&bytes, &h.location).unwrap()
+            decode_snapshot(&bytes, path).unwrap()
         };
         let position = u64::from_le_bytes(
             read("op-counter").operator_state["position"][..8]

@@ -657,8 +657,8 @@ impl<OUT: Data> SourceDriverImpl<OUT> {
                 let started = std::time::Instant::now();
                 let mut snapshot = ChainSnapshot::new(barrier.id);
                 self.checkpoint(&barrier, &mut snapshot)?;
-                let metrics = fluvia_deployment::CheckpointMetrics {
-                    checkpoint_start_delay_ms: crate::checkpoint::millis_since(barrier.timestamp),
+                let metrics = fluvia_deployment::SubtaskCheckpointMetrics {
+                    start_delay_ms: crate::checkpoint::millis_since(barrier.timestamp),
                     ..Default::default()
                 };
                 checkpoints.complete_sync(snapshot, metrics, started)

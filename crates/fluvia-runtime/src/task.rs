@@ -20,7 +20,7 @@ use crate::registry::OperatorRegistry;
 use fluvia_core::config::options;
 use fluvia_core::error::TaskLocation;
 use fluvia_core::{FluviaError, PartitionerKind, Result};
-use fluvia_deployment::{AttemptMetrics, CheckpointMetrics, TaskDeploymentDescriptor};
+use fluvia_deployment::{AttemptMetrics, SubtaskCheckpointMetrics, TaskDeploymentDescriptor};
 use fluvia_graph::{JobGraph, JobVertex, NetworkOutput};
 use fluvia_network::metrics::IoCounters;
 use fluvia_network::{
@@ -431,8 +431,8 @@ impl DataOutput for ChainInput<'_> {
         let started = Instant::now();
         let mut snapshot = ChainSnapshot::new(barrier.id);
         self.head.checkpoint(&barrier, &mut snapshot)?;
-        let metrics = CheckpointMetrics {
-            checkpoint_start_delay_ms: crate::checkpoint::millis_since(barrier.timestamp),
+        let metrics = SubtaskCheckpointMetrics {
+            start_delay_ms: crate::checkpoint::millis_since(barrier.timestamp),
             unaligned: barrier.options.alignment == AlignmentType::Unaligned,
             ..Default::default()
         };

@@ -5,7 +5,7 @@
 //! bytes go (the shell writes and reads the file) nor how a checkpoint was
 //! taken.
 
-use super::state::{OperatorId, OperatorSubtaskState, StateHandle};
+use super::state::{OperatorId, OperatorState, StateHandle};
 use fluvia_core::JobId;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -49,27 +49,6 @@ impl CheckpointType {
             self,
             CheckpointType::Savepoint(SavepointKind::Suspend | SavepointKind::Terminate)
         )
-    }
-}
-
-/// One operator's state in a completed checkpoint (Flink's
-/// `OperatorState`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct OperatorState {
-    pub operator_id: OperatorId,
-    pub parallelism: u32,
-    pub max_parallelism: u32,
-    /// Per subtask index, the state it acknowledged. A subtask that was
-    /// finished at trigger time has no entry.
-    pub subtasks: BTreeMap<u32, OperatorSubtaskState>,
-    /// Every subtask was finished when the checkpoint was triggered
-    /// (FLIP-147): a restore must not run the operator again.
-    pub fully_finished: bool,
-}
-
-impl OperatorState {
-    pub fn state_size(&self) -> u64 {
-        self.subtasks.values().map(|s| s.state_size()).sum()
     }
 }
 

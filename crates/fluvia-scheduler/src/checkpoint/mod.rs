@@ -36,12 +36,10 @@ pub use coordinator::{
     RestoreError,
 };
 pub use failure::CheckpointFailureReason;
-pub use metadata::{
-    CheckpointType, CompletedCheckpoint, MetadataError, OperatorState, SavepointKind,
-};
+pub use metadata::{CheckpointType, CompletedCheckpoint, MetadataError, SavepointKind};
 pub use plan::{TaskStatus, TasksPlan, VertexPlan};
 pub use state::{
-    KeyGroupRange, OperatorId, OperatorSubtaskState, StateHandle, StateKind, StateLocation,
-    SubtaskCheckpointMetrics, TaskAttempt, TaskId, TaskStateSnapshot,
+    KeyGroupRange, OperatorId, OperatorState, OperatorSubtaskState, StateHandle, StateKind,
+    StateLocation, SubtaskCheckpointMetrics, TaskAttempt, TaskId, TaskStateSnapshot,
 };
 pub use stats::CheckpointingStatistics;

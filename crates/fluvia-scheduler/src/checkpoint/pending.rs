@@ -5,8 +5,9 @@
 //! It judges one acknowledgement at a time; it does not know the other
 //! checkpoints, the clock or the configuration.
 
-use super::metadata::{CheckpointType, CompletedCheckpoint, OperatorState};
+use super::metadata::{CheckpointType, CompletedCheckpoint};
 use super::plan::{CheckpointPlan, TasksPlan};
+use super::state::OperatorState;
 use super::state::{StateHandle, TaskAttempt, TaskId, TaskStateSnapshot};
 use fluvia_core::JobId;
 use std::collections::{BTreeMap, BTreeSet};
