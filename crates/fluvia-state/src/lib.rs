@@ -17,6 +17,7 @@
 
 pub(crate) mod codec;
 pub mod error;
+pub mod redistribute;
 pub mod snapshot;
 
 pub use error::{Result, StateError};
