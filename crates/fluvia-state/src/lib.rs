@@ -17,8 +17,10 @@
 
 pub(crate) mod codec;
 pub mod error;
+pub mod keyed;
 pub mod redistribute;
 pub mod snapshot;
 
 pub use error::{Result, StateError};
 pub use snapshot::{OperatorListState, OperatorStateMode, OperatorStateSnapshot};
+pub use keyed::{KeyedSnapshot, KeyedStateBackend, StateTtlConfig};
