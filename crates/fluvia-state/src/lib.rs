@@ -20,7 +20,9 @@ pub mod error;
 pub mod keyed;
 pub mod redistribute;
 pub mod snapshot;
+pub mod storage;
 
 pub use error::{Result, StateError};
+pub use storage::CheckpointStorage;
 pub use snapshot::{OperatorListState, OperatorStateMode, OperatorStateSnapshot};
 pub use keyed::{KeyedSnapshot, KeyedStateBackend, StateTtlConfig};
