@@ -21,7 +21,9 @@ pub enum StateError {
     },
 
     /// A key, or a restored key group, that this backend does not own.
-    #[error("key group {key_group} is outside the key-group range {first}..={last} of this subtask")]
+    #[error(
+        "key group {key_group} is outside the key-group range {first}..={last} of this subtask"
+    )]
     KeyGroupOutOfRange {
         key_group: usize,
         first: usize,
@@ -53,7 +55,9 @@ pub enum StateError {
     Rescale { operator: String, reason: String },
 
     /// Checkpoint storage given a location it cannot serve.
-    #[error("unsupported checkpoint location {location}: only local paths and file:// URLs are supported")]
+    #[error(
+        "unsupported checkpoint location {location}: only local paths and file:// URLs are supported"
+    )]
     UnsupportedScheme { location: String },
 
     /// A location outside the storage's directory, or not a valid path.

@@ -23,6 +23,6 @@ pub mod snapshot;
 pub mod storage;
 
 pub use error::{Result, StateError};
-pub use storage::CheckpointStorage;
-pub use snapshot::{OperatorListState, OperatorStateMode, OperatorStateSnapshot};
 pub use keyed::{KeyedSnapshot, KeyedStateBackend, StateTtlConfig};
+pub use snapshot::{OperatorListState, OperatorStateMode, OperatorStateSnapshot};
+pub use storage::CheckpointStorage;

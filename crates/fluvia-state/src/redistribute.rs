@@ -55,7 +55,8 @@ pub fn redistribute(
         }
     }
 
-    let mut new: Vec<OperatorStateSnapshot> = vec![OperatorStateSnapshot::default(); new_parallelism];
+    let mut new: Vec<OperatorStateSnapshot> =
+        vec![OperatorStateSnapshot::default(); new_parallelism];
 
     // Keyed state: every key group to the one new subtask that owns it.
     let mut owner_of_group = vec![usize::MAX; max_parallelism];
@@ -161,7 +162,9 @@ mod tests {
                 let range = key_group_range_for_operator(MAX_P, p, i);
                 let mut snapshot = OperatorStateSnapshot::default();
                 for g in range.0..=range.1 {
-                    snapshot.keyed_state.insert(g, (g as u32).to_le_bytes().to_vec());
+                    snapshot
+                        .keyed_state
+                        .insert(g, (g as u32).to_le_bytes().to_vec());
                 }
                 snapshot.operator_state.insert(
                     "split".into(),
@@ -244,7 +247,10 @@ mod tests {
         let old = old_state(3, 2);
         let new = redistribute("op", &old, MAX_P, 3).unwrap();
         for (o, n) in old.iter().zip(&new) {
-            assert_eq!(o.snapshot.operator_state["split"], n.operator_state["split"]);
+            assert_eq!(
+                o.snapshot.operator_state["split"],
+                n.operator_state["split"]
+            );
             assert_eq!(o.snapshot.keyed_state, n.keyed_state);
         }
     }
@@ -253,7 +259,10 @@ mod tests {
     fn max_parallelism_may_not_change() {
         let old = old_state(2, 1);
         let e = redistribute("my-op", &old, 256, 2).unwrap_err();
-        assert!(e.to_string().contains("max parallelism may not change"), "{e}");
+        assert!(
+            e.to_string().contains("max parallelism may not change"),
+            "{e}"
+        );
         assert!(e.to_string().contains("my-op"), "{e}");
     }
 

@@ -187,7 +187,10 @@ pub fn decode(
     })
 }
 
-fn decode_operator_section(ops: &[u8], source: &str) -> Result<BTreeMap<String, OperatorListState>> {
+fn decode_operator_section(
+    ops: &[u8],
+    source: &str,
+) -> Result<BTreeMap<String, OperatorListState>> {
     let mut r = Reader::new(ops, source);
     let count = r.u32("operator-state count")?;
     let mut states = BTreeMap::new();
@@ -197,9 +200,7 @@ fn decode_operator_section(ops: &[u8], source: &str) -> Result<BTreeMap<String, 
             0 => OperatorStateMode::Split,
             1 => OperatorStateMode::Union,
             m => {
-                return Err(r.corrupt(format!(
-                    "operator state '{name}' has unknown mode {m}"
-                )));
+                return Err(r.corrupt(format!("operator state '{name}' has unknown mode {m}")));
             }
         };
         let n = r.u32("element count")?;
@@ -294,7 +295,10 @@ mod tests {
         assert!(e.to_string().contains("/ck/f"));
 
         let e = decode(&bytes[..bytes.len() - 1], "/ck/t", None).unwrap_err();
-        assert!(e.to_string().contains("/ck/t") && e.to_string().contains("outside"), "{e}");
+        assert!(
+            e.to_string().contains("/ck/t") && e.to_string().contains("outside"),
+            "{e}"
+        );
 
         // An index entry pointing past the data.
         let mut oob = bytes.clone();

@@ -20,8 +20,8 @@
 //! This module knows paths and bytes, not what the bytes mean.
 
 use crate::error::{Result, StateError};
-use futures::{StreamExt, TryStreamExt};
 use futures::executor::block_on;
+use futures::{StreamExt, TryStreamExt};
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
@@ -189,11 +189,7 @@ impl CheckpointStorage {
             });
         }
         let abs = self.absolute(&rel);
-        let files = self
-            .store
-            .list(Some(&rel))
-            .map_ok(|m| m.location)
-            .boxed();
+        let files = self.store.list(Some(&rel)).map_ok(|m| m.location).boxed();
         block_on(
             self.store
                 .delete_stream(files)

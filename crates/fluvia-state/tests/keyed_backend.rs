@@ -38,8 +38,12 @@ impl AggregateFunction<i64, (i64, i64), f64> for Avg {
 #[test]
 fn every_state_kind_is_scoped_to_the_current_key() {
     let mut b = backend();
-    let value = b.value_state(&ValueStateDescriptor::<u64>::new("v")).unwrap();
-    let list = b.list_state(&ListStateDescriptor::<String>::new("l")).unwrap();
+    let value = b
+        .value_state(&ValueStateDescriptor::<u64>::new("v"))
+        .unwrap();
+    let list = b
+        .list_state(&ListStateDescriptor::<String>::new("l"))
+        .unwrap();
     let map = b
         .map_state(&MapStateDescriptor::<String, i32>::new("m"))
         .unwrap();
@@ -107,18 +111,27 @@ fn every_state_kind_is_scoped_to_the_current_key() {
 #[test]
 fn access_without_a_current_key_is_an_error() {
     let mut b = backend();
-    let value = b.value_state(&ValueStateDescriptor::<u64>::new("v")).unwrap();
+    let value = b
+        .value_state(&ValueStateDescriptor::<u64>::new("v"))
+        .unwrap();
     let e = value.value(&mut b).unwrap_err();
-    assert!(matches!(e, StateError::NoCurrentKey { ref state } if state == "v"), "{e}");
+    assert!(
+        matches!(e, StateError::NoCurrentKey { ref state } if state == "v"),
+        "{e}"
+    );
 }
 
 #[test]
 fn registering_a_name_again_returns_the_same_state() {
     let mut b = backend();
-    let a = b.value_state(&ValueStateDescriptor::<u64>::new("v")).unwrap();
+    let a = b
+        .value_state(&ValueStateDescriptor::<u64>::new("v"))
+        .unwrap();
     set(&mut b, "k");
     a.update(&mut b, 5).unwrap();
-    let again = b.value_state(&ValueStateDescriptor::<u64>::new("v")).unwrap();
+    let again = b
+        .value_state(&ValueStateDescriptor::<u64>::new("v"))
+        .unwrap();
     assert_eq!(again.value(&mut b).unwrap(), Some(5));
     assert_eq!(b.state_names(), vec!["v"]);
 }
@@ -126,20 +139,27 @@ fn registering_a_name_again_returns_the_same_state() {
 #[test]
 fn a_name_with_another_kind_type_or_ttl_is_an_error() {
     let mut b = backend();
-    b.value_state(&ValueStateDescriptor::<u64>::new("v")).unwrap();
+    b.value_state(&ValueStateDescriptor::<u64>::new("v"))
+        .unwrap();
     let e = b
         .value_state(&ValueStateDescriptor::<String>::new("v"))
         .err()
         .unwrap();
     assert!(matches!(e, StateError::StateMismatch { .. }), "{e}");
     let msg = e.to_string();
-    assert!(msg.contains("'v'") && msg.contains("u64") && msg.contains("String"), "{msg}");
+    assert!(
+        msg.contains("'v'") && msg.contains("u64") && msg.contains("String"),
+        "{msg}"
+    );
 
     let e = b
         .list_state(&ListStateDescriptor::<u64>::new("v"))
         .err()
         .unwrap();
-    assert!(e.to_string().contains("Value state") && e.to_string().contains("List state"), "{e}");
+    assert!(
+        e.to_string().contains("Value state") && e.to_string().contains("List state"),
+        "{e}"
+    );
     let e = b
         .reducing_state(&ReducingStateDescriptor::new("v", |a: u64, c: u64| a + c))
         .err()
@@ -173,7 +193,10 @@ fn a_key_outside_the_range_is_an_error_naming_group_and_range() {
         .find(|k: &i32| (range.0..=range.1).contains(&key_group_for_hash(*k, MAX_P)))
         .unwrap();
     b.set_current_key(inside, inside).unwrap();
-    assert_eq!(b.current_key_group(), Some(key_group_for_hash(inside, MAX_P)));
+    assert_eq!(
+        b.current_key_group(),
+        Some(key_group_for_hash(inside, MAX_P))
+    );
     assert!(KeyedStateBackend::<i32>::new((10, 5), MAX_P).is_err());
     assert!(KeyedStateBackend::<i32>::new((0, MAX_P), MAX_P).is_err());
 }
@@ -181,7 +204,9 @@ fn a_key_outside_the_range_is_an_error_naming_group_and_range() {
 /// Fills value, list and map state for keys 0..n of a full-range backend.
 fn filled(n: i64) -> (KeyedStateBackend<i64>, BTreeMap<i64, i64>) {
     let mut b = KeyedStateBackend::new((0, MAX_P - 1), MAX_P).unwrap();
-    let value = b.value_state(&ValueStateDescriptor::<i64>::new("v")).unwrap();
+    let value = b
+        .value_state(&ValueStateDescriptor::<i64>::new("v"))
+        .unwrap();
     let list = b.list_state(&ListStateDescriptor::<i64>::new("l")).unwrap();
     let map = b
         .map_state(&MapStateDescriptor::<String, i64>::new("m"))
@@ -217,7 +242,9 @@ fn snapshot_restores_into_another_range_with_exactly_its_keys() {
             )
             .unwrap();
             assert_eq!(r.state_names(), vec!["l", "m", "v"]);
-            let value = r.value_state(&ValueStateDescriptor::<i64>::new("v")).unwrap();
+            let value = r
+                .value_state(&ValueStateDescriptor::<i64>::new("v"))
+                .unwrap();
             let list = r.list_state(&ListStateDescriptor::<i64>::new("l")).unwrap();
             let map = r
                 .map_state(&MapStateDescriptor::<String, i64>::new("m"))
@@ -239,7 +266,10 @@ fn snapshot_restores_into_another_range_with_exactly_its_keys() {
                 .range(range.0..=range.1)
                 .map(|(g, b)| (*g, b.clone()))
                 .collect();
-            assert_eq!(again.keys().collect::<Vec<_>>(), theirs.keys().collect::<Vec<_>>());
+            assert_eq!(
+                again.keys().collect::<Vec<_>>(),
+                theirs.keys().collect::<Vec<_>>()
+            );
         }
         assert_eq!(seen, expected.len());
     }
@@ -250,7 +280,9 @@ fn restore_after_registration_and_unregistered_states_survive_a_snapshot() {
     let (mut b, _) = filled(50);
     let groups = b.snapshot().encode().unwrap();
     let mut r: KeyedStateBackend<i64> = KeyedStateBackend::new((0, MAX_P - 1), MAX_P).unwrap();
-    let value = r.value_state(&ValueStateDescriptor::<i64>::new("v")).unwrap();
+    let value = r
+        .value_state(&ValueStateDescriptor::<i64>::new("v"))
+        .unwrap();
     r.restore(groups.iter().map(|(g, b)| (*g, b.as_slice())))
         .unwrap();
     r.set_current_key(7, 7).unwrap();
@@ -260,7 +292,9 @@ fn restore_after_registration_and_unregistered_states_survive_a_snapshot() {
     let mut r2: KeyedStateBackend<i64> = KeyedStateBackend::new((0, MAX_P - 1), MAX_P).unwrap();
     r2.restore(next.iter().map(|(g, b)| (*g, b.as_slice())))
         .unwrap();
-    let list = r2.list_state(&ListStateDescriptor::<i64>::new("l")).unwrap();
+    let list = r2
+        .list_state(&ListStateDescriptor::<i64>::new("l"))
+        .unwrap();
     r2.set_current_key(7, 7).unwrap();
     assert_eq!(list.get(&mut r2).unwrap(), vec![7, -7]);
 }
@@ -280,7 +314,10 @@ fn restore_errors_are_typed() {
 
     // Registered with another kind than restored.
     r.restore([(*g, bytes.as_slice())]).unwrap();
-    let e = r.list_state(&ListStateDescriptor::<i64>::new("v")).err().unwrap();
+    let e = r
+        .list_state(&ListStateDescriptor::<i64>::new("v"))
+        .err()
+        .unwrap();
     assert!(matches!(e, StateError::StateMismatch { .. }), "{e}");
     // Registered with another type: a decode error naming the state.
     let e = r
@@ -289,7 +326,9 @@ fn restore_errors_are_typed() {
         .unwrap();
     assert!(e.to_string().contains("'v'"), "{e}");
     // The right registration still works afterwards.
-    let v = r.value_state(&ValueStateDescriptor::<i64>::new("v")).unwrap();
+    let v = r
+        .value_state(&ValueStateDescriptor::<i64>::new("v"))
+        .unwrap();
     let k = (0..50)
         .find(|k: &i64| key_group_for_hash(k.key_hash(), MAX_P) == *g)
         .unwrap();
@@ -304,7 +343,9 @@ fn writes_after_a_snapshot_do_not_change_it() {
     let snapshot = b.snapshot();
 
     // Mutate every kind of state, clear some keys, add new ones.
-    let value = b.value_state(&ValueStateDescriptor::<i64>::new("v")).unwrap();
+    let value = b
+        .value_state(&ValueStateDescriptor::<i64>::new("v"))
+        .unwrap();
     let list = b.list_state(&ListStateDescriptor::<i64>::new("l")).unwrap();
     let map = b
         .map_state(&MapStateDescriptor::<String, i64>::new("m"))

@@ -34,13 +34,18 @@ fn put_get_list_delete() {
         .put(&state_file(JOB, 1, "op", 0, 0), b"state of 0".to_vec())
         .unwrap();
     assert_eq!(f1, format!("{root}/{JOB}/chk-1/op-0-0"));
-    let meta = storage.put(&metadata_file(JOB, 1), b"meta".to_vec()).unwrap();
+    let meta = storage
+        .put(&metadata_file(JOB, 1), b"meta".to_vec())
+        .unwrap();
     storage
         .put(&state_file(JOB, 2, "op", 0, 0), b"newer".to_vec())
         .unwrap();
 
     // Relative, absolute and file:// locations name the same file.
-    assert_eq!(storage.get(&state_file(JOB, 1, "op", 0, 0)).unwrap(), b"state of 0");
+    assert_eq!(
+        storage.get(&state_file(JOB, 1, "op", 0, 0)).unwrap(),
+        b"state of 0"
+    );
     assert_eq!(storage.get(&f1).unwrap(), b"state of 0");
     assert_eq!(storage.get(&format!("file://{meta}")).unwrap(), b"meta");
 
@@ -56,7 +61,10 @@ fn put_get_list_delete() {
     storage.delete_dir(&checkpoint_dir(JOB, 1)).unwrap();
     assert!(!std::path::Path::new(&format!("{root}/{JOB}/chk-1")).exists());
     assert!(!storage.exists(&checkpoint_dir(JOB, 1)).unwrap());
-    assert_eq!(storage.get(&state_file(JOB, 2, "op", 0, 0)).unwrap(), b"newer");
+    assert_eq!(
+        storage.get(&state_file(JOB, 2, "op", 0, 0)).unwrap(),
+        b"newer"
+    );
     storage.delete_dir(&checkpoint_dir(JOB, 1)).unwrap();
     assert!(storage.delete_dir("").is_err());
 }
@@ -67,8 +75,14 @@ fn a_missing_file_is_an_error_naming_its_path() {
     let storage = CheckpointStorage::for_directory(tmp.path().to_str().unwrap()).unwrap();
     let e = storage.get(&metadata_file(JOB, 9)).unwrap_err();
     assert!(matches!(e, StateError::NotFound { .. }), "{e}");
-    assert!(e.to_string().contains(&format!("{JOB}/chk-9/_metadata")), "{e}");
-    assert!(e.to_string().contains(storage.root().to_str().unwrap()), "{e}");
+    assert!(
+        e.to_string().contains(&format!("{JOB}/chk-9/_metadata")),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains(storage.root().to_str().unwrap()),
+        "{e}"
+    );
 }
 
 #[test]
@@ -106,7 +120,10 @@ fn put_replaces_a_file_atomically() {
                 // Read with plain std I/O: what any other process would see.
                 let bytes = std::fs::read(&path).unwrap();
                 assert_eq!(bytes.len(), LEN, "a partial file was visible");
-                assert!(bytes.iter().all(|b| *b == bytes[0]), "a mixed file was visible");
+                assert!(
+                    bytes.iter().all(|b| *b == bytes[0]),
+                    "a mixed file was visible"
+                );
                 reads += 1;
             }
             reads

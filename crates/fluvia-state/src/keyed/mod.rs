@@ -125,10 +125,13 @@ fn describe(kind: StateKind, type_name: &str, ttl: Option<&StateTtlConfig>) -> S
     }
 }
 
+/// Raw restored entries of one state: (key group, bincode entries).
+type Chunks = Vec<(usize, Arc<[u8]>)>;
+
 /// Restored entries of a state not registered yet.
 struct Pending {
     kind: StateKind,
-    chunks: Vec<(usize, Arc<[u8]>)>,
+    chunks: Chunks,
 }
 
 /// The keyed state of one keyed operator subtask: the key groups
@@ -313,7 +316,10 @@ impl<K: StateKey> KeyedStateBackend<K> {
 
     #[inline]
     pub(crate) fn read<S: Stored>(&self, index: usize) -> Result<ReadCtx<'_, K, S>> {
-        let r = self.states.get(index).ok_or_else(|| Self::no_state(index))?;
+        let r = self
+            .states
+            .get(index)
+            .ok_or_else(|| Self::no_state(index))?;
         let Some((key, g)) = &self.current else {
             return Err(StateError::NoCurrentKey {
                 state: r.name.clone(),
@@ -380,7 +386,10 @@ impl<K: StateKey> KeyedStateBackend<K> {
     /// Restores key groups as [`KeyedSnapshot::encode`] wrote them. Entries
     /// of states not registered yet are kept raw until they are registered;
     /// a key group outside this backend's range is an error.
-    pub fn restore<'a>(&mut self, groups: impl IntoIterator<Item = (usize, &'a [u8])>) -> Result<()> {
+    pub fn restore<'a>(
+        &mut self,
+        groups: impl IntoIterator<Item = (usize, &'a [u8])>,
+    ) -> Result<()> {
         for (group, bytes) in groups {
             if group < self.first || group > self.last {
                 return Err(StateError::KeyGroupOutOfRange {
@@ -445,7 +454,7 @@ pub struct KeyedSnapshot {
     last: usize,
     now: u64,
     states: Vec<(String, StateKind, Box<dyn ErasedSnapshot>)>,
-    pending: Vec<(String, StateKind, Vec<(usize, Arc<[u8]>)>)>,
+    pending: Vec<(String, StateKind, Chunks)>,
 }
 
 impl KeyedSnapshot {
@@ -457,7 +466,8 @@ impl KeyedSnapshot {
     /// `Vec<(key, stored value)>`). A state may appear more than once in a
     /// group; restore adds up its entries.
     pub fn encode(self) -> Result<BTreeMap<usize, Vec<u8>>> {
-        let mut pending_by_group: BTreeMap<usize, Vec<(&str, StateKind, &[u8])>> = BTreeMap::new();
+        type Raw<'a> = (&'a str, StateKind, &'a [u8]);
+        let mut pending_by_group: BTreeMap<usize, Vec<Raw<'_>>> = BTreeMap::new();
         for (name, kind, chunks) in &self.pending {
             for (group, bytes) in chunks {
                 pending_by_group
@@ -478,13 +488,13 @@ impl KeyedSnapshot {
                 put_u8(&mut blob, kind.tag());
                 let len_at = blob.len();
                 put_u64(&mut blob, 0);
-                let n = table.encode_group(index, self.now, &mut blob).map_err(|reason| {
-                    StateError::Serialization {
+                let n = table
+                    .encode_group(index, self.now, &mut blob)
+                    .map_err(|reason| StateError::Serialization {
                         state: name.clone(),
                         key_group: group,
                         reason,
-                    }
-                })?;
+                    })?;
                 if n == 0 {
                     blob.truncate(record);
                 } else {
@@ -528,7 +538,9 @@ mod tests {
     #[test]
     fn snapshot_shares_key_groups_and_a_write_copies_only_its_own() {
         let mut b: KeyedStateBackend<i32> = KeyedStateBackend::new((0, 15), 16).unwrap();
-        let v = b.value_state(&ValueStateDescriptor::<u64>::new("v")).unwrap();
+        let v = b
+            .value_state(&ValueStateDescriptor::<u64>::new("v"))
+            .unwrap();
         for k in 0..100 {
             b.set_current_key(k, k).unwrap();
             v.update(&mut b, 1).unwrap();

@@ -111,7 +111,10 @@ pub struct ReducingStateDescriptor<V> {
 }
 
 impl<V> ReducingStateDescriptor<V> {
-    pub fn new(name: impl Into<String>, reduce: impl Fn(V, V) -> V + Send + Sync + 'static) -> Self {
+    pub fn new(
+        name: impl Into<String>,
+        reduce: impl Fn(V, V) -> V + Send + Sync + 'static,
+    ) -> Self {
         ReducingStateDescriptor {
             name: name.into(),
             ttl: None,
@@ -461,7 +464,11 @@ impl<K: StateKey> KeyedStateBackend<K> {
         Ok(out)
     }
 
-    fn map_get<UK: StateKey, UV: StateData>(&mut self, index: usize, user_key: &UK) -> Result<Option<UV>> {
+    fn map_get<UK: StateKey, UV: StateData>(
+        &mut self,
+        index: usize,
+        user_key: &UK,
+    ) -> Result<Option<UV>> {
         let r = self.read::<FxHashMap<UK, Ttl<UV>>>(index)?;
         let Some(e) = r.map.get(r.key).and_then(|m| m.get(user_key)) else {
             return Ok(None);
@@ -470,7 +477,8 @@ impl<K: StateKey> KeyedStateBackend<K> {
             return Ok(Some(e.value.clone()));
         };
         let expired = ttl.is_expired(e.ts, r.now);
-        if !expired && !(ttl.refreshes_on_read() && e.ts != r.now) {
+        let refresh = ttl.refreshes_on_read() && e.ts != r.now;
+        if !(expired || refresh) {
             return Ok(Some(e.value.clone()));
         }
         let returns_expired = ttl.returns_expired();
@@ -540,7 +548,10 @@ impl<V: StateData> ListState<V> {
         let now = w.now;
         w.map.insert(
             w.key.clone(),
-            values.into_iter().map(|value| Ttl { value, ts: now }).collect(),
+            values
+                .into_iter()
+                .map(|value| Ttl { value, ts: now })
+                .collect(),
         );
         Ok(())
     }
@@ -580,7 +591,11 @@ impl<UK: StateKey, UV: StateData> MapState<UK, UV> {
         Ok(())
     }
 
-    pub fn remove<K: StateKey>(&self, backend: &mut KeyedStateBackend<K>, user_key: &UK) -> Result<()> {
+    pub fn remove<K: StateKey>(
+        &self,
+        backend: &mut KeyedStateBackend<K>,
+        user_key: &UK,
+    ) -> Result<()> {
         let r = backend.read::<FxHashMap<UK, Ttl<UV>>>(self.index)?;
         if !r.map.get(r.key).is_some_and(|m| m.contains_key(user_key)) {
             return Ok(());
@@ -595,7 +610,11 @@ impl<UK: StateKey, UV: StateData> MapState<UK, UV> {
         Ok(())
     }
 
-    pub fn contains<K: StateKey>(&self, backend: &mut KeyedStateBackend<K>, user_key: &UK) -> Result<bool> {
+    pub fn contains<K: StateKey>(
+        &self,
+        backend: &mut KeyedStateBackend<K>,
+        user_key: &UK,
+    ) -> Result<bool> {
         Ok(self.get(backend, user_key)?.is_some())
     }
 

@@ -17,7 +17,9 @@ use std::sync::Arc;
 
 /// The stored form of one key's state: `Ttl<V>` (value, reducing,
 /// aggregating), `Vec<Ttl<V>>` (list) or `FxHashMap<UK, Ttl<UV>>` (map).
-pub(crate) trait Stored: Clone + Serialize + DeserializeOwned + Send + Sync + 'static {
+pub(crate) trait Stored:
+    Clone + Serialize + DeserializeOwned + Send + Sync + 'static
+{
     /// The part still alive at `now`, or `None` if nothing is.
     fn unexpired(&self, ttl: &StateTtlConfig, now: u64) -> Option<Cow<'_, Self>>;
 }
@@ -73,7 +75,9 @@ pub(crate) struct Table<K, S> {
 impl<K, S> Table<K, S> {
     pub(crate) fn new(groups: usize, ttl: Option<StateTtlConfig>) -> Self {
         Table {
-            groups: (0..groups).map(|_| Arc::new(FxHashMap::default())).collect(),
+            groups: (0..groups)
+                .map(|_| Arc::new(FxHashMap::default()))
+                .collect(),
             ttl,
         }
     }
