@@ -446,6 +446,35 @@ impl<K: StateKey> KeyedStateBackend<K> {
     }
 }
 
+impl<K: std::fmt::Debug> std::fmt::Debug for KeyedStateBackend<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyedStateBackend")
+            .field("key_groups", &(self.first..=self.last))
+            .field("max_parallelism", &self.max_parallelism)
+            .field("current_key", &self.current.as_ref().map(|(k, _)| k))
+            .field("time", &self.now)
+            .field(
+                "states",
+                &self.states.iter().map(|r| r.describe()).collect::<Vec<_>>(),
+            )
+            .field("unregistered", &self.pending.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for KeyedSnapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyedSnapshot")
+            .field("key_groups", &(self.first..=self.last))
+            .field("time", &self.now)
+            .field(
+                "states",
+                &self.states.iter().map(|(n, _, _)| n).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
 /// The keyed state of a subtask as of [`KeyedStateBackend::snapshot`]. It
 /// shares the backend's key groups, never changes, and is `Send`, so it can
 /// be encoded on another thread while the operator keeps running.

@@ -43,6 +43,15 @@ macro_rules! descriptor_common {
                 self.ttl.as_ref()
             }
         }
+
+        impl<$($t),*> std::fmt::Debug for $name<$($t),*> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($name))
+                    .field("name", &self.name)
+                    .field("ttl", &self.ttl)
+                    .finish()
+            }
+        }
     };
 }
 
@@ -176,6 +185,23 @@ pub struct AggregatingState<IN, ACC, OUT> {
     index: usize,
     function: Arc<dyn AggregateFunction<IN, ACC, OUT>>,
 }
+
+macro_rules! debug_handle {
+    ($name:ident < $($t:ident),* >) => {
+        impl<$($t),*> std::fmt::Debug for $name<$($t),*> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($name))
+                    .field("index", &self.index)
+                    .finish()
+            }
+        }
+    };
+}
+debug_handle!(ValueState<V>);
+debug_handle!(ListState<V>);
+debug_handle!(MapState<UK, UV>);
+debug_handle!(ReducingState<V>);
+debug_handle!(AggregatingState<IN, ACC, OUT>);
 
 macro_rules! copy_handle {
     ($name:ident < $($t:ident),* >) => {
