@@ -87,15 +87,23 @@ pub fn millis_since(timestamp: i64) -> u64 {
 
 /// Encodes one operator's snapshot as the bytes of its file.
 pub fn encode_snapshot(snapshot: &OperatorStateSnapshot) -> Result<Vec<u8>> {
-    bincode::serialize(snapshot)
-        .map_err(|e| FluviaError::Serialization(format!("encoding an operator snapshot: {e}")))
+    fluvia_state::snapshot::encode(snapshot).map_err(state_error)
 }
 
-/// Decodes a snapshot file read from `location`.
-pub fn decode_snapshot(bytes: &[u8], location: &str) -> Result<OperatorStateSnapshot> {
-    bincode::deserialize(bytes).map_err(|e| {
-        FluviaError::Serialization(format!("the state file {location} is corrupt: {e}"))
-    })
+/// Decodes a snapshot file read from `location`, keeping only `key_groups`
+/// of its keyed state when given.
+pub fn decode_snapshot(
+    bytes: &[u8],
+    location: &str,
+    key_groups: Option<(usize, usize)>,
+) -> Result<OperatorStateSnapshot> {
+    fluvia_state::snapshot::decode(bytes, location, key_groups.map(|(a, b)| a..=b))
+        .map_err(state_error)
+}
+
+/// A state error as the engine reports it (it names the file or operator).
+pub fn state_error(e: fluvia_state::StateError) -> FluviaError {
+    FluviaError::Execution(e.to_string())
 }
 
 struct AsyncPart {
@@ -344,9 +352,7 @@ mod tests {
             Ok(SourceStatus::MoreAvailable)
         }
         fn snapshot_state(&mut self, ctx: &mut StateSnapshotContext) -> Result<(), UserError> {
-            ctx.snapshot
-                .operator_state
-                .insert("position".into(), self.next.to_le_bytes().to_vec());
+            ctx.list_state("position", vec![self.next.to_le_bytes().to_vec()]);
             Ok(())
         }
     }
@@ -384,7 +390,7 @@ mod tests {
                 .push(format!("snapshot {}", ctx.checkpoint_id));
             let mut bytes = self.sum.to_le_bytes().to_vec();
             bytes.extend(self.seen.to_le_bytes());
-            ctx.snapshot.operator_state.insert("sum".into(), bytes);
+            ctx.list_state("sum", vec![bytes]);
             Ok(())
         }
         fn notify_checkpoint_complete(&mut self, id: u64) -> Result<(), UserError> {
@@ -507,14 +513,14 @@ mod tests {
             let path = h.path().unwrap();
             let bytes = files.read(path).unwrap();
             assert_eq!(h.state_size, bytes.len() as u64);
-            decode_snapshot(&bytes, path).unwrap()
+            decode_snapshot(&bytes, path, None).unwrap()
         };
         let position = u64::from_le_bytes(
-            read("op-counter").operator_state["position"][..8]
+            read("op-counter").operator_state["position"].elements[0][..8]
                 .try_into()
                 .unwrap(),
         );
-        let sum_state = &read("op-sum").operator_state["sum"];
+        let sum_state = &read("op-sum").operator_state["sum"].elements[0];
         let sum = u64::from_le_bytes(sum_state[..8].try_into().unwrap());
         let seen = u64::from_le_bytes(sum_state[8..16].try_into().unwrap());
         assert!(position > 0);

@@ -63,6 +63,9 @@ pub struct OperatorContext {
     pub(crate) staged: StagedFiles,
     /// Where this operator's events to its coordinator go.
     pub(crate) coordinator: Option<crate::mailbox::CoordinatorGateway>,
+    /// The state this subtask's operator restores (its share of a
+    /// checkpoint or savepoint), if it restores any.
+    pub(crate) restored: Option<Arc<crate::state::OperatorStateSnapshot>>,
 }
 
 pub use fluvia_deployment::StagedFile;
@@ -121,6 +124,7 @@ impl OperatorContext {
             accumulators: Rc::new(RefCell::new(Vec::new())),
             staged: StagedFiles::default(),
             coordinator: None,
+            restored: None,
         }
     }
 
@@ -209,7 +213,7 @@ impl OperatorContext {
     /// What `initialize_state` sees: the key groups this subtask owns and
     /// nothing restored (restoring comes with checkpoints).
     pub fn state_initialization(&self) -> StateInitializationContext {
-        StateInitializationContext::new(self.key_group_range(), None)
+        StateInitializationContext::new(self.key_group_range(), self.restored.as_deref().cloned())
     }
 
     /// Records this operator received (or, for a source, emitted).

@@ -8,24 +8,9 @@
 //! and no coordinator (the checkpoint issue adds both behind it).
 
 use fluvia_core::keygroup::key_group_for_hash;
+pub use fluvia_state::snapshot::{OperatorListState, OperatorStateMode, OperatorStateSnapshot};
 use std::collections::BTreeMap;
 use std::hash::Hash;
-
-/// The state an operator's snapshot holds: named operator (non-keyed)
-/// state, and keyed state cut by key group.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct OperatorStateSnapshot {
-    pub operator_state: BTreeMap<String, Vec<u8>>,
-    /// Key group → the bytes of that key group's entries.
-    pub keyed_state: BTreeMap<usize, Vec<u8>>,
-}
-
-impl OperatorStateSnapshot {
-    /// Whether the operator wrote no state at all.
-    pub fn is_empty(&self) -> bool {
-        self.operator_state.is_empty() && self.keyed_state.is_empty()
-    }
-}
 
 /// What `initialize_state` is given.
 #[derive(Debug, Clone)]
@@ -52,13 +37,13 @@ impl StateInitializationContext {
         self.key_groups
     }
 
-    /// The restored operator state under `name`.
-    pub fn operator_state(&self, name: &str) -> Option<&[u8]> {
+    /// This subtask's share of the restored list state `name` (all of it
+    /// for union state).
+    pub fn operator_state(&self, name: &str) -> &[Vec<u8>] {
         self.restored
-            .as_ref()?
-            .operator_state
-            .get(name)
-            .map(Vec::as_slice)
+            .as_ref()
+            .and_then(|s| s.operator_state.get(name))
+            .map_or(&[], |l| l.elements.as_slice())
     }
 
     /// The restored keyed state of the key groups this subtask owns.
@@ -76,6 +61,26 @@ impl StateInitializationContext {
 pub struct StateSnapshotContext {
     pub checkpoint_id: u64,
     pub snapshot: OperatorStateSnapshot,
+}
+
+impl StateSnapshotContext {
+    /// Writes list state `name`: on restore at another parallelism its
+    /// elements are split among the subtasks (Flink's `getListState`).
+    pub fn list_state(&mut self, name: &str, elements: Vec<Vec<u8>>) {
+        self.operator_list(name, OperatorStateMode::Split, elements);
+    }
+
+    /// Writes union list state `name`: on restore every subtask gets every
+    /// subtask's elements (Flink's `getUnionListState`).
+    pub fn union_list_state(&mut self, name: &str, elements: Vec<Vec<u8>>) {
+        self.operator_list(name, OperatorStateMode::Union, elements);
+    }
+
+    fn operator_list(&mut self, name: &str, mode: OperatorStateMode, elements: Vec<Vec<u8>>) {
+        self.snapshot
+            .operator_state
+            .insert(name.to_string(), OperatorListState { mode, elements });
+    }
 }
 
 /// Per-key values of a keyed operator, with the key group of every key
@@ -157,7 +162,13 @@ mod tests {
         let ctx = StateInitializationContext::new(
             (0, 63),
             Some(OperatorStateSnapshot {
-                operator_state: BTreeMap::from([("offsets".to_string(), vec![1])]),
+                operator_state: BTreeMap::from([(
+                    "offsets".to_string(),
+                    OperatorListState {
+                        mode: OperatorStateMode::Split,
+                        elements: vec![vec![1]],
+                    },
+                )]),
                 keyed_state: BTreeMap::from([(3, vec![3]), (64, vec![64])]),
             }),
         );
@@ -165,6 +176,6 @@ mod tests {
             ctx.keyed_state().map(|(g, _)| g).collect::<Vec<_>>(),
             vec![3]
         );
-        assert_eq!(ctx.operator_state("offsets"), Some(&[1u8][..]));
+        assert_eq!(ctx.operator_state("offsets"), &[vec![1u8]][..]);
     }
 }

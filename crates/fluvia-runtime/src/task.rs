@@ -17,9 +17,11 @@ use crate::mailbox::{Mailbox, TaskControl, TaskMail};
 use crate::operator::{AnyOutput, NetworkInput, OperatorContext, OperatorInstance, RecordType};
 use crate::output::SideOutputs;
 use crate::registry::OperatorRegistry;
+use crate::state::OperatorStateSnapshot;
 use fluvia_core::config::options;
 use fluvia_core::error::TaskLocation;
 use fluvia_core::{FluviaError, PartitionerKind, Result};
+use fluvia_deployment::checkpoint::StateLocation;
 use fluvia_deployment::{AttemptMetrics, SubtaskCheckpointMetrics, TaskDeploymentDescriptor};
 use fluvia_graph::{JobGraph, JobVertex, NetworkOutput};
 use fluvia_network::metrics::IoCounters;
@@ -255,6 +257,7 @@ fn run_task(d: &TaskDeployment, staged: &crate::operator::StagedFiles) -> Result
     let task_name = d.task_name();
     let batch = d.job.job_type == fluvia_graph::JobType::Batch;
     let accumulators: crate::operator::Accumulators = Default::default();
+    let mut restored = restored_state(d)?.into_iter();
     let contexts: Vec<OperatorContext> = v
         .operators
         .iter()
@@ -277,6 +280,7 @@ fn run_task(d: &TaskDeployment, staged: &crate::operator::StagedFiles) -> Result
             ctx.accumulators = std::rc::Rc::clone(&accumulators);
             ctx.staged = Arc::clone(staged);
             ctx.coordinator = d.coordinator_gateway.clone();
+            ctx.restored = restored.next().flatten().map(Arc::new);
             ctx
         })
         .collect();
@@ -379,6 +383,86 @@ fn run_task(d: &TaskDeployment, staged: &crate::operator::StagedFiles) -> Result
     metrics.accumulators = std::mem::take(&mut *accumulators.borrow_mut());
     metrics.staged_files = staged.lock().unwrap_or_else(|e| e.into_inner()).clone();
     Ok(metrics)
+}
+
+/// What each operator of the chain restores: its share of the state every
+/// subtask wrote for the snapshot the deployment names (keyed state by key
+/// group, list state split or unioned), read from the checkpoint storage.
+fn restored_state(d: &TaskDeployment) -> Result<Vec<Option<OperatorStateSnapshot>>> {
+    let v = d.vertex();
+    let Some(restore) = &d.descriptor.restore else {
+        return Ok(vec![None; v.operators.len()]);
+    };
+    let store = d.checkpointing.as_ref().map(|c| &c.store).ok_or_else(|| {
+        FluviaError::Internal(format!(
+            "{} restores checkpoint {} without a checkpoint storage",
+            d.task_name(),
+            restore.checkpoint_id
+        ))
+    })?;
+    let subtask = d.subtask_index();
+    let max_parallelism = d.descriptor.max_parallelism;
+    let own = fluvia_core::keygroup::key_group_range_for_operator(
+        max_parallelism,
+        d.parallelism(),
+        subtask,
+    );
+    let mut result = Vec::with_capacity(v.operators.len());
+    for op in &v.operators {
+        let Some(state) = restore.operator(&op.operator_id) else {
+            result.push(None);
+            continue;
+        };
+        if state.max_parallelism as usize != max_parallelism {
+            return Err(FluviaError::Plan(format!(
+                "operator '{}' ({}) was snapshotted with max parallelism {} and now has {}: \
+                 the max parallelism of a stateful operator cannot change",
+                op.name, op.operator_id, state.max_parallelism, max_parallelism
+            )));
+        }
+        let mut subtasks = Vec::new();
+        for (&index, sub) in &state.subtasks {
+            for handle in &sub.handles {
+                let (bytes, location) = match &handle.location {
+                    StateLocation::File { path } => (store.read(path)?, path.as_str()),
+                    StateLocation::Inline { bytes } => (bytes.clone(), "inline state"),
+                };
+                let old_range = handle.key_groups.map_or_else(
+                    || {
+                        fluvia_core::keygroup::key_group_range_for_operator(
+                            max_parallelism,
+                            state.parallelism as usize,
+                            index as usize,
+                        )
+                    },
+                    |r| (r.start as usize, r.end as usize),
+                );
+                // Only the key groups this subtask owns are decoded.
+                let overlap = (old_range.0.max(own.0), old_range.1.min(own.1));
+                let snapshot = crate::checkpoint::decode_snapshot(&bytes, location, Some(overlap))?;
+                subtasks.push(fluvia_state::SubtaskState {
+                    key_group_range: old_range,
+                    max_parallelism,
+                    snapshot,
+                });
+            }
+        }
+        let mut shares = fluvia_state::redistribute(
+            &op.operator_id,
+            &subtasks,
+            max_parallelism,
+            d.parallelism(),
+        )
+        .map_err(crate::checkpoint::state_error)?;
+        if subtask >= shares.len() {
+            return Err(FluviaError::Internal(format!(
+                "no share of operator {} for subtask {subtask}",
+                op.operator_id
+            )));
+        }
+        result.push(Some(shares.swap_remove(subtask)));
+    }
+    Ok(result)
 }
 
 /// The head of a chain as the input processor's output.
