@@ -585,13 +585,10 @@ fn a_producer_goes_on_while_its_consumer_does_not_read_and_nothing_it_sent_is_lo
         let n = decoder.read_from(&mut consumer, 64 * 1024).unwrap();
         assert!(n > 0, "the connection closed after {next} records");
         while let Some(frame) = decoder.next_frame().unwrap() {
-            let Frame::Buffer {
-                data_type, payload, ..
-            } = frame
-            else {
+            let Frame::Buffer { header, payload } = frame else {
                 panic!("unexpected frame");
             };
-            match data_type {
+            match header.data_type {
                 DataType::Data => d
                     .feed(payload, |r| {
                         let seq = u64::from_le_bytes(r[4..12].try_into().unwrap());
