@@ -148,14 +148,7 @@ pub struct InputGate {
     parked: Vec<bool>,
 }
 
-impl std::fmt::Debug for InputGate {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("InputGate")
-            .field("channels", &self.channels.len())
-            .field("finished", &self.num_finished)
-            .finish()
-    }
-}
+debug_fields!(InputGate, |this| { channels: this.channels.len(), finished: this.num_finished });
 
 impl InputGate {
     pub fn new(channels: Vec<InputChannelSpec>) -> Self {

@@ -52,15 +52,11 @@ pub struct ResultPartition {
     release_state: Option<Arc<ReleaseState>>,
 }
 
-impl std::fmt::Debug for ResultPartition {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ResultPartition")
-            .field("name", &self.name)
-            .field("blocking", &self.is_blocking())
-            .field("subpartitions", &self.num_subpartitions)
-            .finish()
-    }
-}
+debug_fields!(ResultPartition, |this| {
+    name: this.name,
+    blocking: this.is_blocking(),
+    subpartitions: this.num_subpartitions,
+});
 
 impl ResultPartition {
     pub fn pipelined(

@@ -80,13 +80,7 @@ pub struct Subpartition {
     release_state: Option<Arc<ReleaseState>>,
 }
 
-impl std::fmt::Debug for Subpartition {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Subpartition")
-            .field("index", &self.index)
-            .finish()
-    }
-}
+debug_fields!(Subpartition, |this| { index: this.index });
 
 impl Subpartition {
     pub(crate) fn pipelined(

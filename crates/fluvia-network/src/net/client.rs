@@ -152,16 +152,12 @@ pub struct RemoteInputChannel {
     state: Mutex<RemoteState>,
 }
 
-impl std::fmt::Debug for RemoteInputChannel {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RemoteInputChannel")
-            .field("partition", &self.partition.to_string())
-            .field("first_subpartition", &self.first_subpartition)
-            .field("last_subpartition", &self.last_subpartition)
-            .field("peer", &self.peer)
-            .finish()
-    }
-}
+debug_fields!(RemoteInputChannel, |this| {
+    partition: this.partition.to_string(),
+    first_subpartition: this.first_subpartition,
+    last_subpartition: this.last_subpartition,
+    peer: this.peer,
+});
 
 impl RemoteInputChannel {
     /// Takes `n` exclusive segments for a channel from the gate's pool. A
@@ -545,13 +541,7 @@ pub struct ClientConnection {
     error: Mutex<Option<String>>,
 }
 
-impl std::fmt::Debug for ClientConnection {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientConnection")
-            .field("peer", &self.peer)
-            .finish()
-    }
-}
+debug_fields!(ClientConnection, |this| { peer: this.peer });
 
 impl ClientConnection {
     /// Connects, presents `secret` and starts the reader and writer threads.

@@ -89,13 +89,7 @@ pub struct PartitionRequestServer {
     metrics: Arc<ServerMetrics>,
 }
 
-impl std::fmt::Debug for PartitionRequestServer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PartitionRequestServer")
-            .field("address", &self.address)
-            .finish()
-    }
-}
+debug_fields!(PartitionRequestServer, |this| { address: this.address });
 
 impl PartitionRequestServer {
     /// Binds `bind` (port 0 picks a free one) and starts accepting.
