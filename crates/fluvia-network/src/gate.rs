@@ -151,6 +151,19 @@ pub struct InputGate {
 debug_fields!(InputGate, |this| { channels: this.channels.len(), finished: this.num_finished });
 
 impl InputGate {
+    /// A gate over `channels`, all feeding input 0 (an operator of one input).
+    pub fn single_input(channels: impl IntoIterator<Item = Arc<dyn InputChannel>>) -> Self {
+        InputGate::new(
+            channels
+                .into_iter()
+                .map(|channel| InputChannelSpec {
+                    channel,
+                    input_index: 0,
+                })
+                .collect(),
+        )
+    }
+
     pub fn new(channels: Vec<InputChannelSpec>) -> Self {
         let n = channels.len();
         let notifier = Arc::new(GateNotifier::default());
@@ -361,6 +374,11 @@ mod tests {
     use crate::local_channel::LocalInputChannel;
     use crate::partition::ResultPartition;
 
+    /// A channel over subpartitions `first..=last` of `p`.
+    fn local(p: Arc<ResultPartition>, first: u32, last: u32) -> Arc<dyn InputChannel> {
+        LocalInputChannel::new(p, first, last).unwrap()
+    }
+
     #[test]
     fn gate_reads_all_channels_and_reports_ends() {
         let p1 = Arc::new(ResultPartition::pipelined("a", 1, 64));
@@ -411,10 +429,7 @@ mod tests {
     #[test]
     fn cancel_unblocks_a_waiting_gate() {
         let p = Arc::new(ResultPartition::pipelined("a", 1, 64));
-        let mut gate = InputGate::new(vec![InputChannelSpec {
-            channel: LocalInputChannel::new(p, 0, 0).unwrap(),
-            input_index: 0,
-        }]);
+        let mut gate = InputGate::single_input([local(p, 0, 0)]);
         let cancel = CancelToken::new();
         let c2 = cancel.clone();
         let t = std::thread::spawn(move || {
@@ -438,12 +453,7 @@ mod tests {
         // waiting for demand on it.
         let consumers = || {
             let p = Arc::new(ResultPartition::pipelined("a", 2, 64));
-            let gate = |sp| {
-                InputGate::new(vec![InputChannelSpec {
-                    channel: LocalInputChannel::new(Arc::clone(&p), sp, sp).unwrap(),
-                    input_index: 0,
-                }])
-            };
+            let gate = |sp| InputGate::single_input([local(Arc::clone(&p), sp, sp)]);
             let waiting = p.consumers_released().unwrap();
             let producer = std::thread::spawn(move || waiting.wait_for_demand(&CancelToken::new()));
             (gate(0), gate(1), producer)
@@ -481,21 +491,12 @@ mod tests {
         let pool = network.create_local_pool(4).unwrap();
         let p = Arc::new(ResultPartition::pipelined("a", 2, 1024));
         let released = p.consumers_released().unwrap();
-        let channel = |sp| InputChannelSpec {
-            channel: LocalInputChannel::new(Arc::clone(&p), sp, sp).unwrap(),
-            input_index: 0,
-        };
-        let (mut first, mut second) = (
-            InputGate::new(vec![channel(0)]),
-            InputGate::new(vec![channel(1)]),
-        );
+        let gate = |sp| InputGate::single_input([local(Arc::clone(&p), sp, sp)]);
+        let (mut first, mut second) = (gate(0), gate(1));
         // A third party (another task's gate) waits on its own empty input
         // until the partition is released.
         let other = Arc::new(ResultPartition::pipelined("b", 1, 1024));
-        let mut waiting = InputGate::new(vec![InputChannelSpec {
-            channel: LocalInputChannel::new(Arc::clone(&other), 0, 0).unwrap(),
-            input_index: 0,
-        }]);
+        let mut waiting = InputGate::single_input([local(Arc::clone(&other), 0, 0)]);
         released.watch(waiting.waker());
         let r = released.clone();
         let waiter = std::thread::spawn(move || {
@@ -527,15 +528,7 @@ mod tests {
     }
 
     fn local_gate(partitions: &[&Arc<ResultPartition>]) -> InputGate {
-        InputGate::new(
-            partitions
-                .iter()
-                .map(|p| InputChannelSpec {
-                    channel: LocalInputChannel::new(Arc::clone(p), 0, 0).unwrap(),
-                    input_index: 0,
-                })
-                .collect(),
-        )
+        InputGate::single_input(partitions.iter().map(|p| local(Arc::clone(p), 0, 0)))
     }
 
     /// What the gate hands out now, as (channel, first byte or event).
@@ -628,10 +621,7 @@ mod tests {
     #[test]
     fn a_range_channel_hands_out_an_event_once_every_subpartition_reached_it() {
         let p = Arc::new(ResultPartition::pipelined("a", 2, 64));
-        let mut gate = InputGate::new(vec![InputChannelSpec {
-            channel: LocalInputChannel::new(Arc::clone(&p), 0, 1).unwrap(),
-            input_index: 0,
-        }]);
+        let mut gate = InputGate::single_input([local(Arc::clone(&p), 0, 1)]);
         p.subpartition(0)
             .add_buffer(Buffer::from_vec(vec![0]))
             .unwrap();

@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use fluvia_network::gate::{GateEvent, InputChannel, InputChannelSpec};
+use fluvia_network::gate::{GateEvent, InputChannel};
 use fluvia_network::net::environment::{NetworkConfig, NetworkEnvironment, RemoteChannelSpec};
 use fluvia_network::net::protocol::ResultPartitionId;
 use fluvia_network::{
@@ -67,14 +67,10 @@ fn producer_partition(
 
 /// A gate reading `channels`, all as input 0.
 fn gate_over<C: InputChannel + 'static>(channels: &[Arc<C>]) -> InputGate {
-    InputGate::new(
+    InputGate::single_input(
         channels
             .iter()
-            .map(|c| InputChannelSpec {
-                channel: Arc::clone(c) as Arc<dyn InputChannel>,
-                input_index: 0,
-            })
-            .collect(),
+            .map(|c| Arc::clone(c) as Arc<dyn InputChannel>),
     )
 }
 
