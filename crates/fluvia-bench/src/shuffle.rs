@@ -17,9 +17,8 @@
 use anyhow::{Context, Result, anyhow, ensure};
 use fluvia_network::sortmerge::{ReadScheduler, SortMergeConfig, SortMergePartition};
 use fluvia_network::{
-    CancelToken, ChannelDeserializers, GateEvent, InputChannel, InputChannelSpec, InputGate,
-    LocalBufferPool, LocalInputChannel, NetworkBufferPool, PartitionWriter, ResultPartition,
-    Target,
+    CancelToken, ChannelDeserializers, GateEvent, InputChannel, InputGate, LocalBufferPool,
+    LocalInputChannel, NetworkBufferPool, PartitionWriter, ResultPartition, Target,
 };
 use std::io::{BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
@@ -180,15 +179,12 @@ fn read_share(
     record_size: usize,
 ) -> Result<ReadCounts> {
     let first = range.start;
-    let mut specs = Vec::with_capacity(range.len());
+    let mut channels = Vec::with_capacity(range.len());
     for sp in range.clone() {
-        specs.push(InputChannelSpec {
-            channel: LocalInputChannel::new(Arc::clone(partition), sp as u32, sp as u32)?
-                as Arc<dyn InputChannel>,
-            input_index: 0,
-        });
+        let channel = LocalInputChannel::new(Arc::clone(partition), sp as u32, sp as u32)?;
+        channels.push(channel as Arc<dyn InputChannel>);
     }
-    let mut gate = InputGate::new(specs);
+    let mut gate = InputGate::single_input(channels);
     let mut deser = ChannelDeserializers::new(gate.num_channels());
     let mut records = vec![0u64; range.len()];
     // The next sequence number each subpartition may see (order check).

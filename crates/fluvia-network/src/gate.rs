@@ -396,12 +396,8 @@ mod tests {
         let cancel = CancelToken::new();
         let writer = std::thread::spawn(move || {
             for i in 0..100u8 {
-                p1.subpartition(0)
-                    .add_buffer(Buffer::from_vec(vec![i]))
-                    .unwrap();
-                p2.subpartition(0)
-                    .add_buffer(Buffer::from_vec(vec![i]))
-                    .unwrap();
+                p1.add_test_buffer(0, vec![i]);
+                p2.add_test_buffer(0, vec![i]);
             }
             p1.finish().unwrap();
             p2.finish().unwrap();
@@ -531,6 +527,16 @@ mod tests {
         InputGate::single_input(partitions.iter().map(|p| local(Arc::clone(p), 0, 0)))
     }
 
+    /// Two pipelined partitions of one subpartition, and a gate over both.
+    fn two_partitions_gate() -> (Arc<ResultPartition>, Arc<ResultPartition>, InputGate) {
+        let (p0, p1) = (
+            Arc::new(ResultPartition::pipelined("a", 1, 64)),
+            Arc::new(ResultPartition::pipelined("b", 1, 64)),
+        );
+        let gate = local_gate(&[&p0, &p1]);
+        (p0, p1, gate)
+    }
+
     /// What the gate hands out now, as (channel, first byte or event).
     fn drain_now(gate: &mut InputGate) -> Vec<(usize, Result<u8, Event>)> {
         let mut out = Vec::new();
@@ -550,20 +556,12 @@ mod tests {
     /// it meanwhile is read, in order, once it is resumed.
     #[test]
     fn a_blocked_channel_waits_while_the_others_go_on() {
-        let (p0, p1) = (
-            Arc::new(ResultPartition::pipelined("a", 1, 64)),
-            Arc::new(ResultPartition::pipelined("b", 1, 64)),
-        );
-        let mut gate = local_gate(&[&p0, &p1]);
+        let (p0, p1, mut gate) = two_partitions_gate();
         gate.block_channel(0);
         assert!(gate.is_blocked(0) && !gate.is_blocked(1));
         for i in 0..3u8 {
-            p0.subpartition(0)
-                .add_buffer(Buffer::from_vec(vec![i]))
-                .unwrap();
-            p1.subpartition(0)
-                .add_buffer(Buffer::from_vec(vec![10 + i]))
-                .unwrap();
+            p0.add_test_buffer(0, vec![i]);
+            p1.add_test_buffer(0, vec![10 + i]);
         }
         assert_eq!(
             drain_now(&mut gate),
@@ -581,26 +579,16 @@ mod tests {
     /// place among the buffers.
     #[test]
     fn a_priority_event_overtakes_and_an_ordinary_one_keeps_its_place() {
-        let (p0, p1) = (
-            Arc::new(ResultPartition::pipelined("a", 1, 64)),
-            Arc::new(ResultPartition::pipelined("b", 1, 64)),
-        );
-        let mut gate = local_gate(&[&p0, &p1]);
+        let (p0, p1, mut gate) = two_partitions_gate();
         let barrier = Event::CheckpointBarrier(crate::CheckpointBarrier {
             id: 3,
             timestamp: 0,
             options: crate::CheckpointOptions::unaligned(),
         });
-        p0.subpartition(0)
-            .add_buffer(Buffer::from_vec(vec![0]))
-            .unwrap();
+        p0.add_test_buffer(0, vec![0]);
         p0.broadcast_event(&Event::Watermark(7)).unwrap();
-        p0.subpartition(0)
-            .add_buffer(Buffer::from_vec(vec![1]))
-            .unwrap();
-        p1.subpartition(0)
-            .add_buffer(Buffer::from_vec(vec![10]))
-            .unwrap();
+        p0.add_test_buffer(0, vec![1]);
+        p1.add_test_buffer(0, vec![10]);
         p1.broadcast_event(&barrier).unwrap();
         assert_eq!(
             drain_now(&mut gate),
@@ -622,21 +610,15 @@ mod tests {
     fn a_range_channel_hands_out_an_event_once_every_subpartition_reached_it() {
         let p = Arc::new(ResultPartition::pipelined("a", 2, 64));
         let mut gate = InputGate::single_input([local(Arc::clone(&p), 0, 1)]);
-        p.subpartition(0)
-            .add_buffer(Buffer::from_vec(vec![0]))
-            .unwrap();
+        p.add_test_buffer(0, vec![0]);
         p.subpartition(0).add_event(Event::Watermark(5)).unwrap();
-        p.subpartition(0)
-            .add_buffer(Buffer::from_vec(vec![1]))
-            .unwrap();
+        p.add_test_buffer(0, vec![1]);
         assert_eq!(
             drain_now(&mut gate),
             vec![(0, Ok(0))],
             "waits for subpartition 1"
         );
-        p.subpartition(1)
-            .add_buffer(Buffer::from_vec(vec![10]))
-            .unwrap();
+        p.add_test_buffer(1, vec![10]);
         p.subpartition(1).add_event(Event::Watermark(5)).unwrap();
         assert_eq!(
             drain_now(&mut gate),

@@ -576,14 +576,12 @@ impl ClientConnection {
             .stream
             .try_clone()
             .map_err(|e| FluviaError::io(format!("connection to {peer}"), e))?;
-        std::thread::Builder::new()
-            .name(format!("net-client-read {peer}"))
-            .spawn(move || r.read_loop(read_half))
-            .map_err(|e| FluviaError::io("starting a network thread", e))?;
-        std::thread::Builder::new()
-            .name(format!("net-client-write {peer}"))
-            .spawn(move || w.write_loop(write_half))
-            .map_err(|e| FluviaError::io("starting a network thread", e))?;
+        super::spawn_connection_thread(format!("net-client-read {peer}"), move || {
+            r.read_loop(read_half)
+        })?;
+        super::spawn_connection_thread(format!("net-client-write {peer}"), move || {
+            w.write_loop(write_half)
+        })?;
         Ok(conn)
     }
 

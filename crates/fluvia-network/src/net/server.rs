@@ -309,14 +309,12 @@ impl ServerConnection {
             handoff_ready: Condvar::new(),
         });
         let (r, w) = (Arc::clone(&conn), Arc::clone(&conn));
-        std::thread::Builder::new()
-            .name(format!("net-server-read {peer}"))
-            .spawn(move || r.read_loop(read_half))
-            .map_err(|e| FluviaError::io("starting a network thread", e))?;
-        std::thread::Builder::new()
-            .name(format!("net-server-write {peer}"))
-            .spawn(move || w.standby_writer())
-            .map_err(|e| FluviaError::io("starting a network thread", e))?;
+        super::spawn_connection_thread(format!("net-server-read {peer}"), move || {
+            r.read_loop(read_half)
+        })?;
+        super::spawn_connection_thread(format!("net-server-write {peer}"), move || {
+            w.standby_writer()
+        })?;
         Ok(conn)
     }
 
