@@ -26,7 +26,7 @@
 //! It knows DataFusion's plans and Parquet footers, not tasks or the
 //! network.
 
-use crate::exec::pass_through::{PassThrough, PassThroughExec};
+use crate::exec::pass_through::{PassThrough, PassThroughExec, Unstarted};
 use crate::inspect::dynamic_filter_ids;
 use datafusion::datasource::physical_plan::FileSource;
 use datafusion::datasource::physical_plan::parquet::metadata::DFParquetMetadata;
@@ -205,13 +205,9 @@ impl PrunedProbeGateExec {
 }
 
 impl PassThrough for PrunedProbeGate {
-    fn execute(
-        &self,
-        input: &Arc<dyn ExecutionPlan>,
-        partition: usize,
-        ctx: Arc<TaskContext>,
-    ) -> DfResult<SendableRecordBatchStream> {
-        let input = input.execute(partition, Arc::clone(&ctx))?;
+    fn execute(&self, input: Unstarted) -> DfResult<SendableRecordBatchStream> {
+        let ctx = Arc::clone(&input.ctx);
+        let input = input.start()?;
         let schema = input.schema();
         let scan = Arc::clone(&self.scan);
         let empty_schema = Arc::clone(&schema);

@@ -4,6 +4,7 @@
 
 use super::hash::*;
 use super::shared::*;
+use crate::exec::pass_through::plan_basics;
 use datafusion::arrow::array::UInt32Array;
 use datafusion::arrow::compute::{concat_batches, take_record_batch};
 use datafusion::arrow::record_batch::RecordBatch;
@@ -71,17 +72,7 @@ impl DisplayAs for ClusterByKeyExec {
 }
 
 impl ExecutionPlan for ClusterByKeyExec {
-    fn name(&self) -> &str {
-        "ClusterByKeyExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
+    plan_basics!(|this| "ClusterByKeyExec", &this.properties, [&this.input]);
 
     fn apply_expressions(
         &self,
