@@ -250,15 +250,7 @@ fn build_readers() -> Option<&'static tokio::runtime::Runtime> {
     static READERS: std::sync::OnceLock<Option<tokio::runtime::Runtime>> =
         std::sync::OnceLock::new();
     READERS
-        .get_or_init(|| {
-            let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(threads)
-                .thread_name("fluvia-build-reader")
-                .enable_all()
-                .build()
-                .ok()
-        })
+        .get_or_init(|| crate::job::runtime::per_core_runtime("fluvia-build-reader", 2).ok())
         .as_ref()
 }
 
