@@ -15,7 +15,7 @@ use anyhow::{Context, Result, anyhow};
 use fluvia_cli::examples::pipeline::{self, PipelineJob};
 use fluvia_core::RuntimeMode;
 use fluvia_datastream::StreamExecutionEnvironment;
-use fluvia_network::gate::{GateEvent, InputChannel, InputChannelSpec};
+use fluvia_network::gate::{GateEvent, InputChannel};
 use fluvia_network::net::environment::{NetworkConfig, NetworkEnvironment, RemoteChannelSpec};
 use fluvia_network::net::protocol::ResultPartitionId;
 use fluvia_network::{CancelToken, InputGate, PartitionWriter, ResultPartition, Target};
@@ -165,10 +165,7 @@ fn remote_channel(
         first_subpartition: 0,
         last_subpartition: 0,
     }])?;
-    let mut gate = InputGate::new(vec![InputChannelSpec {
-        channel: Arc::clone(&channels[0]) as Arc<dyn InputChannel>,
-        input_index: 0,
-    }]);
+    let mut gate = InputGate::single_input([Arc::clone(&channels[0]) as Arc<dyn InputChannel>]);
     let t = pump(writer, &mut gate, bytes)?;
     let m = producer.server().metrics();
     let buffers = m.buffers_sent.load(std::sync::atomic::Ordering::Relaxed);
@@ -193,11 +190,8 @@ fn local_channel(bytes: u64) -> Result<Duration> {
         CancelToken::new(),
         None,
     );
-    let mut gate = InputGate::new(vec![InputChannelSpec {
-        channel: fluvia_network::LocalInputChannel::new(Arc::clone(&partition), 0, 0)?
-            as Arc<dyn InputChannel>,
-        input_index: 0,
-    }]);
+    let channel = fluvia_network::LocalInputChannel::new(Arc::clone(&partition), 0, 0)?;
+    let mut gate = InputGate::single_input([channel as Arc<dyn InputChannel>]);
     pump(writer, &mut gate, bytes)
 }
 

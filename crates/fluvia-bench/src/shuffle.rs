@@ -17,9 +17,8 @@
 use anyhow::{Context, Result, anyhow, ensure};
 use fluvia_network::sortmerge::{ReadScheduler, SortMergeConfig, SortMergePartition};
 use fluvia_network::{
-    CancelToken, ChannelDeserializers, GateEvent, InputChannel, InputChannelSpec, InputGate,
-    LocalBufferPool, LocalInputChannel, NetworkBufferPool, PartitionWriter, ResultPartition,
-    Target,
+    CancelToken, ChannelDeserializers, GateEvent, InputChannel, InputGate, LocalBufferPool,
+    LocalInputChannel, NetworkBufferPool, PartitionWriter, ResultPartition, Target,
 };
 use std::io::{BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
@@ -67,19 +66,6 @@ pub struct Args {
     only: Option<String>,
 }
 
-/// A splitmix64 generator: deterministic data without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
-
 /// The records of one case, back to back, and where each goes.
 struct Data {
     record_size: usize,
@@ -95,18 +81,20 @@ impl Data {
     /// has something to find).
     fn generate(bytes: u64, record_size: usize, n: usize) -> Data {
         let count = (bytes / record_size as u64) as usize;
-        let mut rng = Rng(42);
+        let mut rng = fluvia_core::random::SplitMix64(42);
         let vocabulary: Vec<Vec<u8>> = (0..256)
             .map(|_| {
-                let len = 3 + (rng.next() % 8) as usize;
-                (0..len).map(|_| b'a' + (rng.next() % 26) as u8).collect()
+                let len = 3 + (rng.next_u64() % 8) as usize;
+                (0..len)
+                    .map(|_| b'a' + (rng.next_u64() % 26) as u8)
+                    .collect()
             })
             .collect();
         let mut records = Vec::with_capacity(count * record_size);
         let mut targets = Vec::with_capacity(count);
         let mut expected = vec![0u64; n];
         for seq in 0..count as u64 {
-            let r = rng.next();
+            let r = rng.next_u64();
             let sp = (r % n as u64) as u32;
             let start = records.len();
             records.extend_from_slice(&seq.to_le_bytes());
@@ -115,7 +103,7 @@ impl Data {
             let mut w = r >> 32;
             while records.len() - start < record_size {
                 if w < 256 {
-                    w = rng.next();
+                    w = rng.next_u64();
                 }
                 records.extend_from_slice(&vocabulary[(w & 255) as usize]);
                 records.push(b' ');
@@ -180,15 +168,12 @@ fn read_share(
     record_size: usize,
 ) -> Result<ReadCounts> {
     let first = range.start;
-    let mut specs = Vec::with_capacity(range.len());
+    let mut channels = Vec::with_capacity(range.len());
     for sp in range.clone() {
-        specs.push(InputChannelSpec {
-            channel: LocalInputChannel::new(Arc::clone(partition), sp as u32, sp as u32)?
-                as Arc<dyn InputChannel>,
-            input_index: 0,
-        });
+        let channel = LocalInputChannel::new(Arc::clone(partition), sp as u32, sp as u32)?;
+        channels.push(channel as Arc<dyn InputChannel>);
     }
-    let mut gate = InputGate::new(specs);
+    let mut gate = InputGate::single_input(channels);
     let mut deser = ChannelDeserializers::new(gate.num_channels());
     let mut records = vec![0u64; range.len()];
     // The next sequence number each subpartition may see (order check).

@@ -17,453 +17,216 @@ pub struct ConfigOption<T: 'static> {
     pub description: &'static str,
 }
 
+/// Declares typed options from one table: a `pub const` [`ConfigOption`]
+/// each, plus `all()` (key, default as text, description, in table order, for
+/// docs and `fluvia config`) and `check(config)` (reads every option with its
+/// type; an error names the first key whose value does not parse).
+///
+/// An entry is `NAME: Type = "key" | "fallback key"..., default, "description";`.
+/// `default => "text"` shows the default as `text` in `all()` instead of the
+/// value; a trailing `, unchecked` leaves the option out of `check`, and
+/// `, unlisted` leaves it out of both.
+#[macro_export]
+macro_rules! config_options {
+    ($(
+        $(#[$attr:meta])*
+        $name:ident: $ty:ty = $key:literal $(| $fallback:literal)*,
+            $default:expr $(=> $shown:literal)?,
+            $description:expr $(, $flag:ident)?;
+    )*) => {
+        $(
+            $(#[$attr])*
+            pub const $name: $crate::config::ConfigOption<$ty> = $crate::config::ConfigOption {
+                key: $key,
+                fallback_keys: &[$($fallback),*],
+                default: $default,
+                description: $description,
+            };
+        )*
+
+        /// (key, default as text, description) of every option, for docs and
+        /// `fluvia config`.
+        pub fn all() -> Vec<(&'static str, String, &'static str)> {
+            [$($crate::config_options!(@list $name, [$($shown)?], $($flag)?)),*]
+                .into_iter()
+                .flatten()
+                .collect()
+        }
+
+        /// Reads every option of `config` with its type: an error names the
+        /// first key whose value does not parse (`SET` checks with it).
+        pub fn check(config: &$crate::config::Configuration) -> $crate::Result<()> {
+            $($crate::config_options!(@check config, $name, $($flag)?);)*
+            Ok(())
+        }
+    };
+    (@list $name:ident, [$($shown:literal)?], unlisted) => {
+        None
+    };
+    (@list $name:ident, [], $(unchecked)?) => {
+        Some((
+            $name.key,
+            $crate::config::ShowDefault::show_default(&$name.default),
+            $name.description,
+        ))
+    };
+    (@list $name:ident, [$shown:literal], $(unchecked)?) => {
+        Some(($name.key, $shown.to_string(), $name.description))
+    };
+    (@check $config:ident, $name:ident,) => {
+        $config.get(&$name)?;
+    };
+    (@check $config:ident, $name:ident, $(unchecked)? $(unlisted)?) => {};
+}
+
+/// How `all()` of [`config_options!`] shows a default without a text of its own.
+pub trait ShowDefault {
+    fn show_default(&self) -> String;
+}
+
+macro_rules! show_with_to_string {
+    ($($t:ty),*) => {
+        $(impl ShowDefault for $t {
+            fn show_default(&self) -> String {
+                self.to_string()
+            }
+        })*
+    };
+}
+show_with_to_string!(usize, u64, f64, bool, &'static str, RuntimeMode);
+
+impl ShowDefault for Duration {
+    fn show_default(&self) -> String {
+        format!("{} ms", self.as_millis())
+    }
+}
+
 /// Every option the engine reads, for documentation and validation.
 pub mod options {
     use super::*;
 
-    pub const PARALLELISM: ConfigOption<usize> = ConfigOption {
-        key: "parallelism.default",
-        fallback_keys: &[],
-        default: 1,
-        description: "Parallelism of operators that do not set their own.",
-    };
-    /// 0 means "derive from parallelism" as Flink does (1.5 × p, within [128, 32768]).
-    pub const MAX_PARALLELISM: ConfigOption<usize> = ConfigOption {
-        key: "pipeline.max-parallelism",
-        fallback_keys: &[],
-        default: 0,
-        description: "Number of key groups; 0 derives it from the parallelism.",
-    };
-    pub const CHAINING_ENABLED: ConfigOption<bool> = ConfigOption {
-        key: "pipeline.operator-chaining.enabled",
-        fallback_keys: &[],
-        default: true,
-        description: "Chain operators into one task where Flink's rules allow.",
-    };
-    pub const OBJECT_REUSE: ConfigOption<bool> = ConfigOption {
-        key: "pipeline.object-reuse",
-        fallback_keys: &[],
-        default: false,
-        description: "Hand records to chained operators without a defensive copy.",
-    };
-    pub const RUNTIME_MODE: ConfigOption<RuntimeMode> = ConfigOption {
-        key: "execution.runtime-mode",
-        fallback_keys: &[],
-        default: RuntimeMode::Automatic,
-        description: "STREAMING, BATCH or AUTOMATIC (batch when all sources are bounded).",
-    };
-    pub const BUFFER_TIMEOUT: ConfigOption<Duration> = ConfigOption {
-        key: "execution.buffer-timeout",
-        fallback_keys: &["execution.buffer-timeout.interval"],
-        default: Duration::from_millis(100),
-        description: "Longest time a partly filled network buffer waits before it is sent.",
-    };
-    pub const SEGMENT_SIZE: ConfigOption<u64> = ConfigOption {
-        key: "taskmanager.memory.segment-size",
-        fallback_keys: &[],
-        default: 32 * 1024,
-        description: "Size of one network buffer.",
-    };
-    pub const NETWORK_MEMORY: ConfigOption<u64> = ConfigOption {
-        key: "taskmanager.memory.network.size",
-        fallback_keys: &["taskmanager.memory.network.max"],
-        default: 64 * 1024 * 1024,
-        description: "Total memory of the network buffer pool of a TaskManager.",
-    };
-    pub const BUFFERS_PER_CHANNEL: ConfigOption<usize> = ConfigOption {
-        key: "taskmanager.network.memory.buffers-per-channel",
-        fallback_keys: &[],
-        default: 2,
-        description: "Buffers each subpartition / input channel may hold (exclusive buffers).",
-    };
-    pub const FLOATING_BUFFERS: ConfigOption<usize> = ConfigOption {
-        key: "taskmanager.network.memory.floating-buffers-per-gate",
-        fallback_keys: &[],
-        default: 8,
-        description: "Extra buffers shared by all channels of a partition or gate.",
-    };
-    pub const COMPRESSION_CODEC: ConfigOption<&'static str> = ConfigOption {
-        key: "taskmanager.network.compression.codec",
-        fallback_keys: &[],
-        default: "NONE",
-        description: "Compression of network buffers between TaskManagers: NONE or LZ4.",
-    };
-    pub const SORT_SHUFFLE_MIN_PARALLELISM: ConfigOption<usize> = ConfigOption {
-        key: "taskmanager.network.sort-shuffle.min-parallelism",
-        fallback_keys: &[],
-        default: 1,
-        description: "Blocking partitions with at least this many subpartitions are written \
-                      sort-merge (one data and one index file); smaller ones one file per \
-                      subpartition.",
-    };
-    pub const SORT_SHUFFLE_MIN_BUFFERS: ConfigOption<usize> = ConfigOption {
-        key: "taskmanager.network.sort-shuffle.min-buffers",
-        fallback_keys: &[],
-        default: 64,
-        description: "Network buffers of a sort-merge writer's sort area, whatever its \
-                      number of subpartitions.",
-    };
-    pub const BLOCKING_SHUFFLE_COMPRESSION: ConfigOption<bool> = ConfigOption {
-        key: "taskmanager.network.blocking-shuffle.compression.enabled",
-        fallback_keys: &[],
-        default: true,
-        description: "LZ4 per buffer in sort-merge shuffle files (kept only where smaller).",
-    };
-    pub const BATCH_SHUFFLE_READ_MEMORY: ConfigOption<u64> = ConfigOption {
-        key: "taskmanager.memory.framework.off-heap.batch-shuffle.size",
-        fallback_keys: &[],
-        default: 64 * 1024 * 1024,
-        description: "Read buffers shared by all readers of a TaskManager's sort-merge \
-                      partitions.",
-    };
-    pub const ADAPTIVE_PARTITIONER: ConfigOption<bool> = ConfigOption {
-        key: "taskmanager.network.adaptive-partitioner.enabled",
-        fallback_keys: &[],
-        default: false,
-        description: "Rebalance and rescale prefer the subpartition with the smallest backlog.",
-    };
-    pub const ADAPTIVE_PARTITIONER_TRAVERSE: ConfigOption<usize> = ConfigOption {
-        key: "taskmanager.network.adaptive-partitioner.max-traverse-size",
-        fallback_keys: &[],
-        default: 4,
-        description: "How many subpartitions the load-aware partitioner compares per record.",
-    };
-    pub const LOCAL_TASK_MANAGERS: ConfigOption<usize> = ConfigOption {
-        key: "local.number-taskmanager",
-        fallback_keys: &[],
-        default: 1,
-        description: "TaskManagers of the embedded mini-cluster; with more than one, \
-                      exchanges between them go over TCP on loopback.",
-    };
-    pub const TMP_DIRS: ConfigOption<&'static str> = ConfigOption {
-        key: "io.tmp.dirs",
-        fallback_keys: &[],
-        default: "",
-        description: "Directory for spilled blocking partitions (empty: the system temp dir).",
-    };
-    /// Flink's key; a size with a unit (`10mb`) or bytes.
-    pub const BROADCAST_THRESHOLD: ConfigOption<u64> = ConfigOption {
-        key: "table.optimizer.join.broadcast-threshold",
-        fallback_keys: &[],
-        default: 1024 * 1024,
-        description: "SQL: a join side estimated below this many bytes is broadcast to the other side's subtasks instead of hash-partitioning both.",
-    };
-    /// Flink's key.
-    pub const BUFFER_REQUEST_TIMEOUT: ConfigOption<u64> = ConfigOption {
-        key: "taskmanager.network.memory.exclusive-buffers-request-timeout-ms",
-        fallback_keys: &[],
-        default: 30_000,
-        description: "Milliseconds a task being deployed waits for network buffers held by running tasks to be given back before it fails with 'insufficient number of network buffers'.",
-    };
-
-    /// Flink's `BatchExecutionOptions` (with the deprecated
-    /// `jobmanager.adaptive-batch-scheduler.*` spellings).
-    pub const AUTO_PARALLELISM_ENABLED: ConfigOption<bool> = ConfigOption {
-        key: "execution.batch.adaptive.auto-parallelism.enabled",
-        fallback_keys: &["jobmanager.adaptive-batch-scheduler.enabled"],
-        default: true,
-        description: "Batch jobs: decide at runtime, from the bytes their inputs produced, the parallelism of vertices whose parallelism nobody set, and balance the subpartitions each subtask reads.",
-    };
-    pub const AUTO_PARALLELISM_MIN: ConfigOption<usize> = ConfigOption {
-        key: "execution.batch.adaptive.auto-parallelism.min-parallelism",
-        fallback_keys: &["jobmanager.adaptive-batch-scheduler.min-parallelism"],
-        default: 1,
-        description: "Lower bound of the parallelism the adaptive batch scheduler decides.",
-    };
-    pub const AUTO_PARALLELISM_MAX: ConfigOption<usize> = ConfigOption {
-        key: "execution.batch.adaptive.auto-parallelism.max-parallelism",
-        fallback_keys: &["jobmanager.adaptive-batch-scheduler.max-parallelism"],
-        default: 128,
-        description: "Upper bound of the parallelism the adaptive batch scheduler decides.",
-    };
-    pub const AUTO_PARALLELISM_AVG_DATA_VOLUME: ConfigOption<u64> = ConfigOption {
-        key: "execution.batch.adaptive.auto-parallelism.avg-data-volume-per-task",
-        fallback_keys: &["jobmanager.adaptive-batch-scheduler.avg-data-volume-per-task"],
-        default: 16 * 1024 * 1024,
-        description: "Bytes each subtask of a vertex whose parallelism is decided adaptively should read (skew or the max parallelism can make it read more).",
-    };
-    pub const AUTO_PARALLELISM_DEFAULT_SOURCE: ConfigOption<usize> = ConfigOption {
-        key: "execution.batch.adaptive.auto-parallelism.default-source-parallelism",
-        fallback_keys: &["jobmanager.adaptive-batch-scheduler.default-source-parallelism"],
-        default: 1,
-        description: "Parallelism of sources whose parallelism is not set, under the adaptive batch scheduler.",
-    };
-
-    pub const SPECULATIVE_ENABLED: ConfigOption<bool> = ConfigOption {
-        key: "execution.batch.speculative.enabled",
-        fallback_keys: &[],
-        default: false,
-        description: "Batch jobs: run a second attempt of a subtask the slow-task detector finds slow on another TaskManager; the first to finish wins.",
-    };
-    pub const SPECULATIVE_MAX_CONCURRENT: ConfigOption<usize> = ConfigOption {
-        key: "execution.batch.speculative.max-concurrent-executions",
-        fallback_keys: &[],
-        default: 2,
-        description: "Attempts of one subtask that may run at once under speculative execution.",
-    };
-    pub const SPECULATIVE_BLOCK_DURATION: ConfigOption<Duration> = ConfigOption {
-        key: "execution.batch.speculative.block-slow-node-duration",
-        fallback_keys: &[],
-        default: Duration::from_secs(60),
-        description: "How long a TaskManager running a slow attempt gets no new attempts (0: not blocked).",
-    };
-    pub const SLOW_TASK_CHECK_INTERVAL: ConfigOption<Duration> = ConfigOption {
-        key: "slow-task-detector.check-interval",
-        fallback_keys: &[],
-        default: Duration::from_secs(1),
-        description: "How often the slow-task detector looks for slow attempts.",
-    };
-    pub const SLOW_TASK_LOWER_BOUND: ConfigOption<Duration> = ConfigOption {
-        key: "slow-task-detector.execution-time.baseline-lower-bound",
-        fallback_keys: &[],
-        default: Duration::from_secs(60),
-        description: "An attempt running shorter than this is never slow.",
-    };
-    pub const SLOW_TASK_BASELINE_RATIO: ConfigOption<f64> = ConfigOption {
-        key: "slow-task-detector.execution-time.baseline-ratio",
-        fallback_keys: &[],
-        default: 0.75,
-        description: "Share of a vertex's subtasks that must have finished before its slow ones are looked for; the baseline is the median of that share.",
-    };
-    pub const SLOW_TASK_BASELINE_MULTIPLIER: ConfigOption<f64> = ConfigOption {
-        key: "slow-task-detector.execution-time.baseline-multiplier",
-        fallback_keys: &[],
-        default: 1.5,
-        description: "An attempt is slow above this many times the baseline execution time per input byte.",
-    };
-    pub const ADAPTIVE_BROADCAST_JOIN_STRATEGY: ConfigOption<&'static str> = ConfigOption {
-        key: "table.optimizer.adaptive-broadcast-join.strategy",
-        fallback_keys: &[],
-        default: "AUTO",
-        description: "SQL under the adaptive batch scheduler: AUTO broadcasts a join side the planner estimated small, and at runtime one whose real bytes are below table.optimizer.join.broadcast-threshold; RUNTIME_ONLY only the latter; NONE only the planner's.",
-    };
-    pub const SKEWED_JOIN_STRATEGY: ConfigOption<&'static str> = ConfigOption {
-        key: "table.optimizer.skewed-join-optimization.strategy",
-        fallback_keys: &[],
-        default: "AUTO",
-        description: "SQL under the adaptive batch scheduler: AUTO splits a skewed subpartition of a join side across subtasks where the join type allows it; NONE never.",
-    };
-    pub const SKEWED_JOIN_FACTOR: ConfigOption<f64> = ConfigOption {
-        key: "table.optimizer.skewed-join-optimization.skewed-factor",
-        fallback_keys: &[],
-        default: 4.0,
-        description: "A join side's subpartition is skewed above this many times the median one (and above the threshold).",
-    };
-    pub const SKEWED_JOIN_THRESHOLD: ConfigOption<u64> = ConfigOption {
-        key: "table.optimizer.skewed-join-optimization.skewed-threshold",
-        fallback_keys: &[],
-        default: 256 * 1024 * 1024,
-        description: "A join side's subpartition is skewed only above this many bytes.",
-    };
-
-    /// (key, default as text, description) of every option, for docs and `--help`.
-    pub fn all() -> Vec<(&'static str, String, &'static str)> {
-        vec![
-            (
-                AUTO_PARALLELISM_ENABLED.key,
-                AUTO_PARALLELISM_ENABLED.default.to_string(),
-                AUTO_PARALLELISM_ENABLED.description,
-            ),
-            (
-                AUTO_PARALLELISM_MIN.key,
-                AUTO_PARALLELISM_MIN.default.to_string(),
-                AUTO_PARALLELISM_MIN.description,
-            ),
-            (
-                AUTO_PARALLELISM_MAX.key,
-                AUTO_PARALLELISM_MAX.default.to_string(),
-                AUTO_PARALLELISM_MAX.description,
-            ),
-            (
-                AUTO_PARALLELISM_AVG_DATA_VOLUME.key,
-                "16 mb".to_string(),
-                AUTO_PARALLELISM_AVG_DATA_VOLUME.description,
-            ),
-            (
-                AUTO_PARALLELISM_DEFAULT_SOURCE.key,
-                AUTO_PARALLELISM_DEFAULT_SOURCE.default.to_string(),
-                AUTO_PARALLELISM_DEFAULT_SOURCE.description,
-            ),
-            (
-                SPECULATIVE_ENABLED.key,
-                SPECULATIVE_ENABLED.default.to_string(),
-                SPECULATIVE_ENABLED.description,
-            ),
-            (
-                SPECULATIVE_MAX_CONCURRENT.key,
-                SPECULATIVE_MAX_CONCURRENT.default.to_string(),
-                SPECULATIVE_MAX_CONCURRENT.description,
-            ),
-            (
-                SPECULATIVE_BLOCK_DURATION.key,
-                "1 min".to_string(),
-                SPECULATIVE_BLOCK_DURATION.description,
-            ),
-            (
-                SLOW_TASK_CHECK_INTERVAL.key,
-                "1 s".to_string(),
-                SLOW_TASK_CHECK_INTERVAL.description,
-            ),
-            (
-                SLOW_TASK_LOWER_BOUND.key,
-                "1 min".to_string(),
-                SLOW_TASK_LOWER_BOUND.description,
-            ),
-            (
-                SLOW_TASK_BASELINE_RATIO.key,
-                SLOW_TASK_BASELINE_RATIO.default.to_string(),
-                SLOW_TASK_BASELINE_RATIO.description,
-            ),
-            (
-                SLOW_TASK_BASELINE_MULTIPLIER.key,
-                SLOW_TASK_BASELINE_MULTIPLIER.default.to_string(),
-                SLOW_TASK_BASELINE_MULTIPLIER.description,
-            ),
-            (
-                ADAPTIVE_BROADCAST_JOIN_STRATEGY.key,
-                ADAPTIVE_BROADCAST_JOIN_STRATEGY.default.to_string(),
-                ADAPTIVE_BROADCAST_JOIN_STRATEGY.description,
-            ),
-            (
-                SKEWED_JOIN_STRATEGY.key,
-                SKEWED_JOIN_STRATEGY.default.to_string(),
-                SKEWED_JOIN_STRATEGY.description,
-            ),
-            (
-                SKEWED_JOIN_FACTOR.key,
-                SKEWED_JOIN_FACTOR.default.to_string(),
-                SKEWED_JOIN_FACTOR.description,
-            ),
-            (
-                SKEWED_JOIN_THRESHOLD.key,
-                "256 mb".to_string(),
-                SKEWED_JOIN_THRESHOLD.description,
-            ),
-            (
-                BROADCAST_THRESHOLD.key,
-                BROADCAST_THRESHOLD.default.to_string(),
-                BROADCAST_THRESHOLD.description,
-            ),
-            (
-                BUFFER_REQUEST_TIMEOUT.key,
-                BUFFER_REQUEST_TIMEOUT.default.to_string(),
-                BUFFER_REQUEST_TIMEOUT.description,
-            ),
-            (
-                PARALLELISM.key,
-                PARALLELISM.default.to_string(),
-                PARALLELISM.description,
-            ),
-            (
-                MAX_PARALLELISM.key,
-                MAX_PARALLELISM.default.to_string(),
-                MAX_PARALLELISM.description,
-            ),
-            (
-                CHAINING_ENABLED.key,
-                CHAINING_ENABLED.default.to_string(),
-                CHAINING_ENABLED.description,
-            ),
-            (
-                OBJECT_REUSE.key,
-                OBJECT_REUSE.default.to_string(),
-                OBJECT_REUSE.description,
-            ),
-            (
-                RUNTIME_MODE.key,
-                RUNTIME_MODE.default.to_string(),
-                RUNTIME_MODE.description,
-            ),
-            (
-                BUFFER_TIMEOUT.key,
-                "100 ms".to_string(),
-                BUFFER_TIMEOUT.description,
-            ),
-            (
-                SORT_SHUFFLE_MIN_PARALLELISM.key,
-                SORT_SHUFFLE_MIN_PARALLELISM.default.to_string(),
-                SORT_SHUFFLE_MIN_PARALLELISM.description,
-            ),
-            (
-                SORT_SHUFFLE_MIN_BUFFERS.key,
-                SORT_SHUFFLE_MIN_BUFFERS.default.to_string(),
-                SORT_SHUFFLE_MIN_BUFFERS.description,
-            ),
-            (
-                BLOCKING_SHUFFLE_COMPRESSION.key,
-                BLOCKING_SHUFFLE_COMPRESSION.default.to_string(),
-                BLOCKING_SHUFFLE_COMPRESSION.description,
-            ),
-            (
-                BATCH_SHUFFLE_READ_MEMORY.key,
-                "64 mb".to_string(),
-                BATCH_SHUFFLE_READ_MEMORY.description,
-            ),
-            (
-                SEGMENT_SIZE.key,
-                "32 kb".to_string(),
-                SEGMENT_SIZE.description,
-            ),
-            (
-                NETWORK_MEMORY.key,
-                "64 mb".to_string(),
-                NETWORK_MEMORY.description,
-            ),
-            (
-                BUFFERS_PER_CHANNEL.key,
-                BUFFERS_PER_CHANNEL.default.to_string(),
-                BUFFERS_PER_CHANNEL.description,
-            ),
-            (
-                FLOATING_BUFFERS.key,
-                FLOATING_BUFFERS.default.to_string(),
-                FLOATING_BUFFERS.description,
-            ),
-            (
-                TMP_DIRS.key,
-                "(system temp dir)".to_string(),
-                TMP_DIRS.description,
-            ),
-        ]
-    }
-
-    /// Reads every option of `config` with its type: an error names the
-    /// first key whose value does not parse (`SET` checks with it).
-    pub fn check(config: &super::Configuration) -> crate::Result<()> {
-        config.get(&AUTO_PARALLELISM_ENABLED)?;
-        config.get(&AUTO_PARALLELISM_MIN)?;
-        config.get(&AUTO_PARALLELISM_MAX)?;
-        config.get(&AUTO_PARALLELISM_AVG_DATA_VOLUME)?;
-        config.get(&AUTO_PARALLELISM_DEFAULT_SOURCE)?;
-        config.get(&SPECULATIVE_ENABLED)?;
-        config.get(&SPECULATIVE_MAX_CONCURRENT)?;
-        config.get(&SPECULATIVE_BLOCK_DURATION)?;
-        config.get(&SLOW_TASK_CHECK_INTERVAL)?;
-        config.get(&SLOW_TASK_LOWER_BOUND)?;
-        config.get(&SLOW_TASK_BASELINE_RATIO)?;
-        config.get(&SLOW_TASK_BASELINE_MULTIPLIER)?;
-        config.get(&ADAPTIVE_BROADCAST_JOIN_STRATEGY)?;
-        config.get(&SKEWED_JOIN_STRATEGY)?;
-        config.get(&SKEWED_JOIN_FACTOR)?;
-        config.get(&SKEWED_JOIN_THRESHOLD)?;
-        config.get(&BROADCAST_THRESHOLD)?;
-        config.get(&BUFFER_REQUEST_TIMEOUT)?;
-        config.get(&PARALLELISM)?;
-        config.get(&MAX_PARALLELISM)?;
-        config.get(&CHAINING_ENABLED)?;
-        config.get(&OBJECT_REUSE)?;
-        config.get(&RUNTIME_MODE)?;
-        config.get(&BUFFER_TIMEOUT)?;
-        config.get(&SORT_SHUFFLE_MIN_PARALLELISM)?;
-        config.get(&SORT_SHUFFLE_MIN_BUFFERS)?;
-        config.get(&BLOCKING_SHUFFLE_COMPRESSION)?;
-        config.get(&BATCH_SHUFFLE_READ_MEMORY)?;
-        config.get(&SEGMENT_SIZE)?;
-        config.get(&NETWORK_MEMORY)?;
-        config.get(&BUFFERS_PER_CHANNEL)?;
-        config.get(&FLOATING_BUFFERS)?;
-        config.get(&TMP_DIRS)?;
-        Ok(())
+    crate::config_options! {
+        /// Flink's `BatchExecutionOptions` (with the deprecated
+        /// `jobmanager.adaptive-batch-scheduler.*` spellings).
+        AUTO_PARALLELISM_ENABLED: bool = "execution.batch.adaptive.auto-parallelism.enabled" | "jobmanager.adaptive-batch-scheduler.enabled",
+            true,
+            "Batch jobs: decide at runtime, from the bytes their inputs produced, the parallelism of vertices whose parallelism nobody set, and balance the subpartitions each subtask reads.";
+        AUTO_PARALLELISM_MIN: usize = "execution.batch.adaptive.auto-parallelism.min-parallelism" | "jobmanager.adaptive-batch-scheduler.min-parallelism",
+            1,
+            "Lower bound of the parallelism the adaptive batch scheduler decides.";
+        AUTO_PARALLELISM_MAX: usize = "execution.batch.adaptive.auto-parallelism.max-parallelism" | "jobmanager.adaptive-batch-scheduler.max-parallelism",
+            128,
+            "Upper bound of the parallelism the adaptive batch scheduler decides.";
+        AUTO_PARALLELISM_AVG_DATA_VOLUME: u64 = "execution.batch.adaptive.auto-parallelism.avg-data-volume-per-task" | "jobmanager.adaptive-batch-scheduler.avg-data-volume-per-task",
+            16 * 1024 * 1024 => "16 mb",
+            "Bytes each subtask of a vertex whose parallelism is decided adaptively should read (skew or the max parallelism can make it read more).";
+        AUTO_PARALLELISM_DEFAULT_SOURCE: usize = "execution.batch.adaptive.auto-parallelism.default-source-parallelism" | "jobmanager.adaptive-batch-scheduler.default-source-parallelism",
+            1,
+            "Parallelism of sources whose parallelism is not set, under the adaptive batch scheduler.";
+        SPECULATIVE_ENABLED: bool = "execution.batch.speculative.enabled",
+            false,
+            "Batch jobs: run a second attempt of a subtask the slow-task detector finds slow on another TaskManager; the first to finish wins.";
+        SPECULATIVE_MAX_CONCURRENT: usize = "execution.batch.speculative.max-concurrent-executions",
+            2,
+            "Attempts of one subtask that may run at once under speculative execution.";
+        SPECULATIVE_BLOCK_DURATION: Duration = "execution.batch.speculative.block-slow-node-duration",
+            Duration::from_secs(60) => "1 min",
+            "How long a TaskManager running a slow attempt gets no new attempts (0: not blocked).";
+        SLOW_TASK_CHECK_INTERVAL: Duration = "slow-task-detector.check-interval",
+            Duration::from_secs(1) => "1 s",
+            "How often the slow-task detector looks for slow attempts.";
+        SLOW_TASK_LOWER_BOUND: Duration = "slow-task-detector.execution-time.baseline-lower-bound",
+            Duration::from_secs(60) => "1 min",
+            "An attempt running shorter than this is never slow.";
+        SLOW_TASK_BASELINE_RATIO: f64 = "slow-task-detector.execution-time.baseline-ratio",
+            0.75,
+            "Share of a vertex's subtasks that must have finished before its slow ones are looked for; the baseline is the median of that share.";
+        SLOW_TASK_BASELINE_MULTIPLIER: f64 = "slow-task-detector.execution-time.baseline-multiplier",
+            1.5,
+            "An attempt is slow above this many times the baseline execution time per input byte.";
+        ADAPTIVE_BROADCAST_JOIN_STRATEGY: &'static str = "table.optimizer.adaptive-broadcast-join.strategy",
+            "AUTO",
+            "SQL under the adaptive batch scheduler: AUTO broadcasts a join side the planner estimated small, and at runtime one whose real bytes are below table.optimizer.join.broadcast-threshold; RUNTIME_ONLY only the latter; NONE only the planner's.";
+        SKEWED_JOIN_STRATEGY: &'static str = "table.optimizer.skewed-join-optimization.strategy",
+            "AUTO",
+            "SQL under the adaptive batch scheduler: AUTO splits a skewed subpartition of a join side across subtasks where the join type allows it; NONE never.";
+        SKEWED_JOIN_FACTOR: f64 = "table.optimizer.skewed-join-optimization.skewed-factor",
+            4.0,
+            "A join side's subpartition is skewed above this many times the median one (and above the threshold).";
+        SKEWED_JOIN_THRESHOLD: u64 = "table.optimizer.skewed-join-optimization.skewed-threshold",
+            256 * 1024 * 1024 => "256 mb",
+            "A join side's subpartition is skewed only above this many bytes.";
+        /// Flink's key; a size with a unit (`10mb`) or bytes.
+        BROADCAST_THRESHOLD: u64 = "table.optimizer.join.broadcast-threshold",
+            1024 * 1024,
+            "SQL: a join side estimated below this many bytes is broadcast to the other side's subtasks instead of hash-partitioning both.";
+        /// Flink's key.
+        BUFFER_REQUEST_TIMEOUT: u64 = "taskmanager.network.memory.exclusive-buffers-request-timeout-ms",
+            30_000,
+            "Milliseconds a task being deployed waits for network buffers held by running tasks to be given back before it fails with 'insufficient number of network buffers'.";
+        PARALLELISM: usize = "parallelism.default",
+            1,
+            "Parallelism of operators that do not set their own.";
+        /// 0 means "derive from parallelism" as Flink does (1.5 × p, within [128, 32768]).
+        MAX_PARALLELISM: usize = "pipeline.max-parallelism",
+            0,
+            "Number of key groups; 0 derives it from the parallelism.";
+        CHAINING_ENABLED: bool = "pipeline.operator-chaining.enabled",
+            true,
+            "Chain operators into one task where Flink's rules allow.";
+        OBJECT_REUSE: bool = "pipeline.object-reuse",
+            false,
+            "Hand records to chained operators without a defensive copy.";
+        RUNTIME_MODE: RuntimeMode = "execution.runtime-mode",
+            RuntimeMode::Automatic,
+            "STREAMING, BATCH or AUTOMATIC (batch when all sources are bounded).";
+        BUFFER_TIMEOUT: Duration = "execution.buffer-timeout" | "execution.buffer-timeout.interval",
+            Duration::from_millis(100) => "100 ms",
+            "Longest time a partly filled network buffer waits before it is sent.";
+        SORT_SHUFFLE_MIN_PARALLELISM: usize = "taskmanager.network.sort-shuffle.min-parallelism",
+            1,
+            "Blocking partitions with at least this many subpartitions are written \
+            sort-merge (one data and one index file); smaller ones one file per \
+            subpartition.";
+        SORT_SHUFFLE_MIN_BUFFERS: usize = "taskmanager.network.sort-shuffle.min-buffers",
+            64,
+            "Network buffers of a sort-merge writer's sort area, whatever its \
+            number of subpartitions.";
+        BLOCKING_SHUFFLE_COMPRESSION: bool = "taskmanager.network.blocking-shuffle.compression.enabled",
+            true,
+            "LZ4 per buffer in sort-merge shuffle files (kept only where smaller).";
+        BATCH_SHUFFLE_READ_MEMORY: u64 = "taskmanager.memory.framework.off-heap.batch-shuffle.size",
+            64 * 1024 * 1024 => "64 mb",
+            "Read buffers shared by all readers of a TaskManager's sort-merge \
+            partitions.";
+        SEGMENT_SIZE: u64 = "taskmanager.memory.segment-size",
+            32 * 1024 => "32 kb",
+            "Size of one network buffer.";
+        NETWORK_MEMORY: u64 = "taskmanager.memory.network.size" | "taskmanager.memory.network.max",
+            64 * 1024 * 1024 => "64 mb",
+            "Total memory of the network buffer pool of a TaskManager.";
+        BUFFERS_PER_CHANNEL: usize = "taskmanager.network.memory.buffers-per-channel",
+            2,
+            "Buffers each subpartition / input channel may hold (exclusive buffers).";
+        FLOATING_BUFFERS: usize = "taskmanager.network.memory.floating-buffers-per-gate",
+            8,
+            "Extra buffers shared by all channels of a partition or gate.";
+        TMP_DIRS: &'static str = "io.tmp.dirs",
+            "" => "(system temp dir)",
+            "Directory for spilled blocking partitions (empty: the system temp dir).";
+        COMPRESSION_CODEC: &'static str = "taskmanager.network.compression.codec",
+            "NONE",
+            "Compression of network buffers between TaskManagers: NONE or LZ4.", unlisted;
+        ADAPTIVE_PARTITIONER: bool = "taskmanager.network.adaptive-partitioner.enabled",
+            false,
+            "Rebalance and rescale prefer the subpartition with the smallest backlog.", unlisted;
+        ADAPTIVE_PARTITIONER_TRAVERSE: usize = "taskmanager.network.adaptive-partitioner.max-traverse-size",
+            4,
+            "How many subpartitions the load-aware partitioner compares per record.", unlisted;
+        LOCAL_TASK_MANAGERS: usize = "local.number-taskmanager",
+            1,
+            "TaskManagers of the embedded mini-cluster; with more than one, \
+            exchanges between them go over TCP on loopback.", unlisted;
     }
 }
 
@@ -514,16 +277,21 @@ impl ConfigValue for &'static str {
     }
 }
 
+/// Splits `100 ms` into the number and its unit (lower case, possibly
+/// empty); `expected` describes the form for the error.
+fn number_and_unit(s: &str, expected: &str) -> std::result::Result<(u64, String), String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n = num.parse().map_err(|_| format!("expected {expected}"))?;
+    Ok((n, unit.trim().to_ascii_lowercase()))
+}
+
 /// Durations as Flink writes them: `100 ms`, `2s`, `1 min`, `500` (millis).
 impl ConfigValue for Duration {
     fn parse_value(s: &str) -> std::result::Result<Self, String> {
-        let s = s.trim();
-        let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-        let (num, unit) = s.split_at(split);
-        let n: u64 = num
-            .parse()
-            .map_err(|_| "expected a duration like '100 ms'".to_string())?;
-        match unit.trim().to_ascii_lowercase().as_str() {
+        let (n, unit) = number_and_unit(s, "a duration like '100 ms'")?;
+        match unit.as_str() {
             "" | "ms" | "milli" | "millis" | "millisecond" | "milliseconds" => {
                 Ok(Duration::from_millis(n))
             }
@@ -539,13 +307,8 @@ impl ConfigValue for Duration {
 /// Memory sizes as Flink writes them: `32kb`, `64 mb`, `1g`, `4096` (bytes).
 impl ConfigValue for u64 {
     fn parse_value(s: &str) -> std::result::Result<Self, String> {
-        let s = s.trim();
-        let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-        let (num, unit) = s.split_at(split);
-        let n: u64 = num
-            .parse()
-            .map_err(|_| "expected a size like '32 kb'".to_string())?;
-        let mult = match unit.trim().to_ascii_lowercase().as_str() {
+        let (n, unit) = number_and_unit(s, "a size like '32 kb'")?;
+        let mult = match unit.as_str() {
             "" | "b" | "bytes" => 1,
             "k" | "kb" | "kib" => 1 << 10,
             "m" | "mb" | "mib" => 1 << 20,
@@ -706,6 +469,38 @@ mod tests {
         let err = Configuration::load_file(&bad).unwrap_err().to_string();
         assert!(err.contains("bad.yaml:2"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn check_reads_the_listed_options_and_all_shows_their_defaults() {
+        let mut c = Configuration::new();
+        assert!(options::check(&c).is_ok());
+        c.set("execution.buffer-timeout.interval", "soon");
+        let err = options::check(&c).unwrap_err().to_string();
+        assert!(err.contains("execution.buffer-timeout.interval"), "{err}");
+        let mut c = Configuration::new();
+        c.set("local.number-taskmanager", "many");
+        assert!(
+            options::check(&c).is_ok(),
+            "unlisted options are not checked"
+        );
+        let all = options::all();
+        assert_eq!(all.len(), 33);
+        assert!(
+            all.iter()
+                .all(|(k, _, _)| *k != options::LOCAL_TASK_MANAGERS.key)
+        );
+        assert_eq!(all[0].0, options::AUTO_PARALLELISM_ENABLED.key);
+        let shown = |key: &str| {
+            all.iter()
+                .find(|(k, _, _)| *k == key)
+                .map(|(_, d, _)| d.clone())
+        };
+        assert_eq!(
+            shown(options::BUFFER_TIMEOUT.key).as_deref(),
+            Some("100 ms")
+        );
+        assert_eq!(shown(options::PARALLELISM.key).as_deref(), Some("1"));
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod error;
 pub mod ids;
 pub mod keygroup;
 pub mod kinds;
+pub mod random;
 
 pub use config::{ConfigOption, Configuration};
 pub use error::{FluviaError, Result};

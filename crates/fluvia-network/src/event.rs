@@ -302,6 +302,23 @@ impl BufferOrEvent {
     }
 }
 
+/// Adds `item` to a queue of elements not yet handed out: a priority one
+/// (`priority`) ahead of all queued data, behind earlier priority events
+/// (`is_priority`); anything else at the end.
+pub(crate) fn push_in_priority_order<T>(
+    queue: &mut std::collections::VecDeque<T>,
+    item: T,
+    priority: bool,
+    is_priority: impl Fn(&T) -> bool,
+) {
+    if priority {
+        let at = queue.iter().take_while(|e| is_priority(e)).count();
+        queue.insert(at, item);
+    } else {
+        queue.push_back(item);
+    }
+}
+
 /// What comes after the element just taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NextKind {

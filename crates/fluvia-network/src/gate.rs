@@ -148,16 +148,22 @@ pub struct InputGate {
     parked: Vec<bool>,
 }
 
-impl std::fmt::Debug for InputGate {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("InputGate")
-            .field("channels", &self.channels.len())
-            .field("finished", &self.num_finished)
-            .finish()
-    }
-}
+debug_fields!(InputGate, |this| { channels: this.channels.len(), finished: this.num_finished });
 
 impl InputGate {
+    /// A gate over `channels`, all feeding input 0 (an operator of one input).
+    pub fn single_input(channels: impl IntoIterator<Item = Arc<dyn InputChannel>>) -> Self {
+        InputGate::new(
+            channels
+                .into_iter()
+                .map(|channel| InputChannelSpec {
+                    channel,
+                    input_index: 0,
+                })
+                .collect(),
+        )
+    }
+
     pub fn new(channels: Vec<InputChannelSpec>) -> Self {
         let n = channels.len();
         let notifier = Arc::new(GateNotifier::default());
@@ -368,6 +374,11 @@ mod tests {
     use crate::local_channel::LocalInputChannel;
     use crate::partition::ResultPartition;
 
+    /// A channel over subpartitions `first..=last` of `p`.
+    fn local(p: Arc<ResultPartition>, first: u32, last: u32) -> Arc<dyn InputChannel> {
+        LocalInputChannel::new(p, first, last).unwrap()
+    }
+
     #[test]
     fn gate_reads_all_channels_and_reports_ends() {
         let p1 = Arc::new(ResultPartition::pipelined("a", 1, 64));
@@ -385,12 +396,8 @@ mod tests {
         let cancel = CancelToken::new();
         let writer = std::thread::spawn(move || {
             for i in 0..100u8 {
-                p1.subpartition(0)
-                    .add_buffer(Buffer::from_vec(vec![i]))
-                    .unwrap();
-                p2.subpartition(0)
-                    .add_buffer(Buffer::from_vec(vec![i]))
-                    .unwrap();
+                p1.add_test_buffer(0, vec![i]);
+                p2.add_test_buffer(0, vec![i]);
             }
             p1.finish().unwrap();
             p2.finish().unwrap();
@@ -418,10 +425,7 @@ mod tests {
     #[test]
     fn cancel_unblocks_a_waiting_gate() {
         let p = Arc::new(ResultPartition::pipelined("a", 1, 64));
-        let mut gate = InputGate::new(vec![InputChannelSpec {
-            channel: LocalInputChannel::new(p, 0, 0).unwrap(),
-            input_index: 0,
-        }]);
+        let mut gate = InputGate::single_input([local(p, 0, 0)]);
         let cancel = CancelToken::new();
         let c2 = cancel.clone();
         let t = std::thread::spawn(move || {
@@ -445,12 +449,7 @@ mod tests {
         // waiting for demand on it.
         let consumers = || {
             let p = Arc::new(ResultPartition::pipelined("a", 2, 64));
-            let gate = |sp| {
-                InputGate::new(vec![InputChannelSpec {
-                    channel: LocalInputChannel::new(Arc::clone(&p), sp, sp).unwrap(),
-                    input_index: 0,
-                }])
-            };
+            let gate = |sp| InputGate::single_input([local(Arc::clone(&p), sp, sp)]);
             let waiting = p.consumers_released().unwrap();
             let producer = std::thread::spawn(move || waiting.wait_for_demand(&CancelToken::new()));
             (gate(0), gate(1), producer)
@@ -488,21 +487,12 @@ mod tests {
         let pool = network.create_local_pool(4).unwrap();
         let p = Arc::new(ResultPartition::pipelined("a", 2, 1024));
         let released = p.consumers_released().unwrap();
-        let channel = |sp| InputChannelSpec {
-            channel: LocalInputChannel::new(Arc::clone(&p), sp, sp).unwrap(),
-            input_index: 0,
-        };
-        let (mut first, mut second) = (
-            InputGate::new(vec![channel(0)]),
-            InputGate::new(vec![channel(1)]),
-        );
+        let gate = |sp| InputGate::single_input([local(Arc::clone(&p), sp, sp)]);
+        let (mut first, mut second) = (gate(0), gate(1));
         // A third party (another task's gate) waits on its own empty input
         // until the partition is released.
         let other = Arc::new(ResultPartition::pipelined("b", 1, 1024));
-        let mut waiting = InputGate::new(vec![InputChannelSpec {
-            channel: LocalInputChannel::new(Arc::clone(&other), 0, 0).unwrap(),
-            input_index: 0,
-        }]);
+        let mut waiting = InputGate::single_input([local(Arc::clone(&other), 0, 0)]);
         released.watch(waiting.waker());
         let r = released.clone();
         let waiter = std::thread::spawn(move || {
@@ -534,15 +524,17 @@ mod tests {
     }
 
     fn local_gate(partitions: &[&Arc<ResultPartition>]) -> InputGate {
-        InputGate::new(
-            partitions
-                .iter()
-                .map(|p| InputChannelSpec {
-                    channel: LocalInputChannel::new(Arc::clone(p), 0, 0).unwrap(),
-                    input_index: 0,
-                })
-                .collect(),
-        )
+        InputGate::single_input(partitions.iter().map(|p| local(Arc::clone(p), 0, 0)))
+    }
+
+    /// Two pipelined partitions of one subpartition, and a gate over both.
+    fn two_partitions_gate() -> (Arc<ResultPartition>, Arc<ResultPartition>, InputGate) {
+        let (p0, p1) = (
+            Arc::new(ResultPartition::pipelined("a", 1, 64)),
+            Arc::new(ResultPartition::pipelined("b", 1, 64)),
+        );
+        let gate = local_gate(&[&p0, &p1]);
+        (p0, p1, gate)
     }
 
     /// What the gate hands out now, as (channel, first byte or event).
@@ -564,20 +556,12 @@ mod tests {
     /// it meanwhile is read, in order, once it is resumed.
     #[test]
     fn a_blocked_channel_waits_while_the_others_go_on() {
-        let (p0, p1) = (
-            Arc::new(ResultPartition::pipelined("a", 1, 64)),
-            Arc::new(ResultPartition::pipelined("b", 1, 64)),
-        );
-        let mut gate = local_gate(&[&p0, &p1]);
+        let (p0, p1, mut gate) = two_partitions_gate();
         gate.block_channel(0);
         assert!(gate.is_blocked(0) && !gate.is_blocked(1));
         for i in 0..3u8 {
-            p0.subpartition(0)
-                .add_buffer(Buffer::from_vec(vec![i]))
-                .unwrap();
-            p1.subpartition(0)
-                .add_buffer(Buffer::from_vec(vec![10 + i]))
-                .unwrap();
+            p0.add_test_buffer(0, vec![i]);
+            p1.add_test_buffer(0, vec![10 + i]);
         }
         assert_eq!(
             drain_now(&mut gate),
@@ -595,26 +579,16 @@ mod tests {
     /// place among the buffers.
     #[test]
     fn a_priority_event_overtakes_and_an_ordinary_one_keeps_its_place() {
-        let (p0, p1) = (
-            Arc::new(ResultPartition::pipelined("a", 1, 64)),
-            Arc::new(ResultPartition::pipelined("b", 1, 64)),
-        );
-        let mut gate = local_gate(&[&p0, &p1]);
+        let (p0, p1, mut gate) = two_partitions_gate();
         let barrier = Event::CheckpointBarrier(crate::CheckpointBarrier {
             id: 3,
             timestamp: 0,
             options: crate::CheckpointOptions::unaligned(),
         });
-        p0.subpartition(0)
-            .add_buffer(Buffer::from_vec(vec![0]))
-            .unwrap();
+        p0.add_test_buffer(0, vec![0]);
         p0.broadcast_event(&Event::Watermark(7)).unwrap();
-        p0.subpartition(0)
-            .add_buffer(Buffer::from_vec(vec![1]))
-            .unwrap();
-        p1.subpartition(0)
-            .add_buffer(Buffer::from_vec(vec![10]))
-            .unwrap();
+        p0.add_test_buffer(0, vec![1]);
+        p1.add_test_buffer(0, vec![10]);
         p1.broadcast_event(&barrier).unwrap();
         assert_eq!(
             drain_now(&mut gate),
@@ -635,25 +609,16 @@ mod tests {
     #[test]
     fn a_range_channel_hands_out_an_event_once_every_subpartition_reached_it() {
         let p = Arc::new(ResultPartition::pipelined("a", 2, 64));
-        let mut gate = InputGate::new(vec![InputChannelSpec {
-            channel: LocalInputChannel::new(Arc::clone(&p), 0, 1).unwrap(),
-            input_index: 0,
-        }]);
-        p.subpartition(0)
-            .add_buffer(Buffer::from_vec(vec![0]))
-            .unwrap();
+        let mut gate = InputGate::single_input([local(Arc::clone(&p), 0, 1)]);
+        p.add_test_buffer(0, vec![0]);
         p.subpartition(0).add_event(Event::Watermark(5)).unwrap();
-        p.subpartition(0)
-            .add_buffer(Buffer::from_vec(vec![1]))
-            .unwrap();
+        p.add_test_buffer(0, vec![1]);
         assert_eq!(
             drain_now(&mut gate),
             vec![(0, Ok(0))],
             "waits for subpartition 1"
         );
-        p.subpartition(1)
-            .add_buffer(Buffer::from_vec(vec![10]))
-            .unwrap();
+        p.add_test_buffer(1, vec![10]);
         p.subpartition(1).add_event(Event::Watermark(5)).unwrap();
         assert_eq!(
             drain_now(&mut gate),

@@ -21,6 +21,22 @@
 //! This crate does not know record types, operators or the job graph; the
 //! runtime encodes records to bytes and picks the target subpartition.
 
+/// `impl Debug` for a type whose fields are not all `Debug`: the type's
+/// name and the fields listed, each `name: value` with the value an
+/// expression of `this` (the value shown).
+macro_rules! debug_fields {
+    ($ty:ident, |$this:ident| { $($field:ident: $value:expr),+ $(,)? }) => {
+        impl std::fmt::Debug for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                let $this = self;
+                f.debug_struct(stringify!($ty))
+                    $(.field(stringify!($field), &$value))+
+                    .finish()
+            }
+        }
+    };
+}
+
 pub mod availability;
 pub mod buffer;
 mod byte_reader;

@@ -24,15 +24,11 @@ pub struct LocalInputChannel {
     failure: Mutex<Option<String>>,
 }
 
-impl std::fmt::Debug for LocalInputChannel {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LocalInputChannel")
-            .field("partition", &self.partition.name())
-            .field("first", &self.first)
-            .field("last", &self.last)
-            .finish()
-    }
-}
+debug_fields!(LocalInputChannel, |this| {
+    partition: this.partition.name(),
+    first: this.first,
+    last: this.last,
+});
 
 impl LocalInputChannel {
     /// A channel over subpartitions `first..=last` of `partition`; the range

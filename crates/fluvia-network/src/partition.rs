@@ -52,15 +52,11 @@ pub struct ResultPartition {
     release_state: Option<Arc<ReleaseState>>,
 }
 
-impl std::fmt::Debug for ResultPartition {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ResultPartition")
-            .field("name", &self.name)
-            .field("blocking", &self.is_blocking())
-            .field("subpartitions", &self.num_subpartitions)
-            .finish()
-    }
-}
+debug_fields!(ResultPartition, |this| {
+    name: this.name,
+    blocking: this.is_blocking(),
+    subpartitions: this.num_subpartitions,
+});
 
 impl ResultPartition {
     pub fn pipelined(
@@ -152,6 +148,14 @@ impl ResultPartition {
     }
 
     /// Subpartition `i` of a pipelined or hash-blocking partition.
+    /// Adds a buffer of `bytes` to subpartition `index` (tests).
+    #[cfg(test)]
+    pub(crate) fn add_test_buffer(&self, index: usize, bytes: Vec<u8>) {
+        self.subpartition(index)
+            .add_buffer(crate::buffer::Buffer::from_vec(bytes))
+            .unwrap();
+    }
+
     pub fn subpartition(&self, i: usize) -> &Arc<Subpartition> {
         &self.subpartitions[i]
     }
@@ -265,12 +269,8 @@ mod tests {
         let p = ResultPartition::pipelined("p", 1, 1024);
         let l = Arc::new(Count(Default::default()));
         p.subpartition(0).set_listener(l.clone(), 0);
-        p.subpartition(0)
-            .add_buffer(Buffer::from_vec(vec![1]))
-            .unwrap();
-        p.subpartition(0)
-            .add_buffer(Buffer::from_vec(vec![2]))
-            .unwrap();
+        p.add_test_buffer(0, vec![1]);
+        p.add_test_buffer(0, vec![2]);
         assert_eq!(l.0.load(std::sync::atomic::Ordering::SeqCst), 1);
         assert_eq!(p.subpartition(0).backlog(), 2);
         p.finish().unwrap();
@@ -288,9 +288,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = ResultPartition::blocking("p", 1, 1024, dir.path(), "ds").unwrap();
         for i in 0..3u8 {
-            p.subpartition(0)
-                .add_buffer(Buffer::from_vec(vec![i]))
-                .unwrap();
+            p.add_test_buffer(0, vec![i]);
         }
         p.finish().unwrap();
         let l = Arc::new(Count(Default::default()));
@@ -317,9 +315,7 @@ mod tests {
     fn a_spill_file_claiming_a_huge_buffer_is_an_error_not_an_allocation() {
         let dir = tempfile::tempdir().unwrap();
         let p = ResultPartition::blocking("p", 1, 1024, dir.path(), "ds").unwrap();
-        p.subpartition(0)
-            .add_buffer(Buffer::from_vec(vec![1, 2, 3]))
-            .unwrap();
+        p.add_test_buffer(0, vec![1, 2, 3]);
         p.finish().unwrap();
         // 4 GiB - 1 claimed by the first length prefix.
         let path = dir.path().join("ds-0.spill");
@@ -338,9 +334,7 @@ mod tests {
         let p = ResultPartition::blocking("p", 2, 1024, dir.path(), "ds").unwrap();
         let l = Arc::new(Count(Default::default()));
         p.subpartition(1).set_listener(l.clone(), 7);
-        p.subpartition(1)
-            .add_buffer(Buffer::from_vec(vec![9, 9]))
-            .unwrap();
+        p.add_test_buffer(1, vec![9, 9]);
         assert!(p.subpartition(1).poll().unwrap().is_none());
         assert_eq!(l.0.load(std::sync::atomic::Ordering::SeqCst), 0);
         p.finish().unwrap();
@@ -375,18 +369,14 @@ mod tests {
         assert!(p.consumers_released().unwrap().all());
         assert_eq!(held.ref_count(), 1, "the queued buffer was dropped");
         assert_eq!(p.subpartition(0).backlog(), 0);
-        p.subpartition(0)
-            .add_buffer(Buffer::from_vec(vec![2]))
-            .unwrap();
+        p.add_test_buffer(0, vec![2]);
         p.finish().unwrap();
         assert!(p.subpartition(0).poll().unwrap().is_none());
 
         let dir = tempfile::tempdir().unwrap();
         let b = ResultPartition::blocking("b", 1, 1024, dir.path(), "ds").unwrap();
         let generation = b.subpartition(0).set_listener(l.clone(), 0);
-        b.subpartition(0)
-            .add_buffer(Buffer::from_vec(vec![3]))
-            .unwrap();
+        b.add_test_buffer(0, vec![3]);
         b.finish().unwrap();
         b.subpartition(0).release_consumer(generation);
         assert!(b.consumers_released().is_none());

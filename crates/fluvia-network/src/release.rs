@@ -54,13 +54,7 @@ pub struct ConsumersReleased {
     pub(crate) partitions: Vec<Arc<ReleaseState>>,
 }
 
-impl std::fmt::Debug for ConsumersReleased {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ConsumersReleased")
-            .field("all", &self.all())
-            .finish()
-    }
-}
+debug_fields!(ConsumersReleased, |this| { all: this.all() });
 
 impl ConsumersReleased {
     /// True once every subpartition of every partition was released.

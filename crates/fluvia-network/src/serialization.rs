@@ -50,13 +50,7 @@ pub struct PartitionWriter {
     sort_merge: Option<crate::sortmerge::SortMergeWriter>,
 }
 
-impl std::fmt::Debug for PartitionWriter {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PartitionWriter")
-            .field("partition", &self.partition.name())
-            .finish()
-    }
-}
+debug_fields!(PartitionWriter, |this| { partition: this.partition.name() });
 
 impl PartitionWriter {
     /// `flush_epoch`, when given, is bumped by a timer; the writer flushes

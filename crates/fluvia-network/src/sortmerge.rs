@@ -290,14 +290,7 @@ pub struct SortMergePartition {
     owns_files: AtomicBool,
 }
 
-impl std::fmt::Debug for SortMergePartition {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SortMergePartition")
-            .field("name", &self.name)
-            .field("data", &self.data_path)
-            .finish()
-    }
-}
+debug_fields!(SortMergePartition, |this| { name: this.name, data: this.data_path });
 
 impl SortMergePartition {
     /// Creates `dir/<prefix>.shuffle.data` for a partition of
@@ -539,13 +532,7 @@ pub struct SortMergeWriter {
     finished: bool,
 }
 
-impl std::fmt::Debug for SortMergeWriter {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SortMergeWriter")
-            .field("partition", &self.target.name)
-            .finish()
-    }
-}
+debug_fields!(SortMergeWriter, |this| { partition: this.target.name });
 
 impl SortMergeWriter {
     fn capacity(&self) -> usize {
@@ -878,15 +865,11 @@ pub struct SortMergeView {
     state: Mutex<ViewState>,
 }
 
-impl std::fmt::Debug for SortMergeView {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SortMergeView")
-            .field("partition", &self.partition_name)
-            .field("first", &self.first)
-            .field("last", &self.last)
-            .finish()
-    }
-}
+debug_fields!(SortMergeView, |this| {
+    partition: this.partition_name,
+    first: this.first,
+    last: this.last,
+});
 
 struct ViewState {
     file: Option<Arc<PartitionFile>>,
@@ -1181,13 +1164,7 @@ pub struct ReadScheduler {
     me: Weak<ReadScheduler>,
 }
 
-impl std::fmt::Debug for ReadScheduler {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReadScheduler")
-            .field("budget", &self.budget)
-            .finish()
-    }
-}
+debug_fields!(ReadScheduler, |this| { budget: this.budget });
 
 #[derive(Default)]
 struct SchedulerState {

@@ -8,7 +8,7 @@
 
 use crate::availability::AvailabilityListener;
 use crate::buffer::{Buffer, lock_state};
-use crate::event::{BufferOrEvent, Event, NextKind};
+use crate::event::{BufferOrEvent, Event, NextKind, push_in_priority_order};
 use crate::release::ReleaseState;
 use fluvia_core::{FluviaError, Result};
 use std::collections::VecDeque;
@@ -80,13 +80,7 @@ pub struct Subpartition {
     release_state: Option<Arc<ReleaseState>>,
 }
 
-impl std::fmt::Debug for Subpartition {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Subpartition")
-            .field("index", &self.index)
-            .finish()
-    }
-}
+debug_fields!(Subpartition, |this| { index: this.index });
 
 impl Subpartition {
     pub(crate) fn pipelined(
@@ -302,14 +296,9 @@ impl Subpartition {
         let priority = event.is_priority();
         let notify = match &mut st.storage {
             Storage::Pipelined { queue } => {
-                if priority {
-                    let at = queue.iter().take_while(|e| e.is_priority()).count();
-                    queue.insert(at, BufferOrEvent::Event(event));
-                    true
-                } else {
-                    queue.push_back(BufferOrEvent::Event(event));
-                    queue.len() == 1
-                }
+                let event = BufferOrEvent::Event(event);
+                push_in_priority_order(queue, event, priority, BufferOrEvent::is_priority);
+                priority || queue.len() == 1
             }
             Storage::Blocking { path, .. } => {
                 return Err(FluviaError::Internal(format!(

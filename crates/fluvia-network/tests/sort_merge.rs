@@ -9,8 +9,8 @@ use fluvia_network::sortmerge::{
     PartitionFile, ReadScheduler, SortMergeConfig, SortMergePartition,
 };
 use fluvia_network::{
-    CancelToken, ChannelDeserializers, GateEvent, InputChannel, InputChannelSpec, InputGate,
-    LocalInputChannel, NetworkBufferPool, PartitionWriter, ResultPartition, Target,
+    CancelToken, ChannelDeserializers, GateEvent, InputChannel, InputGate, LocalInputChannel,
+    NetworkBufferPool, PartitionWriter, ResultPartition, Target,
 };
 use std::net::SocketAddr;
 use std::path::Path;
@@ -21,6 +21,13 @@ const SEGMENT: usize = 4096;
 struct Written {
     partition: Arc<ResultPartition>,
     pool: Arc<fluvia_network::LocalBufferPool>,
+}
+
+/// A read scheduler with `budget` bytes of read buffers, and a directory
+/// for the partition files.
+fn scheduler_and_dir(budget: u64) -> (Arc<ReadScheduler>, tempfile::TempDir) {
+    let scheduler = ReadScheduler::start(budget, SEGMENT).unwrap();
+    (scheduler, tempfile::tempdir().unwrap())
 }
 
 fn config(sort_buffers: usize, compression: bool) -> SortMergeConfig {
@@ -82,15 +89,7 @@ type Received = Vec<Vec<(u32, Vec<u8>)>>;
 /// (absolute, given each channel's first) the records in arrival order.
 fn read_all(channels: Vec<(Arc<dyn InputChannel>, u32)>) -> fluvia_core::Result<Received> {
     let firsts: Vec<u32> = channels.iter().map(|c| c.1).collect();
-    let mut gate = InputGate::new(
-        channels
-            .into_iter()
-            .map(|(channel, _)| InputChannelSpec {
-                channel,
-                input_index: 0,
-            })
-            .collect(),
-    );
+    let mut gate = InputGate::single_input(channels.into_iter().map(|(channel, _)| channel));
     let mut deser = ChannelDeserializers::new(gate.num_channels());
     let mut out = vec![Vec::new(); gate.num_channels()];
     let cancel = CancelToken::new();
@@ -125,6 +124,37 @@ fn records_of(got: &[(u32, Vec<u8>)], sp: usize) -> Vec<Vec<u8>> {
         .filter(|(s, _)| *s as usize == sp)
         .map(|(_, r)| r.clone())
         .collect()
+}
+
+/// Reads each of the `n` subpartitions of `p` through a channel of its
+/// own, all at once; returns the records of each, in order.
+fn read_each_subpartition(p: &Arc<ResultPartition>, n: usize) -> Vec<Vec<Vec<u8>>> {
+    let got = read_all((0..n as u32).map(|sp| local(p, sp, sp)).collect()).unwrap();
+    got.iter()
+        .enumerate()
+        .map(|(sp, recs)| {
+            assert!(
+                recs.iter().all(|(s, _)| *s as usize == sp),
+                "subpartition {sp}"
+            );
+            records_of(recs, sp)
+        })
+        .collect()
+}
+
+/// Checks that channel `ch` of `got`, reading subpartitions `first..=last`
+/// of `exp`'s, received exactly theirs, in order.
+fn assert_ranges(got: &Received, ranges: &[(usize, usize, usize)], exp: &[Vec<Vec<u8>>]) {
+    for &(ch, first, last) in ranges {
+        for (sp, exp) in exp.iter().enumerate() {
+            let recs = records_of(&got[ch], sp);
+            if (first..=last).contains(&sp) {
+                assert_eq!(&recs, exp, "channel {ch} subpartition {sp}");
+            } else {
+                assert!(recs.is_empty(), "channel {ch} got subpartition {sp}");
+            }
+        }
+    }
 }
 
 fn local(p: &Arc<ResultPartition>, first: u32, last: u32) -> (Arc<dyn InputChannel>, u32) {
@@ -185,23 +215,7 @@ fn two_files_per_partition_and_every_subpartition_reads_back_whatever_the_parall
         let file = w.partition.as_sort_merge().unwrap().file().unwrap();
         assert!(file.num_regions() > 1, "n={n}: one region only");
         // One consumer per subpartition, all at once.
-        let got = read_all(
-            (0..n as u32)
-                .map(|sp| local(&w.partition, sp, sp))
-                .collect(),
-        )
-        .unwrap();
-        for sp in 0..n {
-            let recs: Vec<Vec<u8>> = got[sp]
-                .iter()
-                .map(|(s, r)| {
-                    assert_eq!(*s as usize, sp);
-                    r.clone()
-                })
-                .collect();
-            assert_eq!(recs, exp[sp], "n={n} subpartition {sp}");
-        }
-        drop(got);
+        assert!(read_each_subpartition(&w.partition, n) == exp, "n={n}");
         drop(w);
         assert!(
             files_in(dir.path()).is_empty(),
@@ -212,23 +226,13 @@ fn two_files_per_partition_and_every_subpartition_reads_back_whatever_the_parall
 
 #[test]
 fn range_reads_return_exactly_their_subpartitions_in_order_with_records_spanning_buffers() {
-    let scheduler = ReadScheduler::start(8 << 20, SEGMENT).unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let (scheduler, dir) = scheduler_and_dir(8 << 20);
     let n = 10;
     // Records up to 3 segments long cross buffer boundaries.
     let exp = expected(n, 30, |s| 100 + (s as usize * 977) % (3 * SEGMENT));
     let w = write_expected(dir.path(), config(16, false), &scheduler, &exp);
     let got = read_all(vec![local(&w.partition, 2, 5), local(&w.partition, 9, 9)]).unwrap();
-    for (ch, range) in [(0usize, 2..=5usize), (1, 9..=9)] {
-        for sp in 0..n {
-            let recs = records_of(&got[ch], sp);
-            if range.contains(&sp) {
-                assert_eq!(recs, exp[sp], "channel {ch} subpartition {sp}");
-            } else {
-                assert!(recs.is_empty(), "channel {ch} got subpartition {sp}");
-            }
-        }
-    }
+    assert_ranges(&got, &[(0, 2, 5), (1, 9, 9)], &exp);
 }
 
 #[test]
@@ -273,24 +277,14 @@ fn range_reads_over_tcp_match_local_reads() {
         (Arc::clone(&channels[1]) as Arc<dyn InputChannel>, 0),
     ])
     .unwrap();
-    for (ch, first, last) in [(0usize, 1usize, 4usize), (1, 0, 5)] {
-        for sp in 0..n {
-            let recs = records_of(&remote[ch], sp);
-            if (first..=last).contains(&sp) {
-                assert_eq!(recs, exp[sp], "remote channel {ch} subpartition {sp}");
-            } else {
-                assert!(recs.is_empty());
-            }
-        }
-    }
+    assert_ranges(&remote, &[(0, 1, 4), (1, 0, 5)], &exp);
     a.shutdown();
     b.shutdown();
 }
 
 #[test]
 fn broadcast_data_is_written_once() {
-    let scheduler = ReadScheduler::start(8 << 20, SEGMENT).unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let (scheduler, dir) = scheduler_and_dir(8 << 20);
     let n = 8;
     let records: Vec<Vec<u8>> = (0..400).map(|s| record(0, s, 200)).collect();
     let bytes: usize = records.iter().map(|r| r.len() + 4).sum();
@@ -308,22 +302,12 @@ fn broadcast_data_is_written_once() {
         len < 2 * bytes,
         "data file {len} bytes for {bytes} bytes of broadcast"
     );
-    let got = read_all(
-        (0..n as u32)
-            .map(|sp| local(&w.partition, sp, sp))
-            .collect(),
-    )
-    .unwrap();
-    for sp in 0..n {
-        let recs: Vec<Vec<u8>> = got[sp].iter().map(|(_, r)| r.clone()).collect();
-        assert_eq!(recs, records, "subpartition {sp}");
-    }
+    assert_eq!(read_each_subpartition(&w.partition, n), vec![records; n]);
 }
 
 #[test]
 fn mixed_broadcast_unicast_and_huge_records_keep_their_order() {
-    let scheduler = ReadScheduler::start(8 << 20, SEGMENT).unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let (scheduler, dir) = scheduler_and_dir(8 << 20);
     let n = 3;
     let mut input = Vec::new();
     let mut exp: Vec<Vec<Vec<u8>>> = vec![Vec::new(); n];
@@ -344,22 +328,12 @@ fn mixed_broadcast_unicast_and_huge_records_keep_their_order() {
         }
     }
     let w = write(dir.path(), n, config(2, true), &scheduler, input);
-    let got = read_all(
-        (0..n as u32)
-            .map(|sp| local(&w.partition, sp, sp))
-            .collect(),
-    )
-    .unwrap();
-    for sp in 0..n {
-        let recs: Vec<Vec<u8>> = got[sp].iter().map(|(_, r)| r.clone()).collect();
-        assert_eq!(recs, exp[sp], "subpartition {sp}");
-    }
+    assert_eq!(read_each_subpartition(&w.partition, n), exp);
 }
 
 #[test]
 fn concurrent_readers_of_one_subpartition_each_read_everything() {
-    let scheduler = ReadScheduler::start(1 << 20, SEGMENT).unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let (scheduler, dir) = scheduler_and_dir(1 << 20);
     let exp = expected(2, 2000, |_| 300);
     let w = write_expected(dir.path(), config(8, true), &scheduler, &exp);
     let readers: Vec<_> = (0..4)
@@ -370,8 +344,7 @@ fn concurrent_readers_of_one_subpartition_each_read_everything() {
         .collect();
     for r in readers {
         let got = r.join().unwrap();
-        let recs: Vec<Vec<u8>> = got[0].iter().map(|(_, r)| r.clone()).collect();
-        assert_eq!(recs, exp[1]);
+        assert_eq!(records_of(&got[0], 1), exp[1]);
     }
     // 1 MiB of read buffers, shared: never more than that plus one per reader.
     assert!(scheduler.peak_buffers() <= scheduler.budget() + 4);
@@ -379,8 +352,7 @@ fn concurrent_readers_of_one_subpartition_each_read_everything() {
 
 #[test]
 fn a_flipped_byte_is_a_checksum_error_naming_the_partition() {
-    let scheduler = ReadScheduler::start(8 << 20, SEGMENT).unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let (scheduler, dir) = scheduler_and_dir(8 << 20);
     let exp = expected(2, 200, |_| 100);
     let w = write_expected(dir.path(), config(8, false), &scheduler, &exp);
     let path = dir.path().join("p.shuffle.data");
@@ -402,8 +374,7 @@ fn a_flipped_byte_is_a_checksum_error_naming_the_partition() {
 
 #[test]
 fn a_bad_index_is_refused_before_anything_is_allocated() {
-    let scheduler = ReadScheduler::start(8 << 20, SEGMENT).unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let (scheduler, dir) = scheduler_and_dir(8 << 20);
     let exp = expected(4, 50, |_| 100);
     let w = write_expected(dir.path(), config(8, false), &scheduler, &exp);
     w.partition.as_sort_merge().unwrap().disown_files();
@@ -451,8 +422,7 @@ fn a_bad_index_is_refused_before_anything_is_allocated() {
 fn the_load_aware_partitioner_leaves_a_sort_merge_partition_alone() {
     use fluvia_core::PartitionerKind;
     use fluvia_network::ChannelSelector;
-    let scheduler = ReadScheduler::start(8 << 20, SEGMENT).unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let (scheduler, dir) = scheduler_and_dir(8 << 20);
     let w = write(dir.path(), 4, config(8, false), &scheduler, Vec::new());
     // A sort-merge partition has no per-subpartition queues to compare.
     let mut sel = ChannelSelector::new(PartitionerKind::Rebalance, 4, 128, 1)

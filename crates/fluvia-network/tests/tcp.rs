@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use fluvia_network::gate::{GateEvent, InputChannel, InputChannelSpec};
+use fluvia_network::gate::{GateEvent, InputChannel};
 use fluvia_network::net::environment::{NetworkConfig, NetworkEnvironment, RemoteChannelSpec};
 use fluvia_network::net::protocol::ResultPartitionId;
 use fluvia_network::{
@@ -67,15 +67,41 @@ fn producer_partition(
 
 /// A gate reading `channels`, all as input 0.
 fn gate_over<C: InputChannel + 'static>(channels: &[Arc<C>]) -> InputGate {
-    InputGate::new(
+    InputGate::single_input(
         channels
             .iter()
-            .map(|c| InputChannelSpec {
-                channel: Arc::clone(c) as Arc<dyn InputChannel>,
-                input_index: 0,
-            })
-            .collect(),
+            .map(|c| Arc::clone(c) as Arc<dyn InputChannel>),
     )
+}
+
+/// Reads `gate` to its end, each channel's buffers through a deserializer
+/// of its own, handing `on` every record with its channel; events are
+/// passed over.
+fn for_each_record(
+    gate: &mut InputGate,
+    mut on: impl FnMut(usize, &[u8]),
+) -> fluvia_core::Result<()> {
+    let mut deser: Vec<_> = (0..gate.num_channels())
+        .map(|_| RecordDeserializer::new())
+        .collect();
+    let cancel = CancelToken::new();
+    while let Some(ev) = gate.get_next(&cancel)? {
+        if let GateEvent::Buffer {
+            channel, buffer, ..
+        } = ev
+        {
+            deser[channel].feed(buffer.as_slice(), |r| {
+                on(channel, r);
+                Ok(())
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// The sequence number of a [`record`].
+fn seq_of(r: &[u8]) -> u64 {
+    u64::from_le_bytes(r[4..12].try_into().unwrap())
 }
 
 /// Records are (subpartition, sequence) pairs, 16 bytes plus `pad`.
@@ -114,26 +140,15 @@ fn exchange(compression: bool) {
     });
     let mut gate = gate_over(&channels);
     let mut next = [0u64; 2];
-    let mut deser = [RecordDeserializer::new(), RecordDeserializer::new()];
-    let cancel = CancelToken::new();
-    while let Some(ev) = gate.get_next(&cancel).unwrap() {
-        if let GateEvent::Buffer {
-            channel, buffer, ..
-        } = ev
-        {
-            deser[channel]
-                .feed(buffer.as_slice(), |r| {
-                    let sp = u32::from_le_bytes(r[0..4].try_into().unwrap());
-                    let seq = u64::from_le_bytes(r[4..12].try_into().unwrap());
-                    assert_eq!(sp as usize, channel);
-                    assert_eq!(seq, next[channel], "in order, exactly once");
-                    assert_eq!(r.len(), 12 + (seq % 50) as usize);
-                    next[channel] += 1;
-                    Ok(())
-                })
-                .unwrap();
-        }
-    }
+    for_each_record(&mut gate, |channel, r| {
+        let sp = u32::from_le_bytes(r[0..4].try_into().unwrap());
+        let seq = seq_of(r);
+        assert_eq!(sp as usize, channel);
+        assert_eq!(seq, next[channel], "in order, exactly once");
+        assert_eq!(r.len(), 12 + (seq % 50) as usize);
+        next[channel] += 1;
+    })
+    .unwrap();
     writer.join().unwrap();
     assert_eq!(next, [N, N]);
     assert_eq!(
@@ -164,20 +179,12 @@ fn buffers_ready_together_leave_in_one_write() {
     let specs = [first_subpartition(a.data_address(), pid(3))];
     let (_gate_pool, channels) = b.open_remote_channels(&specs).unwrap();
     let mut gate = gate_over(&channels);
-    let (mut next, mut deser) = (0u64, RecordDeserializer::new());
-    let cancel = CancelToken::new();
-    while let Some(ev) = gate.get_next(&cancel).unwrap() {
-        if let GateEvent::Buffer { buffer, .. } = ev {
-            deser
-                .feed(buffer.as_slice(), |r| {
-                    let seq = u64::from_le_bytes(r[4..12].try_into().unwrap());
-                    assert_eq!(seq, next, "in order, exactly once");
-                    next += 1;
-                    Ok(())
-                })
-                .unwrap();
-        }
-    }
+    let mut next = 0u64;
+    for_each_record(&mut gate, |_, r| {
+        assert_eq!(seq_of(r), next, "in order, exactly once");
+        next += 1;
+    })
+    .unwrap();
     assert_eq!(next, N);
     let m = a.server().metrics();
     let buffers = m.buffers_sent.load(std::sync::atomic::Ordering::Relaxed);
@@ -228,20 +235,13 @@ fn a_stalled_channel_does_not_slow_the_others_on_its_connection() {
     });
     // Read only the fast channel.
     let mut gate = gate_over(&channels[1..]);
-    let mut d = RecordDeserializer::new();
     let mut got = 0u64;
-    let cancel = CancelToken::new();
     let started = Instant::now();
-    while let Some(ev) = gate.get_next(&cancel).unwrap() {
-        if let GateEvent::Buffer { buffer, .. } = ev {
-            d.feed(buffer.as_slice(), |_| {
-                got += 1;
-                Ok(())
-            })
-            .unwrap();
-        }
+    for_each_record(&mut gate, |_, _| {
+        got += 1;
         assert!(gate_pool.in_use() <= gate_pool.max_buffers());
-    }
+    })
+    .unwrap();
     fast.join().unwrap();
     assert_eq!(
         got, FAST,
@@ -355,21 +355,8 @@ fn read_one(
     let (_gp, channels) = consumer
         .open_remote_channels(&specs)
         .map_err(|e| e.to_string())?;
-    let mut gate = gate_over(&channels);
     let mut n = 0;
-    let mut d = RecordDeserializer::new();
-    while let Some(ev) = gate
-        .get_next(&CancelToken::new())
-        .map_err(|e| e.to_string())?
-    {
-        if let GateEvent::Buffer { buffer, .. } = ev {
-            d.feed(buffer.as_slice(), |_| {
-                n += 1;
-                Ok(())
-            })
-            .unwrap();
-        }
-    }
+    for_each_record(&mut gate_over(&channels), |_, _| n += 1).map_err(|e| e.to_string())?;
     Ok(n)
 }
 
@@ -585,17 +572,13 @@ fn a_producer_goes_on_while_its_consumer_does_not_read_and_nothing_it_sent_is_lo
         let n = decoder.read_from(&mut consumer, 64 * 1024).unwrap();
         assert!(n > 0, "the connection closed after {next} records");
         while let Some(frame) = decoder.next_frame().unwrap() {
-            let Frame::Buffer {
-                data_type, payload, ..
-            } = frame
-            else {
+            let Frame::Buffer { header, payload } = frame else {
                 panic!("unexpected frame");
             };
-            match data_type {
+            match header.data_type {
                 DataType::Data => d
                     .feed(payload, |r| {
-                        let seq = u64::from_le_bytes(r[4..12].try_into().unwrap());
-                        assert_eq!(seq, next, "in order, exactly once");
+                        assert_eq!(seq_of(r), next, "in order, exactly once");
                         next += 1;
                         Ok(())
                     })
@@ -655,8 +638,7 @@ fn events_cross_tcp_in_order_and_a_priority_event_overtakes_queued_buffers() {
         match ev {
             GateEvent::Buffer { buffer, .. } => d
                 .feed(buffer.as_slice(), |r| {
-                    let seq = u64::from_le_bytes(r[4..12].try_into().unwrap());
-                    assert_eq!(seq, next, "in order, exactly once");
+                    assert_eq!(seq_of(r), next, "in order, exactly once");
                     next += 1;
                     Ok(())
                 })

@@ -20,13 +20,40 @@ use std::time::Duration;
 const P0: [u64; 10] = [10, 15, 13, 12, 1, 10, 8, 20, 12, 17];
 const P1: [u64; 10] = [8, 12, 21, 9, 13, 7, 19, 13, 14, 5];
 
-#[test]
-fn an_undecided_keyed_vertex_gets_its_parallelism_and_balanced_key_group_ranges_from_the_bytes() {
-    let jg = graph(
+/// Source (parallelism 2) -HASH-> Sum (undecided, max parallelism 10),
+/// configured by `config`.
+fn source_to_sum(config: &[(&str, &str)]) -> fluvia_graph::JobGraph {
+    graph(
         &[Op("Source", Some(2), None), Op("Sum", None, Some(10))],
         &[(0, 1, PartitionerKind::Hash)],
+        conf(config),
+    )
+}
+
+/// Source -HASH-> Sum -FORWARD-> `third` (both undecided, max parallelism
+/// 10), with `more` edges, 60 bytes per task.
+fn forward_group(
+    third: &'static str,
+    more: &[(usize, usize, PartitionerKind)],
+) -> fluvia_graph::JobGraph {
+    let edges = [
+        (0, 1, PartitionerKind::Hash),
+        (1, 2, PartitionerKind::Forward),
+    ];
+    graph(
+        &[
+            Op("Source", Some(2), None),
+            Op("Sum", None, Some(10)),
+            Op(third, None, Some(10)),
+        ],
+        &[&edges[..], more].concat(),
         conf(&[(options::AUTO_PARALLELISM_AVG_DATA_VOLUME.key, "60")]),
-    );
+    )
+}
+
+#[test]
+fn an_undecided_keyed_vertex_gets_its_parallelism_and_balanced_key_group_ranges_from_the_bytes() {
+    let jg = source_to_sum(&[(options::AUTO_PARALLELISM_AVG_DATA_VOLUME.key, "60")]);
     assert!(!jg.vertices[1].parallelism_configured);
     let mut d = Driver::start(jg, 8);
     // Undecided: no subtasks yet; producers write one subpartition per key
@@ -75,18 +102,7 @@ fn an_undecided_keyed_vertex_gets_its_parallelism_and_balanced_key_group_ranges_
 
 #[test]
 fn forward_connected_vertices_share_one_decision() {
-    let jg = graph(
-        &[
-            Op("Source", Some(2), None),
-            Op("Sum", None, Some(10)),
-            Op("Map", None, Some(10)),
-        ],
-        &[
-            (0, 1, PartitionerKind::Hash),
-            (1, 2, PartitionerKind::Forward),
-        ],
-        conf(&[(options::AUTO_PARALLELISM_AVG_DATA_VOLUME.key, "60")]),
-    );
+    let jg = forward_group("Map", &[]);
     let mut d = Driver::start(jg, 8);
     let sources = d.deployed.clone();
     d.finish(&sources[0], vec![P0.to_vec()]);
@@ -96,11 +112,7 @@ fn forward_connected_vertices_share_one_decision() {
     assert_eq!(d.vertex(2).parallelism, 5);
     assert!(d.vertex(2).parallelism_decided);
     let sums = d.collect();
-    for s in &sums {
-        assert_eq!(s.outputs[0].num_subpartitions, 1);
-        d.finish(s, vec![vec![100]]);
-    }
-    let maps = d.collect();
+    let maps = d.finish_all(&sums, 1, vec![vec![100]]);
     assert_eq!(maps.len(), 5);
     for m in &maps {
         assert_eq!(m.inputs.len(), 1);
@@ -129,11 +141,7 @@ fn a_parallelism_the_user_set_is_kept_and_an_unset_source_gets_the_default_sourc
     assert!(d.vertex(1).initialized);
     let sources = d.deployed.clone();
     assert_eq!(sources.len(), 4);
-    for s in &sources {
-        assert_eq!(s.outputs[0].num_subpartitions, 3);
-        d.finish(s, vec![vec![1000, 1000, 1000]]);
-    }
-    let sums = d.collect();
+    let sums = d.finish_all(&sources, 3, vec![vec![1000, 1000, 1000]]);
     assert_eq!(sums.len(), 3);
     assert!(sums.iter().all(|s| s.key_group_range.is_none()));
 }
@@ -147,13 +155,9 @@ fn a_broadcast_input_of_an_undecided_vertex_is_one_subpartition_read_whole() {
     );
     let mut d = Driver::start(jg, 8);
     let sources = d.deployed.clone();
-    for s in &sources {
-        assert_eq!(s.outputs[0].num_subpartitions, 1);
-        d.finish(s, vec![vec![5_000]]);
-    }
     // Only broadcast inputs: the min parallelism; every subtask reads
     // subpartition 0 of every producer.
-    let joins = d.collect();
+    let joins = d.finish_all(&sources, 1, vec![vec![5_000]]);
     assert_eq!(joins.len(), 3);
     for j in &joins {
         assert_eq!(j.inputs.len(), 2);
@@ -167,11 +171,7 @@ fn a_broadcast_input_of_an_undecided_vertex_is_one_subpartition_read_whole() {
 
 #[test]
 fn with_auto_parallelism_disabled_every_vertex_keeps_the_default() {
-    let jg = graph(
-        &[Op("Source", Some(2), None), Op("Sum", None, Some(10))],
-        &[(0, 1, PartitionerKind::Hash)],
-        conf(&[(options::AUTO_PARALLELISM_ENABLED.key, "false")]),
-    );
+    let jg = source_to_sum(&[(options::AUTO_PARALLELISM_ENABLED.key, "false")]);
     let d = Driver::start(jg, 8);
     assert!(d.vertex(1).parallelism_decided);
     assert_eq!(d.vertex(1).parallelism, 1);
@@ -183,19 +183,7 @@ fn a_forward_group_member_reads_the_key_groups_its_group_decided_on_every_keyed_
     // Source -HASH-> Sum -FORWARD-> Merge, and Source -HASH-> Merge: Merge is
     // decided with Sum, and its own keyed input from Source must give
     // subtask k the same key groups as Sum's subtask k.
-    let jg = graph(
-        &[
-            Op("Source", Some(2), None),
-            Op("Sum", None, Some(10)),
-            Op("Merge", None, Some(10)),
-        ],
-        &[
-            (0, 1, PartitionerKind::Hash),
-            (1, 2, PartitionerKind::Forward),
-            (0, 2, PartitionerKind::Hash),
-        ],
-        conf(&[(options::AUTO_PARALLELISM_AVG_DATA_VOLUME.key, "60")]),
-    );
+    let jg = forward_group("Merge", &[(0, 2, PartitionerKind::Hash)]);
     let mut d = Driver::start(jg, 16);
     let sources = d.deployed.clone();
     for s in &sources {
@@ -235,11 +223,7 @@ fn a_forward_group_member_reads_the_key_groups_its_group_decided_on_every_keyed_
 
 #[test]
 fn a_partition_lost_before_its_consumer_is_decided_is_produced_again_first() {
-    let jg = graph(
-        &[Op("Source", Some(2), None), Op("Sum", None, Some(10))],
-        &[(0, 1, PartitionerKind::Hash)],
-        conf(&[(options::AUTO_PARALLELISM_AVG_DATA_VOLUME.key, "60")]),
-    );
+    let jg = source_to_sum(&[(options::AUTO_PARALLELISM_AVG_DATA_VOLUME.key, "60")]);
     let config = SchedulerConfig {
         restart_attempts: 3,
         restart_delay: Duration::ZERO,

@@ -68,19 +68,11 @@ const FP_OTHER: &str = "fp-other";
 // ------------------------------------------------------------------ random
 
 /// SplitMix64: tiny, seedable, good enough to pick faults.
-struct Rng(u64);
+struct Rng(fluvia_core::random::SplitMix64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
     fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
+        self.0.next_u64() % n.max(1)
     }
 
     /// Uniform in `lo..=hi`.
@@ -416,7 +408,7 @@ fn d(ms: u64) -> Duration {
 
 impl Sim {
     fn new(seed: u64, trace: bool) -> Sim {
-        let mut rng = Rng(seed);
+        let mut rng = Rng(fluvia_core::random::SplitMix64(seed));
         let faults = Faults::pick(&mut rng);
         let restart_attempts = if rng.chance(200) {
             rng.range(0, 3) as usize

@@ -37,6 +37,8 @@ pub mod inspect;
 pub mod job;
 pub mod planning;
 pub mod session;
+#[cfg(test)]
+mod test_util;
 
 /// The DataFusion this crate plans with (and its Arrow), for callers that
 /// print or compare results.

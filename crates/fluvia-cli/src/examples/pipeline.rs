@@ -12,11 +12,8 @@ pub type Row = (i64, i64, i32, i32);
 
 /// splitmix64: a fast, well-mixed hash of the row index.
 #[inline]
-pub fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+pub fn mix(z: u64) -> u64 {
+    fluvia_core::random::splitmix64(z)
 }
 
 /// Row `i` of the generator.

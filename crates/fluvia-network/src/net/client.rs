@@ -20,11 +20,11 @@
 //! no credit for it and serves the other channels of the connection.
 
 use super::protocol::{
-    DataType, Frame, FrameDecoder, Message, ReceiverId, ResultPartitionId, encode,
+    BufferHeader, DataType, Frame, FrameDecoder, Message, ReceiverId, ResultPartitionId, encode,
 };
 use crate::availability::AvailabilityListener;
 use crate::buffer::{BufferBuilder, BufferRecycler, LocalBufferPool, lock_state};
-use crate::event::{BufferOrEvent, Event};
+use crate::event::{BufferOrEvent, Event, push_in_priority_order};
 use crate::gate::{InputChannel, Polled};
 use fluvia_core::{FluviaError, Result};
 use std::collections::{HashMap, VecDeque};
@@ -152,16 +152,12 @@ pub struct RemoteInputChannel {
     state: Mutex<RemoteState>,
 }
 
-impl std::fmt::Debug for RemoteInputChannel {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RemoteInputChannel")
-            .field("partition", &self.partition.to_string())
-            .field("first_subpartition", &self.first_subpartition)
-            .field("last_subpartition", &self.last_subpartition)
-            .field("peer", &self.peer)
-            .finish()
-    }
-}
+debug_fields!(RemoteInputChannel, |this| {
+    partition: this.partition.to_string(),
+    first_subpartition: this.first_subpartition,
+    last_subpartition: this.last_subpartition,
+    peer: this.peer,
+});
 
 impl RemoteInputChannel {
     /// Takes `n` exclusive segments for a channel from the gate's pool. A
@@ -256,15 +252,15 @@ impl RemoteInputChannel {
     }
 
     /// A BufferResponse arrived (reader thread).
-    fn on_buffer(
-        &self,
-        subpartition: u32,
-        sequence: u32,
-        backlog: u32,
-        data_type: DataType,
-        compressed: bool,
-        payload: &[u8],
-    ) -> std::result::Result<(), String> {
+    fn on_buffer(&self, header: &BufferHeader, payload: &[u8]) -> std::result::Result<(), String> {
+        let &BufferHeader {
+            subpartition,
+            sequence,
+            backlog,
+            data_type,
+            compressed,
+            ..
+        } = header;
         let mut st = lock_state(&self.state);
         if st.released {
             return Ok(());
@@ -323,21 +319,13 @@ impl RemoteInputChannel {
             DataType::Event | DataType::PriorityEvent => {
                 let event = Event::decode(payload)
                     .map_err(|e| format!("{} sent a bad event: {e}", self.describe()))?;
-                if data_type == DataType::PriorityEvent {
-                    // Ahead of the buffers not yet handed out, behind
-                    // earlier priority events.
-                    let at = st
-                        .received
-                        .iter()
-                        .take_while(|(e, _)| e.is_priority())
-                        .count();
-                    st.received
-                        .insert(at, (BufferOrEvent::Event(event), subpartition));
-                    priority = true;
-                } else {
-                    st.received
-                        .push_back((BufferOrEvent::Event(event), subpartition));
-                }
+                priority = data_type == DataType::PriorityEvent;
+                push_in_priority_order(
+                    &mut st.received,
+                    (BufferOrEvent::Event(event), subpartition),
+                    priority,
+                    |(e, _)| e.is_priority(),
+                );
             }
         }
         // Borrow floating segments for the announced backlog.
@@ -553,13 +541,7 @@ pub struct ClientConnection {
     error: Mutex<Option<String>>,
 }
 
-impl std::fmt::Debug for ClientConnection {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientConnection")
-            .field("peer", &self.peer)
-            .finish()
-    }
-}
+debug_fields!(ClientConnection, |this| { peer: this.peer });
 
 impl ClientConnection {
     /// Connects, presents `secret` and starts the reader and writer threads.
@@ -594,14 +576,12 @@ impl ClientConnection {
             .stream
             .try_clone()
             .map_err(|e| FluviaError::io(format!("connection to {peer}"), e))?;
-        std::thread::Builder::new()
-            .name(format!("net-client-read {peer}"))
-            .spawn(move || r.read_loop(read_half))
-            .map_err(|e| FluviaError::io("starting a network thread", e))?;
-        std::thread::Builder::new()
-            .name(format!("net-client-write {peer}"))
-            .spawn(move || w.write_loop(write_half))
-            .map_err(|e| FluviaError::io("starting a network thread", e))?;
+        super::spawn_connection_thread(format!("net-client-read {peer}"), move || {
+            r.read_loop(read_half)
+        })?;
+        super::spawn_connection_thread(format!("net-client-write {peer}"), move || {
+            w.write_loop(write_half)
+        })?;
         Ok(conn)
     }
 
@@ -794,28 +774,13 @@ impl ClientConnection {
 
     fn dispatch(&self, frame: Frame<'_>) -> std::result::Result<(), String> {
         let msg = match frame {
-            Frame::Buffer {
-                receiver,
-                subpartition,
-                sequence,
-                backlog,
-                data_type,
-                compressed,
-                payload,
-            } => {
+            Frame::Buffer { header, payload } => {
                 // Unknown receivers were cancelled: their data is dropped.
-                if let Some(ch) = self.channel(receiver)
-                    && let Err(e) = ch.on_buffer(
-                        subpartition,
-                        sequence,
-                        backlog,
-                        data_type,
-                        compressed,
-                        payload,
-                    )
+                if let Some(ch) = self.channel(header.receiver)
+                    && let Err(e) = ch.on_buffer(&header, payload)
                 {
                     ch.fail(e);
-                    self.unregister(receiver);
+                    self.unregister(header.receiver);
                 }
                 return Ok(());
             }

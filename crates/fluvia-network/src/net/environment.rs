@@ -84,13 +84,7 @@ pub struct NetworkEnvironment {
     read_scheduler: Arc<ReadScheduler>,
 }
 
-impl std::fmt::Debug for NetworkEnvironment {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NetworkEnvironment")
-            .field("data_address", &self.server.address())
-            .finish()
-    }
-}
+debug_fields!(NetworkEnvironment, |this| { data_address: this.server.address() });
 
 impl NetworkEnvironment {
     /// Creates the buffer budget and starts the data server on `bind`.

@@ -18,6 +18,18 @@ pub mod peer;
 pub mod protocol;
 pub mod server;
 
+/// Starts a connection's reader or writer thread.
+fn spawn_connection_thread(
+    name: String,
+    run: impl FnOnce() + Send + 'static,
+) -> fluvia_core::Result<()> {
+    std::thread::Builder::new()
+        .name(name)
+        .spawn(run)
+        .map(drop)
+        .map_err(|e| fluvia_core::FluviaError::io("starting a network thread", e))
+}
+
 /// Reads what the socket has into `decoder` (at least `min` bytes of free
 /// space). When nothing has arrived, the thread yields and looks again a
 /// few times before it blocks in the kernel.

@@ -6,7 +6,7 @@
 //! record arrives exactly once and in order per channel. A record is
 //! `producer u32 | subpartition u32 | sequence u64 | padding`.
 
-use crate::gate::{GateEvent, InputChannel, InputChannelSpec};
+use crate::gate::{GateEvent, InputChannel};
 use crate::net::environment::{NetworkConfig, NetworkEnvironment, RemoteChannelSpec};
 use crate::net::protocol::ResultPartitionId;
 use crate::{CancelToken, InputGate, PartitionWriter, RecordDeserializer, ResultPartition, Target};
@@ -162,14 +162,8 @@ pub fn consume(a: &PeerArgs) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
         let (records, size) = (a.records, a.size);
         threads.push(std::thread::spawn(move || -> Result<(u64, u64), String> {
-            let mut gate = InputGate::new(
-                channels
-                    .iter()
-                    .map(|ch| InputChannelSpec {
-                        channel: Arc::clone(ch) as Arc<dyn InputChannel>,
-                        input_index: 0,
-                    })
-                    .collect(),
+            let mut gate = InputGate::single_input(
+                channels.iter().map(|ch| Arc::clone(ch) as Arc<dyn InputChannel>),
             );
             let mut next = vec![0u64; channels.len()];
             let mut deser: Vec<RecordDeserializer> = channels.iter().map(|_| RecordDeserializer::new()).collect();

@@ -51,16 +51,22 @@ pub enum DataType {
     PriorityEvent = 3,
 }
 
+/// What precedes the payload of a BufferResponse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BufferHeader {
+    pub receiver: ReceiverId,
+    pub subpartition: u32,
+    pub sequence: u32,
+    pub backlog: u32,
+    pub data_type: DataType,
+    pub compressed: bool,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
     /// id 0, server → client.
     BufferResponse {
-        receiver: ReceiverId,
-        subpartition: u32,
-        sequence: u32,
-        backlog: u32,
-        data_type: DataType,
-        compressed: bool,
+        header: BufferHeader,
         payload: Vec<u8>,
     },
     /// id 1, server → client: a failure of one channel, or of the whole
@@ -133,53 +139,26 @@ fn end(out: &mut [u8], start: usize) {
 
 /// Writes the header of a BufferResponse whose `payload_len` bytes follow;
 /// lets the sender write the payload from its own buffer without a copy.
-#[allow(clippy::too_many_arguments)]
-pub fn encode_buffer_response_header(
-    out: &mut Vec<u8>,
-    receiver: ReceiverId,
-    subpartition: u32,
-    sequence: u32,
-    backlog: u32,
-    data_type: DataType,
-    compressed: bool,
-    payload_len: usize,
-) {
+pub fn encode_buffer_response_header(out: &mut Vec<u8>, header: &BufferHeader, payload_len: usize) {
     let body = 16 + 4 + 4 + 4 + 1 + 1 + 4;
     let len = (4 + 1 + body + payload_len) as u32;
     out.extend_from_slice(&len.to_be_bytes());
     out.extend_from_slice(&MAGIC.to_be_bytes());
     out.push(0);
-    out.extend_from_slice(&receiver.to_be_bytes());
-    out.extend_from_slice(&subpartition.to_be_bytes());
-    out.extend_from_slice(&sequence.to_be_bytes());
-    out.extend_from_slice(&backlog.to_be_bytes());
-    out.push(data_type as u8);
-    out.push(compressed as u8);
+    out.extend_from_slice(&header.receiver.to_be_bytes());
+    out.extend_from_slice(&header.subpartition.to_be_bytes());
+    out.extend_from_slice(&header.sequence.to_be_bytes());
+    out.extend_from_slice(&header.backlog.to_be_bytes());
+    out.push(header.data_type as u8);
+    out.push(header.compressed as u8);
     out.extend_from_slice(&(payload_len as u32).to_be_bytes());
 }
 
 /// Appends the frame of `msg` to `out`.
 pub fn encode(msg: &Message, out: &mut Vec<u8>) {
     match msg {
-        Message::BufferResponse {
-            receiver,
-            subpartition,
-            sequence,
-            backlog,
-            data_type,
-            compressed,
-            payload,
-        } => {
-            encode_buffer_response_header(
-                out,
-                *receiver,
-                *subpartition,
-                *sequence,
-                *backlog,
-                *data_type,
-                *compressed,
-                payload.len(),
-            );
+        Message::BufferResponse { header, payload } => {
+            encode_buffer_response_header(out, header, payload.len());
             out.extend_from_slice(payload);
         }
         Message::ErrorResponse { receiver, message } => {
@@ -276,12 +255,7 @@ impl Reader<'_> {
 #[derive(Debug, PartialEq, Eq)]
 pub enum Frame<'a> {
     Buffer {
-        receiver: ReceiverId,
-        subpartition: u32,
-        sequence: u32,
-        backlog: u32,
-        data_type: DataType,
-        compressed: bool,
+        header: BufferHeader,
         payload: &'a [u8],
     },
     Message(Message),
@@ -290,21 +264,8 @@ pub enum Frame<'a> {
 impl Frame<'_> {
     pub fn into_message(self) -> Message {
         match self {
-            Frame::Buffer {
-                receiver,
-                subpartition,
-                sequence,
-                backlog,
-                data_type,
-                compressed,
-                payload,
-            } => Message::BufferResponse {
-                receiver,
-                subpartition,
-                sequence,
-                backlog,
-                data_type,
-                compressed,
+            Frame::Buffer { header, payload } => Message::BufferResponse {
+                header,
                 payload: payload.to_vec(),
             },
             Frame::Message(m) => m,
@@ -328,34 +289,29 @@ fn decode_frame(id: u8, body: &[u8]) -> Result<Frame<'_>, ProtocolError> {
     let mut r = Reader::new(body, FrameKind(what));
     let msg = match id {
         0 => {
-            let receiver = r.u128()?;
-            let subpartition = r.u32()?;
-            let sequence = r.u32()?;
-            let backlog = r.u32()?;
-            let data_type = match r.u8()? {
-                0 => DataType::Data,
-                1 => DataType::EndOfPartition,
-                2 => DataType::Event,
-                3 => DataType::PriorityEvent,
-                t => return Err(ProtocolError(format!("unknown buffer data type {t}"))),
-            };
-            let compressed = match r.u8()? {
-                0 => false,
-                1 => true,
-                c => return Err(ProtocolError(format!("invalid compressed flag {c}"))),
+            // Fields in wire order: a struct literal evaluates in the order written.
+            let header = BufferHeader {
+                receiver: r.u128()?,
+                subpartition: r.u32()?,
+                sequence: r.u32()?,
+                backlog: r.u32()?,
+                data_type: match r.u8()? {
+                    0 => DataType::Data,
+                    1 => DataType::EndOfPartition,
+                    2 => DataType::Event,
+                    3 => DataType::PriorityEvent,
+                    t => return Err(ProtocolError(format!("unknown buffer data type {t}"))),
+                },
+                compressed: match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    c => return Err(ProtocolError(format!("invalid compressed flag {c}"))),
+                },
             };
             let size = r.u32()? as usize;
             let payload = r.take(size)?;
             r.finish()?;
-            return Ok(Frame::Buffer {
-                receiver,
-                subpartition,
-                sequence,
-                backlog,
-                data_type,
-                compressed,
-                payload,
-            });
+            return Ok(Frame::Buffer { header, payload });
         }
         1 => {
             let receiver = match r.u8()? {
@@ -529,26 +485,30 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    fn buffer_response(
+        receiver: ReceiverId,
+        subpartition: u32,
+        sequence: u32,
+        backlog: u32,
+        data_type: DataType,
+        compressed: bool,
+        payload: Vec<u8>,
+    ) -> Message {
+        let header = BufferHeader {
+            receiver,
+            subpartition,
+            sequence,
+            backlog,
+            data_type,
+            compressed,
+        };
+        Message::BufferResponse { header, payload }
+    }
+
     fn samples() -> Vec<Message> {
         vec![
-            Message::BufferResponse {
-                receiver: 7,
-                subpartition: 1,
-                sequence: 42,
-                backlog: 3,
-                data_type: DataType::Data,
-                compressed: true,
-                payload: vec![1, 2, 3],
-            },
-            Message::BufferResponse {
-                receiver: u128::MAX,
-                subpartition: 0,
-                sequence: 0,
-                backlog: 0,
-                data_type: DataType::EndOfPartition,
-                compressed: false,
-                payload: vec![],
-            },
+            buffer_response(7, 1, 42, 3, DataType::Data, true, vec![1, 2, 3]),
+            buffer_response(u128::MAX, 0, 0, 0, DataType::EndOfPartition, false, vec![]),
             Message::ErrorResponse {
                 receiver: Some(9),
                 message: "partition not found".into(),

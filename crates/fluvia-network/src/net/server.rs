@@ -16,7 +16,7 @@
 //! the kernel could not take at once.
 
 use super::protocol::{
-    DataType, FrameDecoder, Message, ReceiverId, ResultPartitionId, encode,
+    BufferHeader, DataType, FrameDecoder, Message, ReceiverId, ResultPartitionId, encode,
     encode_buffer_response_header,
 };
 use crate::availability::AvailabilityListener;
@@ -89,13 +89,7 @@ pub struct PartitionRequestServer {
     metrics: Arc<ServerMetrics>,
 }
 
-impl std::fmt::Debug for PartitionRequestServer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PartitionRequestServer")
-            .field("address", &self.address)
-            .finish()
-    }
-}
+debug_fields!(PartitionRequestServer, |this| { address: this.address });
 
 impl PartitionRequestServer {
     /// Binds `bind` (port 0 picks a free one) and starts accepting.
@@ -273,27 +267,17 @@ impl AvailabilityListener for ReaderListener {
 
 /// One element to send, taken under the lock and written outside it.
 enum Outgoing {
-    Data {
-        receiver: ReceiverId,
-        subpartition: u32,
-        sequence: u32,
-        backlog: u32,
-        buffer: crate::buffer::Buffer,
-    },
-    End {
-        receiver: ReceiverId,
-        subpartition: u32,
-        sequence: u32,
-    },
-    /// An event other than the end.
-    Event {
-        receiver: ReceiverId,
-        subpartition: u32,
-        sequence: u32,
-        backlog: u32,
-        event: crate::Event,
-    },
+    /// A BufferResponse; `compressed` is decided when it is written.
+    Buffer(BufferHeader, Body),
     Control(Message),
+}
+
+/// What follows a BufferResponse's header.
+enum Body {
+    Data(crate::buffer::Buffer),
+    /// An event other than the end.
+    Event(crate::Event),
+    End,
 }
 
 impl ServerConnection {
@@ -325,14 +309,12 @@ impl ServerConnection {
             handoff_ready: Condvar::new(),
         });
         let (r, w) = (Arc::clone(&conn), Arc::clone(&conn));
-        std::thread::Builder::new()
-            .name(format!("net-server-read {peer}"))
-            .spawn(move || r.read_loop(read_half))
-            .map_err(|e| FluviaError::io("starting a network thread", e))?;
-        std::thread::Builder::new()
-            .name(format!("net-server-write {peer}"))
-            .spawn(move || w.standby_writer())
-            .map_err(|e| FluviaError::io("starting a network thread", e))?;
+        super::spawn_connection_thread(format!("net-server-read {peer}"), move || {
+            r.read_loop(read_half)
+        })?;
+        super::spawn_connection_thread(format!("net-server-write {peer}"), move || {
+            w.standby_writer()
+        })?;
         Ok(conn)
     }
 
@@ -597,32 +579,31 @@ impl ServerConnection {
             if resend {
                 self.enqueue(&mut st, receiver);
             }
-            let out = match item {
-                BufferOrEvent::Buffer(buffer) => Outgoing::Data {
-                    receiver,
-                    subpartition,
-                    sequence,
-                    backlog,
-                    buffer,
-                },
-                BufferOrEvent::Event(event) if !last => Outgoing::Event {
-                    receiver,
-                    subpartition,
-                    sequence,
-                    backlog,
-                    event,
-                },
+            let (data_type, body) = match item {
+                BufferOrEvent::Buffer(buffer) => (DataType::Data, Body::Data(buffer)),
+                BufferOrEvent::Event(event) if !last => {
+                    let data_type = if event.is_priority() {
+                        DataType::PriorityEvent
+                    } else {
+                        DataType::Event
+                    };
+                    (data_type, Body::Event(event))
+                }
                 BufferOrEvent::Event(_) => {
                     st.readers.remove(&receiver);
                     tracing::debug!("partition {partition} fully sent to {}", self.peer);
-                    Outgoing::End {
-                        receiver,
-                        subpartition,
-                        sequence,
-                    }
+                    (DataType::EndOfPartition, Body::End)
                 }
             };
-            return Some(out);
+            let header = BufferHeader {
+                receiver,
+                subpartition,
+                sequence,
+                backlog,
+                data_type,
+                compressed: false,
+            };
+            return Some(Outgoing::Buffer(header, body));
         }
     }
 
@@ -782,81 +763,34 @@ impl ServerConnection {
     ) -> usize {
         let before = headers.len();
         let payload = match next {
-            Outgoing::Data {
-                receiver,
-                subpartition,
-                sequence,
-                backlog,
-                buffer,
-            } => {
-                let compressed = if self.config.compression {
-                    let c = crate::compression::compress(buffer.as_slice());
-                    (c.len() < buffer.len()).then_some(c)
-                } else {
-                    None
+            Outgoing::Buffer(mut header, body) => {
+                let payload = match body {
+                    Body::Data(buffer) => {
+                        let compressed = if self.config.compression {
+                            let c = crate::compression::compress(buffer.as_slice());
+                            (c.len() < buffer.len()).then_some(c)
+                        } else {
+                            None
+                        };
+                        header.compressed = compressed.is_some();
+                        match compressed {
+                            // The original buffer is recycled at once.
+                            Some(c) => Payload::Compressed(c),
+                            None => Payload::Buffer(buffer),
+                        }
+                    }
+                    Body::Event(event) => Payload::Compressed(event.to_bytes()),
+                    Body::End => Payload::None,
                 };
-                let len = compressed.as_ref().map_or(buffer.len(), Vec::len);
-                encode_buffer_response_header(
-                    headers,
-                    receiver,
-                    subpartition,
-                    sequence,
-                    backlog,
-                    DataType::Data,
-                    compressed.is_some(),
-                    len,
-                );
-                self.metrics.buffers_sent.fetch_add(1, Ordering::Relaxed);
-                self.metrics
-                    .bytes_sent
-                    .fetch_add(len as u64, Ordering::Relaxed);
-                match compressed {
-                    // The original buffer is recycled at once.
-                    Some(c) => Payload::Compressed(c),
-                    None => Payload::Buffer(buffer),
+                let len = payload.bytes().len();
+                encode_buffer_response_header(headers, &header, len);
+                if header.data_type == DataType::Data {
+                    self.metrics.buffers_sent.fetch_add(1, Ordering::Relaxed);
+                    self.metrics
+                        .bytes_sent
+                        .fetch_add(len as u64, Ordering::Relaxed);
                 }
-            }
-            Outgoing::Event {
-                receiver,
-                subpartition,
-                sequence,
-                backlog,
-                event,
-            } => {
-                let bytes = event.to_bytes();
-                let data_type = if event.is_priority() {
-                    DataType::PriorityEvent
-                } else {
-                    DataType::Event
-                };
-                encode_buffer_response_header(
-                    headers,
-                    receiver,
-                    subpartition,
-                    sequence,
-                    backlog,
-                    data_type,
-                    false,
-                    bytes.len(),
-                );
-                Payload::Compressed(bytes)
-            }
-            Outgoing::End {
-                receiver,
-                subpartition,
-                sequence,
-            } => {
-                encode_buffer_response_header(
-                    headers,
-                    receiver,
-                    subpartition,
-                    sequence,
-                    0,
-                    DataType::EndOfPartition,
-                    false,
-                    0,
-                );
-                Payload::None
+                payload
             }
             Outgoing::Control(m) => {
                 encode(&m, headers);

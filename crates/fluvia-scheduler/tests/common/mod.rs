@@ -169,6 +169,22 @@ impl Driver {
     }
 
     /// Acknowledges and finishes `d` with per-output subpartition bytes.
+    /// Checks that each of `producers` writes `subpartitions` subpartitions
+    /// (of its first output), finishes each with `bytes`, and returns what
+    /// was deployed then.
+    pub fn finish_all(
+        &mut self,
+        producers: &[TaskDeploymentDescriptor],
+        subpartitions: usize,
+        bytes: Vec<Vec<u64>>,
+    ) -> Vec<TaskDeploymentDescriptor> {
+        for p in producers {
+            assert_eq!(p.outputs[0].num_subpartitions, subpartitions);
+            self.finish(p, bytes.clone());
+        }
+        self.collect()
+    }
+
     pub fn finish(&mut self, d: &TaskDeploymentDescriptor, subpartition_bytes: Vec<Vec<u64>>) {
         self.event(Event::DeployAcknowledged { attempt: d.attempt });
         self.event(Event::AttemptState {

@@ -12,9 +12,9 @@
 //! side: after every join above has built its table, as the join order
 //! promises. This module knows DataFusion only.
 
-use crate::exec::pass_through::{PassThrough, PassThroughExec};
+use crate::exec::pass_through::{PassThrough, PassThroughExec, Unstarted};
 use datafusion::error::Result as DfResult;
-use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::execution::SendableRecordBatchStream;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::StreamExt;
@@ -33,15 +33,9 @@ impl DeferredExec {
 }
 
 impl PassThrough for Deferred {
-    fn execute(
-        &self,
-        input: &Arc<dyn ExecutionPlan>,
-        partition: usize,
-        ctx: Arc<TaskContext>,
-    ) -> DfResult<SendableRecordBatchStream> {
-        let input = Arc::clone(input);
-        let schema = input.schema();
-        let stream = futures::stream::once(async move { input.execute(partition, ctx) })
+    fn execute(&self, input: Unstarted) -> DfResult<SendableRecordBatchStream> {
+        let schema = input.plan.schema();
+        let stream = futures::stream::once(async move { input.start() })
             .map(|started| match started {
                 Ok(s) => s.left_stream(),
                 Err(e) => futures::stream::once(async move { Err(e) }).right_stream(),
@@ -60,6 +54,7 @@ mod tests {
     use datafusion::arrow::record_batch::RecordBatch;
     use datafusion::datasource::memory::MemorySourceConfig;
     use datafusion::error::DataFusionError;
+    use datafusion::execution::TaskContext;
     use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
     use datafusion::physical_plan::common::collect;
     use std::sync::atomic::{AtomicUsize, Ordering};

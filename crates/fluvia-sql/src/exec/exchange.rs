@@ -8,10 +8,10 @@
 //! runtime and every input comes from another task: nothing this thread
 //! could run instead can make the data arrive.
 
+use crate::exec::pass_through::plan_basics;
 use crate::formats::ipc::{self, IpcEncoder};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{
@@ -243,24 +243,7 @@ impl DisplayAs for ExchangeReaderExec {
 }
 
 impl ExecutionPlan for ExchangeReaderExec {
-    fn name(&self) -> &str {
-        "ExchangeReaderExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.props
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
-    ) -> DfResult<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
+    plan_basics!(|this| "ExchangeReaderExec", &this.props, [], no_expressions);
 
     fn with_new_children(
         self: Arc<Self>,

@@ -7,33 +7,79 @@
 //! own; a [`PassThrough`] says what its stream does. It knows DataFusion
 //! only.
 
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan};
 use std::fmt;
 use std::sync::Arc;
+
+/// The plain items of an [`ExecutionPlan`] impl, written once for every
+/// Fluvia node: `name`, `properties` and `children`, each an expression of
+/// `this` (the node); with `no_expressions` after them, the
+/// `apply_expressions` of a node that has no expressions of its own.
+macro_rules! plan_basics {
+    (|$this:ident| $name:expr, $properties:expr, [$($child:expr),*] $(, $no_expressions:ident)?) => {
+        fn name(&self) -> &str {
+            #[allow(unused_variables)]
+            let $this = self;
+            $name
+        }
+
+        fn properties(&self) -> &std::sync::Arc<datafusion::physical_plan::PlanProperties> {
+            let $this = self;
+            $properties
+        }
+
+        fn children(&self) -> Vec<&std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
+            #[allow(unused_variables)]
+            let $this = self;
+            vec![$($child),*]
+        }
+
+        $($crate::exec::pass_through::plan_basics!(@$no_expressions);)?
+    };
+    (@no_expressions) => {
+        fn apply_expressions(
+            &self,
+            _f: &mut dyn FnMut(
+                &std::sync::Arc<dyn datafusion::physical_expr::PhysicalExpr>,
+            ) -> datafusion::error::Result<datafusion::common::tree_node::TreeNodeRecursion>,
+        ) -> datafusion::error::Result<datafusion::common::tree_node::TreeNodeRecursion> {
+            Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+        }
+    };
+}
+pub(crate) use plan_basics;
 
 /// What a [`PassThroughExec`] does with its input's stream. Most nodes
 /// only change the stream their input gives ([`PassThrough::wrap`]); one
 /// that decides when or whether its input is executed at all implements
 /// [`PassThrough::execute`].
 pub trait PassThrough: Send + Sync + 'static {
-    /// The node's stream of partition `partition`, from its input: by
-    /// default the input's stream of that partition, as `wrap` makes it.
-    fn execute(
-        &self,
-        input: &Arc<dyn ExecutionPlan>,
-        partition: usize,
-        ctx: Arc<TaskContext>,
-    ) -> DfResult<SendableRecordBatchStream> {
-        self.wrap(input.execute(partition, ctx)?)
+    /// The node's stream of one partition, from its input's: by default
+    /// the input's stream of that partition, started now, as `wrap` makes it.
+    fn execute(&self, input: Unstarted) -> DfResult<SendableRecordBatchStream> {
+        self.wrap(input.start()?)
     }
 
     /// The node's stream made of its input's (by default that stream).
     fn wrap(&self, input: SendableRecordBatchStream) -> DfResult<SendableRecordBatchStream> {
         Ok(input)
+    }
+}
+
+/// The input's stream of one partition of a [`PassThroughExec`], not yet
+/// executed: what [`PassThrough::execute`] starts, when it chooses to.
+pub struct Unstarted {
+    pub plan: Arc<dyn ExecutionPlan>,
+    pub partition: usize,
+    pub ctx: Arc<TaskContext>,
+}
+
+impl Unstarted {
+    /// Executes the input's partition.
+    pub fn start(self) -> DfResult<SendableRecordBatchStream> {
+        self.plan.execute(self.partition, self.ctx)
     }
 }
 
@@ -73,24 +119,12 @@ impl<P: PassThrough> DisplayAs for PassThroughExec<P> {
 }
 
 impl<P: PassThrough> ExecutionPlan for PassThroughExec<P> {
-    fn name(&self) -> &str {
-        self.name
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        self.input.properties()
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
-    ) -> DfResult<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
+    plan_basics!(
+        |this| this.name,
+        this.input.properties(),
+        [&this.input],
+        no_expressions
+    );
 
     fn with_new_children(
         self: Arc<Self>,
@@ -114,7 +148,11 @@ impl<P: PassThrough> ExecutionPlan for PassThroughExec<P> {
         partition: usize,
         ctx: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
-        self.node.execute(&self.input, partition, ctx)
+        self.node.execute(Unstarted {
+            plan: Arc::clone(&self.input),
+            partition,
+            ctx,
+        })
     }
 }
 

@@ -26,7 +26,7 @@
 //! It knows DataFusion's plans and Parquet footers, not tasks or the
 //! network.
 
-use crate::exec::pass_through::{PassThrough, PassThroughExec};
+use crate::exec::pass_through::{PassThrough, PassThroughExec, Unstarted};
 use crate::inspect::dynamic_filter_ids;
 use datafusion::datasource::physical_plan::FileSource;
 use datafusion::datasource::physical_plan::parquet::metadata::DFParquetMetadata;
@@ -205,13 +205,9 @@ impl PrunedProbeGateExec {
 }
 
 impl PassThrough for PrunedProbeGate {
-    fn execute(
-        &self,
-        input: &Arc<dyn ExecutionPlan>,
-        partition: usize,
-        ctx: Arc<TaskContext>,
-    ) -> DfResult<SendableRecordBatchStream> {
-        let input = input.execute(partition, Arc::clone(&ctx))?;
+    fn execute(&self, input: Unstarted) -> DfResult<SendableRecordBatchStream> {
+        let ctx = Arc::clone(&input.ctx);
+        let input = input.start()?;
         let schema = input.schema();
         let scan = Arc::clone(&self.scan);
         let empty_schema = Arc::clone(&schema);
@@ -236,6 +232,7 @@ impl PassThrough for PrunedProbeGate {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_util::{physical_plan, register_parquet};
     use datafusion::arrow::array::{Array, Int64Array, RecordBatch};
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
     use datafusion::common::tree_node::TreeNode;
@@ -243,7 +240,7 @@ mod tests {
     use datafusion::parquet::arrow::ArrowWriter;
     use datafusion::parquet::file::properties::WriterProperties;
     use datafusion::physical_plan::collect;
-    use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
+    use datafusion::prelude::{SessionConfig, SessionContext};
 
     /// A Parquet table `name` of columns k and v (v = k % 10) for these
     /// keys, in row groups of `row_group` rows.
@@ -278,21 +275,11 @@ mod tests {
         table(dir, "b", 0..10, 1000);
         let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(1));
         for t in ["fact", "a", "b"] {
-            let path = dir.join(t);
-            ctx.register_parquet(t, path.to_str().unwrap(), ParquetReadOptions::default())
-                .await
-                .unwrap();
+            register_parquet(&ctx, t, &dir.join(t)).await;
         }
-        let plan = ctx
-            .sql(
-                "SELECT count(*) FROM a JOIN \
-                 (SELECT fact.k FROM fact JOIN b ON fact.v = b.v) x ON a.k = x.k",
-            )
-            .await
-            .unwrap()
-            .create_physical_plan()
-            .await
-            .unwrap();
+        let sql = "SELECT count(*) FROM a JOIN \
+                   (SELECT fact.k FROM fact JOIN b ON fact.v = b.v) x ON a.k = x.k";
+        let plan = physical_plan(&ctx, sql).await;
         (ctx, plan)
     }
 

@@ -6,6 +6,7 @@
 //! its own columns and applies its own filters on top. Also which scans are
 //! the same (`scan_key`).
 
+use crate::exec::pass_through::plan_basics;
 use crate::formats::codec::FluviaCodec;
 use crate::formats::csv_scan::{FluviaCsvSource, csv_with_columns};
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
@@ -418,24 +419,12 @@ impl DisplayAs for SharedScanExec {
 }
 
 impl ExecutionPlan for SharedScanExec {
-    fn name(&self) -> &str {
-        "SharedScanExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.props
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.shared.plan]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
-    ) -> DfResult<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
+    plan_basics!(
+        |this| "SharedScanExec",
+        &this.props,
+        [&this.shared.plan],
+        no_expressions
+    );
 
     fn with_new_children(
         self: Arc<Self>,

@@ -19,7 +19,7 @@
 
 mod graph;
 mod plan;
-mod runtime;
+pub(crate) mod runtime;
 mod stage_task;
 
 pub use plan::{

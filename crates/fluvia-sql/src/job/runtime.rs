@@ -68,13 +68,22 @@ impl Drop for TaskRuntime {
 /// the machine's cores it takes about two thirds of the time it takes on
 /// one thread, as DataFusion alone plans on its multi-threaded runtime.
 pub(super) fn planning_runtime() -> Result<tokio::runtime::Runtime> {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    per_core_runtime("fluvia-planner", 1)
+        .map_err(|e| FluviaError::io("starting the planning runtime", e))
+}
+
+/// A multi-threaded runtime of one worker thread per core (`unknown` when
+/// the number of cores is), its threads named `name`.
+pub(crate) fn per_core_runtime(
+    name: &str,
+    unknown: usize,
+) -> std::io::Result<tokio::runtime::Runtime> {
+    let cores = std::thread::available_parallelism().map_or(unknown, |n| n.get());
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cores)
-        .thread_name("fluvia-planner")
+        .thread_name(name)
         .enable_all()
         .build()
-        .map_err(|e| FluviaError::io("starting the planning runtime", e))
 }
 
 /// DataFusion's runtime for a job's tasks in this process, with the
@@ -104,12 +113,12 @@ pub(super) fn task_runtime_env() -> Result<Arc<datafusion::execution::runtime_en
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_util::register_parquet;
     use datafusion::arrow::array::{Int64Array, RecordBatch};
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
     use datafusion::execution::SessionStateBuilder;
     use datafusion::execution::context::SessionContext;
     use datafusion::parquet::arrow::ArrowWriter;
-    use datafusion::prelude::ParquetReadOptions;
 
     #[tokio::test]
     async fn a_footer_one_job_read_serves_the_next_jobs_tasks() {
@@ -133,10 +142,7 @@ mod tests {
                 .with_default_features()
                 .build(),
         );
-        first
-            .register_parquet("t", path.to_str().unwrap(), ParquetReadOptions::default())
-            .await
-            .unwrap();
+        register_parquet(&first, "t", &path).await;
         let rows = first
             .sql("SELECT count(*) FROM t")
             .await

@@ -271,6 +271,7 @@ fn regroup(layout: &[GroupLayout]) -> Option<Vec<FileGroup>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_util::{physical_plan, register_parquet};
     use datafusion::arrow::array::{Int64Array, RecordBatch};
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
     use datafusion::object_store::ObjectMeta;
@@ -278,7 +279,7 @@ mod tests {
     use datafusion::parquet::arrow::ArrowWriter;
     use datafusion::parquet::file::properties::WriterProperties;
     use datafusion::physical_plan::{collect, common};
-    use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
+    use datafusion::prelude::{SessionConfig, SessionContext};
 
     fn file(name: &str, size: u64, range: Option<(i64, i64)>) -> PartitionedFile {
         let mut f = PartitionedFile::from(ObjectMeta {
@@ -416,18 +417,10 @@ mod tests {
             )
             .unwrap();
         let ctx = SessionContext::new_with_config(config);
-        ctx.register_parquet("t", dir.to_str().unwrap(), ParquetReadOptions::default())
-            .await
-            .unwrap();
+        register_parquet(&ctx, "t", dir).await;
         // An aggregate above the scan: DataFusion splits files only where
         // the operators above gain from more partitions.
-        let plan = ctx
-            .sql("SELECT count(*), sum(v) FROM t")
-            .await
-            .unwrap()
-            .create_physical_plan()
-            .await
-            .unwrap();
+        let plan = physical_plan(&ctx, "SELECT count(*), sum(v) FROM t").await;
         (ctx, plan)
     }
 

@@ -4,6 +4,7 @@
 
 use super::hash::*;
 use super::shared::*;
+use crate::exec::pass_through::plan_basics;
 use datafusion::arrow::array::UInt32Array;
 use datafusion::arrow::compute::{concat_batches, take_record_batch};
 use datafusion::arrow::record_batch::RecordBatch;
@@ -71,17 +72,7 @@ impl DisplayAs for ClusterByKeyExec {
 }
 
 impl ExecutionPlan for ClusterByKeyExec {
-    fn name(&self) -> &str {
-        "ClusterByKeyExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
+    plan_basics!(|this| "ClusterByKeyExec", &this.properties, [&this.input]);
 
     fn apply_expressions(
         &self,
@@ -259,15 +250,7 @@ fn build_readers() -> Option<&'static tokio::runtime::Runtime> {
     static READERS: std::sync::OnceLock<Option<tokio::runtime::Runtime>> =
         std::sync::OnceLock::new();
     READERS
-        .get_or_init(|| {
-            let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(threads)
-                .thread_name("fluvia-build-reader")
-                .enable_all()
-                .build()
-                .ok()
-        })
+        .get_or_init(|| crate::job::runtime::per_core_runtime("fluvia-build-reader", 2).ok())
         .as_ref()
 }
 
