@@ -34,6 +34,7 @@ use crate::security;
 use fluvia_core::{Configuration, FluviaError, JobId, Result};
 use fluvia_graph::JobGraph;
 pub use fluvia_scheduler::JobState;
+use fluvia_scheduler::checkpoint::TerminalJobStatus;
 use fluvia_scheduler::{
     Action, Event, ExecutionAttemptId, ExecutionState, Job, Scheduler, SchedulerConfig,
     ShuffleServiceSpec, ShuffleServiceType, TaskDeploymentDescriptor, TaskManagerSpec,
@@ -76,6 +77,8 @@ enum TmCall {
     CommitFiles(fluvia_core::JobId, crate::rpc::CommitFilesRequest),
     Ping,
     OperatorEvent(crate::rpc::OperatorEventRequest),
+    TriggerCheckpoint(crate::rpc::TriggerCheckpointRequest),
+    NotifyCheckpoint(crate::rpc::NotifyCheckpointRequest),
 }
 
 /// What the shell keeps of a registered TaskManager beside the scheduler's
@@ -96,6 +99,8 @@ pub(crate) struct JmState {
     pub shuffle_services: BTreeMap<String, ShuffleServiceClient<Channel>>,
     /// The operator coordinators of the running jobs.
     pub(crate) coordinators: crate::coordinators::JobCoordinators,
+    /// The checkpoint coordinators of the streaming jobs.
+    pub(crate) checkpoints: crate::checkpointing::Checkpointing,
 }
 
 pub(crate) struct JmShared {
@@ -147,6 +152,7 @@ impl JmShared {
     fn dispatch(self: &Arc<Self>, st: &mut JmState) {
         let mut undeliverable = Vec::new();
         let mut commits_failed = Vec::new();
+        let mut checkpoint_calls = Vec::new();
         // A TaskManager's deployments of one step go out as one call (a
         // region's consumers behind their producers), sent before any
         // other call to it that the step queued after them.
@@ -158,8 +164,9 @@ impl JmShared {
         };
         while let Some(action) = st.scheduler.poll_action() {
             let (tm, call) = match action {
-                Action::Deploy(d) => {
+                Action::Deploy(mut d) => {
                     let tm = d.task_manager.clone();
+                    st.checkpoints.deployed(&mut d, &tm);
                     if let Some(meta) = st.jobs.get(&d.attempt.job) {
                         st.coordinators
                             .deployed(&meta.graph, &d.attempt, &tm, d.parallelism);
@@ -250,6 +257,13 @@ impl JmShared {
                 }
                 Action::JobEnded { job, state } => {
                     st.coordinators.job_ended(job);
+                    let status = match state {
+                        JobState::Finished => TerminalJobStatus::Finished,
+                        JobState::Canceled => TerminalJobStatus::Cancelled,
+                        _ => TerminalJobStatus::Failed,
+                    };
+                    let calls = st.checkpoints.job_ended(job, status);
+                    checkpoint_calls.extend(calls);
                     if let Some(meta) = st.jobs.get_mut(&job) {
                         meta.end_time = Some(now_millis());
                         tracing::info!("job {} ({}) {}", meta.id, meta.graph.name, state.name());
@@ -266,6 +280,7 @@ impl JmShared {
         for (tm, batch) in deploys {
             send(st, &tm, TmCall::Deploy(batch));
         }
+        self.send_checkpoint_calls(st, checkpoint_calls);
         // TaskManagers the scheduler declared lost: stop their workers.
         st.tms.retain(|id, _| st.scheduler.is_registered(id));
         for attempt in undeliverable {
@@ -282,6 +297,48 @@ impl JmShared {
                     failure,
                 },
             );
+        }
+    }
+
+    /// Queues what checkpointing asks of the TaskManagers; a job whose
+    /// checkpoints failed beyond the tolerable count fails over.
+    fn send_checkpoint_calls(
+        self: &Arc<Self>,
+        st: &mut JmState,
+        calls: Vec<crate::checkpointing::CheckpointCall>,
+    ) {
+        use crate::checkpointing::CheckpointCall;
+        for call in calls {
+            match call {
+                CheckpointCall::Trigger {
+                    task_manager,
+                    request,
+                } => {
+                    if let Some(t) = st.tms.get(&task_manager) {
+                        let _ = t.queue.send(TmCall::TriggerCheckpoint(request));
+                    }
+                }
+                CheckpointCall::Notify {
+                    task_manager,
+                    request,
+                } => {
+                    if let Some(t) = st.tms.get(&task_manager) {
+                        let _ = t.queue.send(TmCall::NotifyCheckpoint(request));
+                    }
+                }
+                CheckpointCall::FailJob { attempt, reason } => {
+                    tracing::warn!("job {} fails over: {reason}", attempt.job);
+                    let _ = self.feed(
+                        st,
+                        Event::AttemptState {
+                            attempt,
+                            state: ExecutionState::Failed,
+                            failure: Some(reason),
+                            metrics: None,
+                        },
+                    );
+                }
+            }
         }
     }
 
@@ -421,6 +478,31 @@ impl JmShared {
                             tracing::debug!("operator event to {tm}: {}", status.message());
                         }
                     }
+                    TmCall::TriggerCheckpoint(r) => {
+                        let req = security::authorize(r, secret);
+                        if let Ok(Err(status)) = tokio::time::timeout(
+                            Duration::from_secs(5),
+                            client.trigger_checkpoint(req),
+                        )
+                        .await
+                        {
+                            tracing::debug!(
+                                "triggering a checkpoint on {tm}: {}",
+                                status.message()
+                            );
+                        }
+                    }
+                    TmCall::NotifyCheckpoint(r) => {
+                        let req = security::authorize(r, secret);
+                        if let Ok(Err(status)) = tokio::time::timeout(
+                            Duration::from_secs(5),
+                            client.notify_checkpoint(req),
+                        )
+                        .await
+                        {
+                            tracing::debug!("notifying a checkpoint on {tm}: {}", status.message());
+                        }
+                    }
                     TmCall::Ping => {
                         let req = security::authorize(Empty {}, secret);
                         let alive = matches!(
@@ -453,6 +535,9 @@ impl JmShared {
             };
             tokio::time::sleep(wait).await;
             let _ = self.feed_now(Event::Tick);
+            let mut st = self.state();
+            let calls = st.checkpoints.tick();
+            self.send_checkpoint_calls(&mut st, calls);
         }
     }
 
@@ -473,6 +558,7 @@ impl JmShared {
                 .collect(),
             tm_addresses: &st.tm_addresses,
             jobs: &st.jobs,
+            checkpoints: &st.checkpoints,
             now: now_millis(),
             clock: self.clock().as_millis() as u64,
         }
@@ -523,6 +609,9 @@ impl JmShared {
         if st.jobs.contains_key(&id) {
             return Err(FluviaError::Plan(format!("job {id} was submitted already")));
         }
+        // Before the scheduler deploys anything: deployments restore what
+        // the job starts from.
+        st.checkpoints.job_submitted(&graph)?;
         // Known before the scheduler sees it: its first deployments need it.
         st.jobs.insert(
             id,
@@ -641,6 +730,18 @@ impl JmService {
                 {
                     st.coordinators.attempt_failed(attempt);
                 }
+                if let Event::AttemptState {
+                    attempt,
+                    state,
+                    failure,
+                    ..
+                } = &e
+                {
+                    let calls = st
+                        .checkpoints
+                        .attempt_state(attempt, *state, failure.as_deref());
+                    self.shared.send_checkpoint_calls(&mut st, calls);
+                }
                 let _ = self.shared.feed(&mut st, e);
             }
         }
@@ -691,6 +792,21 @@ impl JmService {
 
 #[tonic::async_trait]
 impl JobManager for JmService {
+    async fn report_checkpoint(
+        &self,
+        req: Request<crate::rpc::CheckpointReport>,
+    ) -> RpcResult<Ack> {
+        security::check_request(&self.shared.secret, &req, "ReportCheckpoint")?;
+        let r = req.into_inner();
+        let mut st = self.shared.state();
+        let outcome = st
+            .checkpoints
+            .report(r.declined, &r.report_json)
+            .map(|calls| self.shared.send_checkpoint_calls(&mut st, calls))
+            .map_err(|e| e.to_string());
+        Ok(Response::new(Ack::from_result(outcome)))
+    }
+
     async fn send_operator_event(
         &self,
         req: Request<crate::rpc::OperatorEventRequest>,
@@ -980,6 +1096,7 @@ pub async fn start(config: Configuration) -> Result<JobManagerHandle> {
             jobs: BTreeMap::new(),
             shuffle_services: BTreeMap::new(),
             coordinators: crate::coordinators::JobCoordinators::new(),
+            checkpoints: Default::default(),
         }),
         job_ended: tokio::sync::Notify::new(),
         heartbeat_interval: config.get(&cfg::HEARTBEAT_INTERVAL)?,

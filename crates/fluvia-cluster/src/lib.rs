@@ -32,6 +32,7 @@
 //! knows no concrete program.
 
 pub mod allocator;
+mod checkpointing;
 pub mod client;
 pub mod config;
 mod coordinators;

@@ -37,6 +37,8 @@ pub(crate) struct ClusterView<'a> {
     /// RPC address of every TaskManager ever registered (lost ones too).
     pub tm_addresses: &'a BTreeMap<String, String>,
     pub jobs: &'a BTreeMap<JobId, JobMeta>,
+    /// The streaming jobs' checkpointing (statistics and settings).
+    pub checkpoints: &'a crate::checkpointing::Checkpointing,
     /// Wall clock now, epoch ms.
     pub now: u64,
     /// The scheduler clock now, ms.

@@ -146,6 +146,121 @@ async fn exceptions(
     })
 }
 
+/// A checkpoint's statistics as Flink's REST client reads them: the
+/// `className` its polymorphic type is chosen by, and vertex ids (not
+/// indices) as the keys of `tasks`.
+fn flink_checkpoint(view: &View, mut c: Value) -> Value {
+    let class = match c["status"].as_str() {
+        Some("COMPLETED") => ".CompletedCheckpointStatistics",
+        Some("FAILED") => ".FailedCheckpointStatistics",
+        _ => ".PendingCheckpointStatistics",
+    };
+    c["className"] = json!(class);
+    if c["is_savepoint"].as_bool() == Some(true) {
+        c["savepointFormat"] = json!("CANONICAL");
+    }
+    if let Some(tasks) = c["tasks"].as_object() {
+        let by_id: serde_json::Map<String, Value> = tasks
+            .iter()
+            .map(|(index, t)| {
+                let id = index
+                    .parse::<usize>()
+                    .ok()
+                    .and_then(|i| view.job.graph.vertices.get(i))
+                    .map_or_else(|| index.clone(), |v| v.id.to_string());
+                (id, t.clone())
+            })
+            .collect();
+        c["tasks"] = Value::Object(by_id);
+    }
+    c
+}
+
+/// `GET /jobs/:id/checkpoints` (Flink's `CheckpointingStatistics`).
+async fn checkpoints(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+    with_job(&s, &id, |view| {
+        let Some(stats) = view.st.checkpoints.statistics(view.job.id) else {
+            return not_found(format!("Checkpointing is not enabled for job {id}"));
+        };
+        let mut body = serde_json::to_value(stats).unwrap_or_default();
+        for key in ["completed", "savepoint", "failed"] {
+            let c = body["latest"][key].take();
+            body["latest"][key] = if c.is_null() {
+                c
+            } else {
+                flink_checkpoint(view, c)
+            };
+        }
+        if let Some(history) = body["history"].as_array_mut() {
+            for c in history.iter_mut() {
+                *c = flink_checkpoint(view, c.take());
+            }
+        }
+        Json(body).into_response()
+    })
+}
+
+/// `GET /jobs/:id/checkpoints/details/:cid`: one checkpoint of the history.
+async fn checkpoint_details(
+    State(s): State<Shared>,
+    Path((id, cid)): Path<(String, String)>,
+) -> Response {
+    with_job(&s, &id, |view| {
+        let found = view
+            .st
+            .checkpoints
+            .statistics(view.job.id)
+            .and_then(|stats| stats.history.into_iter().find(|c| c.id.to_string() == cid));
+        match found {
+            Some(c) => Json(flink_checkpoint(
+                view,
+                serde_json::to_value(c).unwrap_or_default(),
+            ))
+            .into_response(),
+            None => not_found(format!(
+                "Could not find checkpointing statistics for checkpoint {cid}."
+            )),
+        }
+    })
+}
+
+/// `GET /jobs/:id/checkpoints/config` (Flink's `CheckpointConfigInfo`).
+async fn checkpoints_config(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+    with_job(&s, &id, |view| {
+        let Some(c) = view.st.checkpoints.config(view.job.id) else {
+            return not_found(format!("Checkpointing is not enabled for job {id}"));
+        };
+        let ms = |d: std::time::Duration| d.as_millis() as u64;
+        let retention = c.externalized_retention;
+        use fluvia_scheduler::checkpoint::ExternalizedCheckpointRetention as R;
+        Json(json!({
+            "mode": match c.mode {
+                fluvia_scheduler::checkpoint::CheckpointingMode::ExactlyOnce => "exactly_once",
+                fluvia_scheduler::checkpoint::CheckpointingMode::AtLeastOnce => "at_least_once",
+            },
+            // Flink shows 0x7fffffffffffffff when periodic checkpoints are off.
+            "interval": c.interval.map_or(i64::MAX as u64, ms),
+            "timeout": ms(c.timeout),
+            "min_pause": ms(c.min_pause),
+            "max_concurrent": c.max_concurrent,
+            "externalization": {
+                "enabled": retention != R::NoExternalizedCheckpoints,
+                "delete_on_cancellation": retention != R::RetainOnCancellation,
+            },
+            "state_backend": "HashMapStateBackend",
+            "checkpoint_storage": "FileSystemCheckpointStorage",
+            "unaligned_checkpoints": c.unaligned,
+            "tolerable_failed_checkpoints": c.tolerable_failed.unwrap_or(0),
+            "aligned_checkpoint_timeout": ms(c.aligned_checkpoint_timeout),
+            "checkpoints_after_tasks_finish": true,
+            "state_changelog_enabled": false,
+            "changelog_periodic_materialization_interval": 600_000,
+            "changelog_storage": "memory",
+        }))
+        .into_response()
+    })
+}
+
 async fn job_config(State(s): State<Shared>, Path(id): Path<String>) -> Response {
     with_job(&s, &id, |view| {
         let g = &view.job.graph;
@@ -602,6 +717,12 @@ fn api() -> Router<Shared> {
         .route("/jobs/{id}/plan", get(plan))
         .route("/jobs/{id}/exceptions", get(exceptions))
         .route("/jobs/{id}/config", get(job_config))
+        .route("/jobs/{id}/checkpoints", get(checkpoints))
+        .route("/jobs/{id}/checkpoints/config", get(checkpoints_config))
+        .route(
+            "/jobs/{id}/checkpoints/details/{cid}",
+            get(checkpoint_details),
+        )
         .route("/jobs/{id}/vertices/{vid}", get(vertex))
         .route(
             "/jobs/{id}/vertices/{vid}/subtasks/metrics",

@@ -50,13 +50,23 @@ use tonic::{Request, Response, Status};
 /// (vertex, subtask, attempt) of a job.
 type AttemptKey = (usize, usize, u32);
 
+/// A job as this TaskManager runs it: its graph, user code and checkpointing.
+type JobHere = (
+    Arc<JobGraph>,
+    Arc<OperatorRegistry>,
+    Option<fluvia_runtime::checkpoint::TaskCheckpointing>,
+);
+
 struct TmJob {
     graph: Arc<JobGraph>,
     registry: Arc<OperatorRegistry>,
     /// Attempts running here.
     running: HashMap<AttemptKey, CancelToken>,
-    /// Their mailboxes, for their coordinators' operator events.
+    /// Their mailboxes, for their coordinators' operator events and
+    /// checkpoint mail.
     mailboxes: HashMap<AttemptKey, fluvia_runtime::MailboxSender>,
+    /// How the job's tasks take part in checkpoints (streaming jobs).
+    checkpointing: Option<fluvia_runtime::checkpoint::TaskCheckpointing>,
     partitions: Vec<ResultPartitionId>,
     spill_dir: Option<tempfile_dir::Dir>,
     /// Files finished attempts staged here, until the JobManager commits
@@ -103,6 +113,9 @@ struct Shared {
     /// Operator events of this TaskManager's tasks for their coordinators,
     /// sent in order by one forwarder ([`forward_operator_events`]).
     operator_events: tokio::sync::mpsc::UnboundedSender<(OperatorEventRequest, MailboxSender)>,
+    /// The tasks' checkpoint reports, sent in order by one forwarder
+    /// ([`forward_checkpoint_reports`]).
+    checkpoint_reports: tokio::sync::mpsc::UnboundedSender<crate::rpc::CheckpointReport>,
     internal_shuffle: InternalShuffleEnvironment,
     external_shuffle: ExternalShuffleEnvironment,
 }
@@ -112,13 +125,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Shared {
-    fn job_for(
-        &self,
-        job_id: &str,
-        desc: &JobInformation,
-    ) -> Result<(Arc<JobGraph>, Arc<OperatorRegistry>)> {
+    fn job_for(&self, job_id: &str, desc: &JobInformation) -> Result<JobHere> {
         if let Some(j) = lock(&self.jobs).get(job_id) {
-            return Ok((Arc::clone(&j.graph), Arc::clone(&j.registry)));
+            return Ok((
+                Arc::clone(&j.graph),
+                Arc::clone(&j.registry),
+                j.checkpointing.clone(),
+            ));
         }
         let (mut graph, registry) = self.catalog.build(&desc.program)?;
         if graph.fingerprint != desc.job_fingerprint {
@@ -131,6 +144,7 @@ impl Shared {
         graph.config = desc.config.clone();
         graph.object_reuse = desc.config.get(&options::OBJECT_REUSE)?;
         let (graph, registry) = (Arc::new(graph), Arc::new(registry));
+        let checkpointing = self.checkpointing_for(job_id, &graph)?;
         if lock(&self.released).contains(job_id) {
             return Err(FluviaError::Execution(format!(
                 "job {job_id} was released on this TaskManager"
@@ -150,11 +164,41 @@ impl Shared {
             registry: Arc::clone(&registry),
             running: HashMap::new(),
             mailboxes: HashMap::new(),
+            checkpointing: checkpointing.clone(),
             partitions: Vec::new(),
             spill_dir: None,
             staged: HashMap::new(),
         });
-        Ok((Arc::clone(&job.graph), Arc::clone(&job.registry)))
+        Ok((
+            Arc::clone(&job.graph),
+            Arc::clone(&job.registry),
+            job.checkpointing.clone(),
+        ))
+    }
+
+    /// A streaming job's tasks write their snapshots to the job's checkpoint
+    /// storage and report to the JobManager; a batch job takes none.
+    fn checkpointing_for(
+        &self,
+        job_id: &str,
+        graph: &JobGraph,
+    ) -> Result<Option<fluvia_runtime::checkpoint::TaskCheckpointing>> {
+        if graph.job_type != fluvia_graph::JobType::Streaming {
+            return Ok(None);
+        }
+        let dir = crate::checkpointing::checkpoint_directory(&graph.config)?;
+        let storage = fluvia_state::CheckpointStorage::for_directory(&dir)
+            .map_err(fluvia_runtime::checkpoint::state_error)?;
+        Ok(Some(fluvia_runtime::checkpoint::TaskCheckpointing {
+            responder: Arc::new(ReportResponder {
+                job_id: job_id.to_string(),
+                reports: self.checkpoint_reports.clone(),
+            }),
+            store: Arc::new(StorageSnapshots {
+                storage,
+                job_id: job_id.to_string(),
+            }),
+        }))
     }
 
     /// One deployment of a `DeployTasks` call. `programs` holds the program
@@ -211,7 +255,7 @@ impl Shared {
             desc.attempt.subtask,
             desc.attempt.attempt,
         );
-        let (graph, registry) = self.job_for(&job_id, job)?;
+        let (graph, registry, checkpointing) = self.job_for(&job_id, job)?;
         let vertex = graph.vertices.get(vertex_index).ok_or_else(|| {
             FluviaError::Internal(format!("job {job_id} has no vertex {vertex_index}"))
         })?;
@@ -281,7 +325,7 @@ impl Shared {
             counters,
             mailbox: mailbox.clone(),
             coordinator_gateway,
-            checkpointing: None,
+            checkpointing,
         };
         let key: AttemptKey = (vertex_index, subtask, attempt);
         {
@@ -520,6 +564,22 @@ impl Shared {
         }))
     }
 
+    /// Puts checkpoint mail into an attempt's mailbox; an attempt that ended
+    /// meanwhile is not an error (the coordinator learns it from its state).
+    fn send_task_mail(&self, job_id: &str, key: AttemptKey, mail: fluvia_runtime::TaskMail) {
+        let mailbox = lock(&self.jobs)
+            .get(job_id)
+            .and_then(|j| j.mailboxes.get(&key).cloned());
+        match mailbox {
+            Some(m) => {
+                if let Err(e) = m.send(fluvia_runtime::Mail::task(mail)) {
+                    tracing::debug!("checkpoint mail for {key:?}: {e}");
+                }
+            }
+            None => tracing::debug!("checkpoint mail for {key:?} of job {job_id}, which ended"),
+        }
+    }
+
     /// Hands a coordinator's event to the attempt's mailbox; an attempt that
     /// ended is not an error (the event came too late).
     fn deliver_operator_event(&self, e: OperatorEventRequest) {
@@ -701,6 +761,78 @@ async fn forward_operator_events(
     }
 }
 
+/// Sends the tasks' checkpoint reports to the JobManager in order. A lost
+/// report is not retried: the checkpoint expires (or the next one
+/// completes) as Flink's does.
+async fn forward_checkpoint_reports(
+    mut jobmanager: JobManagerClient<Channel>,
+    secret: Option<String>,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<crate::rpc::CheckpointReport>,
+) {
+    while let Some(report) = rx.recv().await {
+        let req = security::authorize(report, &secret);
+        match tokio::time::timeout(RPC_TIMEOUT, jobmanager.report_checkpoint(req)).await {
+            Ok(Ok(ack)) if ack.get_ref().ok => {}
+            Ok(Ok(ack)) => tracing::warn!("checkpoint report refused: {}", ack.get_ref().message),
+            Ok(Err(status)) => tracing::warn!("checkpoint report lost: {}", status.message()),
+            Err(_) => tracing::warn!("checkpoint report not answered in time"),
+        }
+    }
+}
+
+/// A task's checkpoint reports, as JSON of the shared contract types.
+struct ReportResponder {
+    job_id: String,
+    reports: tokio::sync::mpsc::UnboundedSender<crate::rpc::CheckpointReport>,
+}
+
+impl ReportResponder {
+    fn send(&self, declined: bool, json: serde_json::Result<String>) {
+        match json {
+            Ok(report_json) => {
+                let _ = self.reports.send(crate::rpc::CheckpointReport {
+                    job_id: self.job_id.clone(),
+                    declined,
+                    report_json,
+                });
+            }
+            Err(e) => tracing::warn!("encoding a checkpoint report: {e}"),
+        }
+    }
+}
+
+impl fluvia_runtime::checkpoint::CheckpointResponder for ReportResponder {
+    fn acknowledge(&self, ack: fluvia_deployment::TaskCheckpointAck) {
+        self.send(false, serde_json::to_string(&ack));
+    }
+    fn decline(&self, decline: fluvia_deployment::TaskCheckpointDecline) {
+        self.send(true, serde_json::to_string(&decline));
+    }
+}
+
+/// A job's snapshot files in its checkpoint storage.
+struct StorageSnapshots {
+    storage: fluvia_state::CheckpointStorage,
+    job_id: String,
+}
+
+impl fluvia_runtime::checkpoint::SnapshotStore for StorageSnapshots {
+    fn write(&self, checkpoint_id: u64, name: &str, bytes: Vec<u8>) -> Result<String> {
+        let location = format!(
+            "{}/{name}",
+            fluvia_state::storage::checkpoint_dir(&self.job_id, checkpoint_id)
+        );
+        self.storage
+            .put(&location, bytes)
+            .map_err(fluvia_runtime::checkpoint::state_error)
+    }
+    fn read(&self, location: &str) -> Result<Vec<u8>> {
+        self.storage
+            .get(location)
+            .map_err(fluvia_runtime::checkpoint::state_error)
+    }
+}
+
 struct TmService {
     shared: Arc<Shared>,
 }
@@ -730,6 +862,58 @@ impl TaskManager for TmService {
     async fn send_operator_event(&self, req: Request<OperatorEventRequest>) -> RpcResult<Ack> {
         security::check_request(&self.shared.secret, &req, "SendOperatorEvent")?;
         self.shared.deliver_operator_event(req.into_inner());
+        Ok(Response::new(Ack::success()))
+    }
+
+    async fn trigger_checkpoint(
+        &self,
+        req: Request<crate::rpc::TriggerCheckpointRequest>,
+    ) -> RpcResult<Ack> {
+        security::check_request(&self.shared.secret, &req, "TriggerCheckpoint")?;
+        let r = req.into_inner();
+        let a = r.attempt.unwrap_or_default();
+        let options = fluvia_network::CheckpointOptions {
+            snapshot_type: if r.snapshot_type == 1 {
+                fluvia_network::SnapshotType::Savepoint
+            } else {
+                fluvia_network::SnapshotType::Checkpoint
+            },
+            alignment: match r.alignment {
+                1 => fluvia_network::AlignmentType::Unaligned,
+                2 => fluvia_network::AlignmentType::ForcedAligned,
+                3 => fluvia_network::AlignmentType::AtLeastOnce,
+                _ => fluvia_network::AlignmentType::Aligned,
+            },
+        };
+        let barrier = fluvia_network::CheckpointBarrier {
+            id: r.checkpoint_id,
+            timestamp: r.timestamp,
+            options,
+        };
+        self.shared.send_task_mail(
+            &a.job_id,
+            (a.vertex_index as usize, a.subtask as usize, a.attempt),
+            fluvia_runtime::TaskMail::TriggerCheckpoint(barrier),
+        );
+        Ok(Response::new(Ack::success()))
+    }
+
+    async fn notify_checkpoint(
+        &self,
+        req: Request<crate::rpc::NotifyCheckpointRequest>,
+    ) -> RpcResult<Ack> {
+        security::check_request(&self.shared.secret, &req, "NotifyCheckpoint")?;
+        let r = req.into_inner();
+        for a in &r.attempts {
+            self.shared.send_task_mail(
+                &r.job_id,
+                (a.vertex_index as usize, a.subtask as usize, a.attempt),
+                fluvia_runtime::TaskMail::NotifyCheckpoint {
+                    id: r.checkpoint_id,
+                    complete: r.complete,
+                },
+            );
+        }
         Ok(Response::new(Ack::success()))
     }
 
@@ -996,8 +1180,10 @@ async fn run_inner(
         .max(Duration::from_millis(50));
     let timeout = config.get(&cfg::HEARTBEAT_TIMEOUT)?;
     let (operator_events, operator_events_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (checkpoint_reports, checkpoint_reports_rx) = tokio::sync::mpsc::unbounded_channel();
     let shared = Arc::new(Shared {
         operator_events,
+        checkpoint_reports,
         id: id.clone(),
         secret: secret.clone(),
         catalog: Arc::clone(&catalog),
@@ -1029,6 +1215,11 @@ async fn run_inner(
         shared.jobmanager.clone(),
         secret.clone(),
         operator_events_rx,
+    ));
+    let report_forwarder = tokio::spawn(forward_checkpoint_reports(
+        shared.jobmanager.clone(),
+        secret.clone(),
+        checkpoint_reports_rx,
     ));
     let ticker = {
         let epoch = Arc::clone(&shared.flush_epoch);
@@ -1064,6 +1255,7 @@ async fn run_inner(
         ticker.abort_handle(),
         reporter.abort_handle(),
         forwarder.abort_handle(),
+        report_forwarder.abort_handle(),
     ]);
     tracing::info!(
         "TaskManager {id}: {slots} slots, RPC {rpc_address}, data {}",

@@ -227,6 +227,50 @@ pub mod options {
             1,
             "TaskManagers of the embedded mini-cluster; with more than one, \
             exchanges between them go over TCP on loopback.", unlisted;
+        /// Flink's `CheckpointingOptions` (1.20+ names; the older `state.*`
+        /// spellings are read too).
+        CHECKPOINTING_INTERVAL: Duration = "execution.checkpointing.interval",
+            Duration::ZERO => "(none)",
+            "Streaming jobs: how often a checkpoint is triggered (none or 0: no periodic checkpoints).";
+        CHECKPOINTING_MODE: &'static str = "execution.checkpointing.mode",
+            "EXACTLY_ONCE",
+            "EXACTLY_ONCE (barriers are aligned) or AT_LEAST_ONCE (they are not).";
+        CHECKPOINTING_TIMEOUT: Duration = "execution.checkpointing.timeout",
+            Duration::from_secs(600) => "10 min",
+            "A checkpoint not completed within this time is aborted.";
+        CHECKPOINTING_MIN_PAUSE: Duration = "execution.checkpointing.min-pause",
+            Duration::ZERO => "0 ms",
+            "Least time between the end of one checkpoint and the start of the next.";
+        CHECKPOINTING_MAX_CONCURRENT: usize = "execution.checkpointing.max-concurrent-checkpoints",
+            1,
+            "Checkpoints that may be in progress at once.";
+        CHECKPOINTING_TOLERABLE_FAILURES: usize = "execution.checkpointing.tolerable-failed-checkpoints",
+            0,
+            "Consecutive checkpoint failures tolerated before the job fails.";
+        CHECKPOINTING_NUM_RETAINED: usize = "execution.checkpointing.num-retained" | "state.checkpoints.num-retained",
+            1,
+            "Completed checkpoints kept; older ones are deleted.";
+        CHECKPOINTING_UNALIGNED: bool = "execution.checkpointing.unaligned.enabled" | "execution.checkpointing.unaligned",
+            false,
+            "Barriers overtake in-flight data, which is stored as channel state (exactly once only).";
+        CHECKPOINTING_ALIGNED_TIMEOUT: Duration = "execution.checkpointing.aligned-checkpoint-timeout" | "execution.checkpointing.alignment-timeout",
+            Duration::ZERO => "0 ms",
+            "With unaligned checkpoints: start aligned and switch to unaligned after this long (0: unaligned at once).";
+        CHECKPOINTING_RETENTION: &'static str = "execution.checkpointing.externalized-checkpoint-retention" | "execution.checkpointing.externalized-checkpoint.retention",
+            "NO_EXTERNALIZED_CHECKPOINTS",
+            "DELETE_ON_CANCELLATION, RETAIN_ON_CANCELLATION or NO_EXTERNALIZED_CHECKPOINTS.";
+        CHECKPOINTS_DIRECTORY: &'static str = "execution.checkpointing.dir" | "state.checkpoints.dir",
+            "" => "(system temp dir)/fluvia-checkpoints",
+            "Where checkpoints are written (a directory every process of the cluster can read).";
+        SAVEPOINT_DIRECTORY: &'static str = "execution.checkpointing.savepoint-dir" | "state.savepoints.dir",
+            "" => "(none)",
+            "Default directory of savepoints.";
+        STATE_RECOVERY_PATH: &'static str = "execution.state-recovery.path" | "execution.savepoint.path",
+            "" => "(none)",
+            "A savepoint or retained checkpoint the job starts from.";
+        STATE_RECOVERY_IGNORE_UNCLAIMED: bool = "execution.state-recovery.ignore-unclaimed-state" | "execution.savepoint.ignore-unclaimed-state",
+            false,
+            "Start even if the snapshot holds state of an operator the job no longer has.";
     }
 }
 
@@ -485,7 +529,7 @@ mod tests {
             "unlisted options are not checked"
         );
         let all = options::all();
-        assert_eq!(all.len(), 33);
+        assert_eq!(all.len(), 47);
         assert!(
             all.iter()
                 .all(|(k, _, _)| *k != options::LOCAL_TASK_MANAGERS.key)

@@ -360,6 +360,91 @@ fn a_rate_limited_generator_emits_everything_at_its_rate() {
     );
 }
 
+/// Records the checkpoints its subtask is told completed.
+struct CheckpointWatcher {
+    completed: Arc<std::sync::Mutex<Vec<u64>>>,
+    snapshots: Arc<AtomicU64>,
+}
+
+impl OneInputOperator<(u64, u64), (u64, u64)> for CheckpointWatcher {
+    fn process_element(
+        &mut self,
+        record: (u64, u64),
+        out: &mut Collector<'_, (u64, u64)>,
+    ) -> Result<(), UserError> {
+        out.collect(record);
+        Ok(())
+    }
+    fn snapshot_state(
+        &mut self,
+        _ctx: &mut fluvia_runtime::state::StateSnapshotContext,
+    ) -> Result<(), UserError> {
+        self.snapshots.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+    fn notify_checkpoint_complete(&mut self, id: u64) -> Result<(), UserError> {
+        self.completed.lock().unwrap().push(id);
+        Ok(())
+    }
+}
+
+/// A streaming job with `execution.checkpointing.interval` takes periodic
+/// checkpoints through the whole path: the JobManager's coordinator
+/// triggers the sources over RPC, barriers cross a keyed exchange and are
+/// aligned, every task snapshots and acknowledges, `_metadata` is written,
+/// and every task is told the checkpoint completed. The job's answer does
+/// not change.
+#[test]
+fn periodic_checkpoints_complete_and_are_notified_to_every_task() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Configuration::new();
+    config
+        .set("execution.checkpointing.interval", "100 ms")
+        .set(
+            "execution.checkpointing.dir",
+            dir.path().display().to_string(),
+        )
+        .set(
+            "execution.checkpointing.externalized-checkpoint-retention",
+            "RETAIN_ON_CANCELLATION",
+        );
+    let env = StreamExecutionEnvironment::with_config(config).unwrap();
+    env.set_parallelism(2)
+        .set_runtime_mode(RuntimeMode::Streaming);
+    let completed = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let snapshots = Arc::new(AtomicU64::new(0));
+    let (c, s) = (Arc::clone(&completed), Arc::clone(&snapshots));
+    let (_, sums) = env
+        .from_generator_with_rate(3000, 2000.0, |i| (i % 7, i))
+        .key_by(|(k, _): &(u64, u64)| *k)
+        .reduce(|a, b| (a.0, a.1 + b.1))
+        .transform("Watch", move |_| CheckpointWatcher {
+            completed: Arc::clone(&c),
+            snapshots: Arc::clone(&s),
+        })
+        .collect();
+    env.execute("checkpointed").unwrap();
+
+    let mut finals = BTreeMap::new();
+    for (k, v) in sums.take() {
+        let e = finals.entry(k).or_insert(0);
+        *e = (*e).max(v);
+    }
+    let mut expected = BTreeMap::new();
+    for i in 0..3000u64 {
+        *expected.entry(i % 7).or_insert(0) += i;
+    }
+    assert_eq!(finals, expected);
+    let completed = completed.lock().unwrap().clone();
+    // Two subtasks of the watcher are each told of each completed checkpoint.
+    assert!(completed.len() >= 4, "{completed:?}");
+    let mut ids = completed.clone();
+    ids.sort();
+    ids.dedup();
+    assert!(ids.len() >= 2, "{completed:?}");
+    assert!(snapshots.load(Ordering::SeqCst) >= 4);
+}
+
 /// A side output read as another type than it is written fails the job
 /// with an error that names the tag, not with a wrong answer.
 #[test]
