@@ -28,22 +28,49 @@ use std::sync::mpsc;
 use std::time::Instant;
 
 /// The state of a chain's operators for one checkpoint, by operator index.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct ChainSnapshot {
     pub checkpoint_id: u64,
     pub operators: Vec<(usize, OperatorStateSnapshot)>,
+    /// Keyed state of operators still to be encoded (off the task thread).
+    deferred: Vec<(usize, crate::state::DeferredKeyedState)>,
+}
+
+impl std::fmt::Debug for ChainSnapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChainSnapshot")
+            .field("checkpoint_id", &self.checkpoint_id)
+            .field("operators", &self.operators)
+            .field("deferred", &self.deferred.len())
+            .finish()
+    }
 }
 
 impl ChainSnapshot {
     pub fn new(checkpoint_id: u64) -> Self {
         ChainSnapshot {
             checkpoint_id,
-            operators: Vec::new(),
+            ..Default::default()
         }
     }
 
-    pub fn add(&mut self, operator: usize, snapshot: OperatorStateSnapshot) {
-        self.operators.push((operator, snapshot));
+    /// What operator `operator` wrote in `snapshot_state`.
+    pub fn add(&mut self, operator: usize, state: crate::state::StateSnapshotContext) {
+        if let Some(d) = state.deferred_keyed {
+            self.deferred.push((operator, d));
+        }
+        self.operators.push((operator, state.snapshot));
+    }
+
+    /// Runs the deferred encodings (the asynchronous part).
+    fn finish(mut self) -> Result<(u64, Vec<(usize, OperatorStateSnapshot)>)> {
+        for (operator, encode) in self.deferred {
+            let groups = encode().map_err(state_error)?;
+            if let Some((_, s)) = self.operators.iter_mut().find(|(i, _)| *i == operator) {
+                s.keyed_state.extend(groups);
+            }
+        }
+        Ok((self.checkpoint_id, self.operators))
     }
 }
 
@@ -232,8 +259,9 @@ fn write_snapshot(
         mut metrics,
         sync_started,
     } = part;
+    let (checkpoint_id, operators) = snapshot.finish()?;
     let mut state = TaskStateSnapshot::default();
-    for (index, operator) in &snapshot.operators {
+    for (index, operator) in &operators {
         if operator.is_empty() {
             continue;
         }
@@ -243,7 +271,7 @@ fn write_snapshot(
         let bytes = encode_snapshot(operator)?;
         let state_size = bytes.len() as u64;
         let name = format!("{operator_id}-{}-{}", attempt.subtask, attempt.attempt);
-        let path = services.store.write(snapshot.checkpoint_id, &name, bytes)?;
+        let path = services.store.write(checkpoint_id, &name, bytes)?;
         let keyed = !operator.keyed_state.is_empty();
         let handle = StateHandle {
             kind: if keyed {
@@ -272,12 +300,11 @@ fn write_snapshot(
     metrics.async_duration_ms = started.elapsed().as_millis() as u64;
     state.metrics = metrics;
     tracing::debug!(
-        "{attempt}: checkpoint {} written in {:?} after the barrier",
-        snapshot.checkpoint_id,
+        "{attempt}: checkpoint {checkpoint_id} written in {:?} after the barrier",
         sync_started.elapsed()
     );
     Ok(TaskCheckpointAck {
-        checkpoint_id: snapshot.checkpoint_id,
+        checkpoint_id,
         attempt,
         state,
     })

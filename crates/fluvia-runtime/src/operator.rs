@@ -605,7 +605,7 @@ macro_rules! checkpoint_driver {
             .op
             .snapshot_state(&mut state)
             .map_err(|e| $self.ctx.user_error(e))?;
-        $snapshot.add(index, state.snapshot);
+        $snapshot.add(index, state);
         Ok(())
     }};
 }

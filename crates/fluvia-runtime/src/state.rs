@@ -56,14 +56,36 @@ impl StateInitializationContext {
     }
 }
 
+/// Keyed state frozen at the barrier, encoded later off the task thread.
+pub type DeferredKeyedState =
+    Box<dyn FnOnce() -> fluvia_state::Result<BTreeMap<usize, Vec<u8>>> + Send>;
+
 /// What `snapshot_state` writes into.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct StateSnapshotContext {
     pub checkpoint_id: u64,
     pub snapshot: OperatorStateSnapshot,
+    pub(crate) deferred_keyed: Option<DeferredKeyedState>,
+}
+
+impl std::fmt::Debug for StateSnapshotContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StateSnapshotContext")
+            .field("checkpoint_id", &self.checkpoint_id)
+            .field("snapshot", &self.snapshot)
+            .field("deferred_keyed", &self.deferred_keyed.is_some())
+            .finish()
+    }
 }
 
 impl StateSnapshotContext {
+    /// Writes the keyed state of a backend: `snapshot` is frozen now (the
+    /// synchronous part costs only its copy-on-write bookkeeping) and
+    /// encoded on the task's checkpoint thread (Flink's asynchronous part).
+    pub fn keyed_state(&mut self, snapshot: fluvia_state::KeyedSnapshot) {
+        self.deferred_keyed = Some(Box::new(move || snapshot.encode()));
+    }
+
     /// Writes list state `name`: on restore at another parallelism its
     /// elements are split among the subtasks (Flink's `getListState`).
     pub fn list_state(&mut self, name: &str, elements: Vec<Vec<u8>>) {
