@@ -10,6 +10,7 @@
 //! No RPC here, and nothing of the scheduler's internals: the JobManager
 //! shell sends the calls and tells it about attempts.
 
+use crate::coordinators::JobCoordinators;
 use crate::rpc::{AttemptRef, NotifyCheckpointRequest, TriggerCheckpointRequest};
 use fluvia_core::config::options;
 use fluvia_core::{Configuration, FluviaError, JobId, Result};
@@ -179,6 +180,7 @@ pub fn read_metadata(path: &str) -> Result<CompletedCheckpoint> {
 
 struct JobCheckpoints {
     coordinator: CheckpointCoordinator,
+    graph: Arc<JobGraph>,
     storage: Arc<CheckpointStorage>,
     job_id: String,
     /// The TaskManager of every attempt deployed.
@@ -195,7 +197,7 @@ impl Checkpointing {
     /// A job was submitted: a streaming job gets a coordinator (savepoints
     /// work without periodic checkpoints); one started from a snapshot
     /// (`execution.state-recovery.path`) restores it.
-    pub fn job_submitted(&mut self, graph: &JobGraph) -> Result<()> {
+    pub fn job_submitted(&mut self, graph: &Arc<JobGraph>) -> Result<()> {
         if graph.job_type != JobType::Streaming {
             return Ok(());
         }
@@ -220,6 +222,7 @@ impl Checkpointing {
             graph.job_id,
             JobCheckpoints {
                 coordinator,
+                graph: Arc::clone(graph),
                 storage,
                 job_id: graph.job_id.to_string(),
                 locations: HashMap::new(),
@@ -229,8 +232,13 @@ impl Checkpointing {
     }
 
     /// The job ended: its coordinator decides what of its checkpoints stays.
-    pub fn job_ended(&mut self, job: JobId, status: TerminalJobStatus) -> Vec<CheckpointCall> {
-        let calls = self.handle(job, CheckpointEvent::JobTerminated { status });
+    pub fn job_ended(
+        &mut self,
+        coordinators: &mut JobCoordinators,
+        job: JobId,
+        status: TerminalJobStatus,
+    ) -> Vec<CheckpointCall> {
+        let calls = self.handle(coordinators, job, CheckpointEvent::JobTerminated { status });
         self.jobs.remove(&job);
         calls
     }
@@ -268,6 +276,7 @@ impl Checkpointing {
     /// An attempt's state changed.
     pub fn attempt_state(
         &mut self,
+        coordinators: &mut JobCoordinators,
         attempt: &ExecutionAttemptId,
         state: ExecutionState,
         failure: Option<&str>,
@@ -289,11 +298,16 @@ impl Checkpointing {
             },
             _ => return Vec::new(),
         };
-        self.handle(attempt.job, event)
+        self.handle(coordinators, attempt.job, event)
     }
 
     /// A task's report (an acknowledgement or a refusal).
-    pub fn report(&mut self, declined: bool, json: &str) -> Result<Vec<CheckpointCall>> {
+    pub fn report(
+        &mut self,
+        coordinators: &mut JobCoordinators,
+        declined: bool,
+        json: &str,
+    ) -> Result<Vec<CheckpointCall>> {
         let bad = |e: serde_json::Error| {
             FluviaError::Execution(format!("an unreadable checkpoint report: {e}"))
         };
@@ -321,14 +335,14 @@ impl Checkpointing {
                 },
             )
         };
-        Ok(self.handle(job, event))
+        Ok(self.handle(coordinators, job, event))
     }
 
     /// Time passed: every job's coordinator expires and triggers.
-    pub fn tick(&mut self) -> Vec<CheckpointCall> {
+    pub fn tick(&mut self, coordinators: &mut JobCoordinators) -> Vec<CheckpointCall> {
         let jobs: Vec<JobId> = self.jobs.keys().copied().collect();
         jobs.into_iter()
-            .flat_map(|job| self.handle(job, CheckpointEvent::Tick))
+            .flat_map(|job| self.handle(coordinators, job, CheckpointEvent::Tick))
             .collect()
     }
 
@@ -342,7 +356,12 @@ impl Checkpointing {
         self.jobs.get(&job).map(|j| j.coordinator.config())
     }
 
-    fn handle(&mut self, job: JobId, event: CheckpointEvent) -> Vec<CheckpointCall> {
+    fn handle(
+        &mut self,
+        coordinators: &mut JobCoordinators,
+        job: JobId,
+        event: CheckpointEvent,
+    ) -> Vec<CheckpointCall> {
         let Some(j) = self.jobs.get_mut(&job) else {
             return Vec::new();
         };
@@ -352,7 +371,7 @@ impl Checkpointing {
         while !actions.is_empty() {
             let mut next = Vec::new();
             for action in actions {
-                if let Some(event) = perform(j, job, action, &mut calls) {
+                for event in perform(j, coordinators, job, action, &mut calls) {
                     next.extend(j.coordinator.handle(now_millis(), event));
                 }
             }
@@ -371,13 +390,14 @@ fn attempt_ref(job_id: &str, t: &TaskAttempt) -> AttemptRef {
     }
 }
 
-/// Carries out one action; returns the event that answers it, if any.
+/// Carries out one action; returns the events that answer it.
 fn perform(
     j: &mut JobCheckpoints,
+    coordinators: &mut JobCoordinators,
     job: JobId,
     action: CheckpointAction,
     calls: &mut Vec<CheckpointCall>,
-) -> Option<CheckpointEvent> {
+) -> Vec<CheckpointEvent> {
     let location = |j: &JobCheckpoints, t: &TaskAttempt| {
         j.locations
             .get(&(t.task.vertex, t.task.subtask, t.attempt))
@@ -391,6 +411,11 @@ fn perform(
             options,
             tasks,
         } => {
+            // The operator coordinators' state first: events they send
+            // from now on queue behind the trigger, events sent before
+            // reach their subtasks before it (one ordered queue per
+            // TaskManager), so readers and enumerator agree.
+            let states = coordinators.checkpoint(&j.graph, job, checkpoint_id);
             for t in &tasks {
                 let Some(task_manager) = location(j, t) else {
                     continue;
@@ -414,7 +439,14 @@ fn perform(
                     },
                 });
             }
-            None
+            states
+                .into_iter()
+                .map(|(operator, state)| CheckpointEvent::CoordinatorState {
+                    checkpoint_id,
+                    operator: OperatorId(operator),
+                    state,
+                })
+                .collect()
         }
         CheckpointAction::WriteMetadata { checkpoint } => {
             let id = checkpoint.checkpoint_id;
@@ -427,7 +459,7 @@ fn perform(
                     };
                     j.storage.put(&target, bytes).map_err(|e| e.to_string())
                 });
-            Some(match written {
+            vec![match written {
                 Ok(path) => CheckpointEvent::MetadataWritten {
                     checkpoint_id: id,
                     path: Some(path),
@@ -436,14 +468,14 @@ fn perform(
                     checkpoint_id: id,
                     reason,
                 },
-            })
+            }]
         }
         CheckpointAction::NotifyCheckpointComplete {
             checkpoint_id,
             tasks,
         } => {
             notify(j, &tasks, checkpoint_id, true, calls);
-            None
+            Vec::new()
         }
         CheckpointAction::NotifyCheckpointAborted {
             checkpoint_id,
@@ -452,7 +484,7 @@ fn perform(
         } => {
             tracing::info!("checkpoint {checkpoint_id} of job {job} aborted: {reason}");
             notify(j, &tasks, checkpoint_id, false, calls);
-            None
+            Vec::new()
         }
         CheckpointAction::DiscardCheckpoint {
             external_path,
@@ -460,25 +492,25 @@ fn perform(
             ..
         } => {
             discard(&j.storage, handles, external_path);
-            None
+            Vec::new()
         }
         CheckpointAction::DiscardState { handles, .. } => {
             discard(&j.storage, handles, None);
-            None
+            Vec::new()
         }
         CheckpointAction::DiscardMetadata { path, .. } => {
             discard(&j.storage, Vec::new(), Some(path));
-            None
+            Vec::new()
         }
         CheckpointAction::SavepointCompleted {
             request_id, path, ..
         } => {
             tracing::info!("savepoint {request_id} of job {job} written to {path:?}");
-            None
+            Vec::new()
         }
         CheckpointAction::SavepointFailed { request_id, reason } => {
             tracing::warn!("savepoint {request_id} of job {job} failed: {reason}");
-            None
+            Vec::new()
         }
         CheckpointAction::FailJob { reason } => {
             let running = j.coordinator.plan().tasks().find_map(|task| {
@@ -495,7 +527,7 @@ fn perform(
             if let Some(attempt) = running {
                 calls.push(CheckpointCall::FailJob { attempt, reason });
             }
-            None
+            Vec::new()
         }
     }
 }

@@ -26,6 +26,9 @@ pub(crate) struct JobCoordinators {
     locations: HashMap<ExecutionAttemptId, String>,
     /// The parallelism each vertex was deployed with.
     parallelism: BTreeMap<(JobId, usize), usize>,
+    /// Streaming jobs: the subtasks of each vertex deployed since its
+    /// coordinators were last made (a subtask deployed again is a restart).
+    incarnation: BTreeMap<(JobId, usize), std::collections::BTreeSet<usize>>,
 }
 
 impl JobCoordinators {
@@ -99,6 +102,92 @@ impl JobCoordinators {
         Ok(self.route(job_id, attempt, operator, out))
     }
 
+    /// Snapshots every coordinator of `job` for checkpoint `checkpoint_id`,
+    /// before its trigger goes out: (operator id, state). A coordinator not
+    /// made yet has its initial state, which a restore makes anew.
+    pub fn checkpoint(
+        &mut self,
+        graph: &JobGraph,
+        job: JobId,
+        checkpoint_id: u64,
+    ) -> Vec<(String, Vec<u8>)> {
+        let mut states = Vec::new();
+        for ((j, vertex, operator), c) in self.coordinators.iter_mut() {
+            if *j != job {
+                continue;
+            }
+            let Some(op) = graph
+                .vertices
+                .get(*vertex)
+                .and_then(|v| v.operators.get(*operator))
+            else {
+                continue;
+            };
+            match c.checkpoint(checkpoint_id) {
+                Ok(state) => states.push((op.operator_id.clone(), state)),
+                Err(e) => tracing::warn!(
+                    "the coordinator of '{}' could not take checkpoint {checkpoint_id}: {e}",
+                    op.name
+                ),
+            }
+        }
+        states
+    }
+
+    /// A streaming job's attempt is deployed. A subtask deployed again means
+    /// the job restarts: the vertex's coordinators return to what the
+    /// restored checkpoint recorded (Flink's `resetToCheckpoint`), or are
+    /// made anew when it restarts from the beginning; their readers restore
+    /// the splits they held from their own state.
+    pub fn restore_for_deployment(
+        &mut self,
+        graph: &JobGraph,
+        attempt: &ExecutionAttemptId,
+        restore: Option<&fluvia_deployment::TaskRestore>,
+    ) -> Result<()> {
+        let Some(v) = graph.vertices.get(attempt.vertex) else {
+            return Ok(());
+        };
+        if v.operators.iter().all(|o| o.coordinator.is_none()) {
+            return Ok(());
+        }
+        let seen = self
+            .incarnation
+            .entry((attempt.job, attempt.vertex))
+            .or_default();
+        let restart = seen.contains(&attempt.subtask);
+        let first_restored = seen.is_empty() && restore.is_some();
+        if restart {
+            seen.clear();
+        }
+        seen.insert(attempt.subtask);
+        if !restart && !first_restored {
+            return Ok(());
+        }
+        for (index, op) in v.operators.iter().enumerate() {
+            let key = (attempt.job, attempt.vertex, index);
+            self.coordinators.remove(&key);
+            let (Some(spec), Some(r)) = (&op.coordinator, restore) else {
+                continue;
+            };
+            let Some(state) = r
+                .operator(&op.operator_id)
+                .and_then(|s| s.coordinator_state.as_ref())
+            else {
+                continue;
+            };
+            let parallelism = self
+                .parallelism
+                .get(&(attempt.job, attempt.vertex))
+                .copied()
+                .unwrap_or(v.parallelism);
+            let mut c = self.registry.create(spec, parallelism)?;
+            c.reset_to_checkpoint(r.checkpoint_id, state)?;
+            self.coordinators.insert(key, c);
+        }
+        Ok(())
+    }
+
     /// An attempt failed or was cancelled: its coordinators forget it.
     pub fn attempt_failed(&mut self, attempt: &ExecutionAttemptId) {
         self.locations.remove(attempt);
@@ -114,6 +203,7 @@ impl JobCoordinators {
         self.coordinators.retain(|(j, _, _), _| *j != job);
         self.locations.retain(|a, _| a.job != job);
         self.parallelism.retain(|(j, _), _| *j != job);
+        self.incarnation.retain(|(j, _), _| *j != job);
     }
 
     fn route(

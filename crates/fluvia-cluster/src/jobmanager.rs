@@ -170,6 +170,15 @@ impl JmShared {
                     if let Some(meta) = st.jobs.get(&d.attempt.job) {
                         st.coordinators
                             .deployed(&meta.graph, &d.attempt, &tm, d.parallelism);
+                        if meta.graph.job_type == fluvia_graph::JobType::Streaming
+                            && let Err(e) = st.coordinators.restore_for_deployment(
+                                &meta.graph,
+                                &d.attempt,
+                                d.restore.as_ref(),
+                            )
+                        {
+                            tracing::error!("restoring the coordinators of {}: {e}", d.attempt);
+                        }
                     }
                     match self.job_information(st, d.attempt.job) {
                         Some(job) if st.tms.contains_key(&tm) => {
@@ -262,7 +271,7 @@ impl JmShared {
                         JobState::Canceled => TerminalJobStatus::Cancelled,
                         _ => TerminalJobStatus::Failed,
                     };
-                    let calls = st.checkpoints.job_ended(job, status);
+                    let calls = st.checkpoints.job_ended(&mut st.coordinators, job, status);
                     checkpoint_calls.extend(calls);
                     if let Some(meta) = st.jobs.get_mut(&job) {
                         meta.end_time = Some(now_millis());
@@ -536,8 +545,9 @@ impl JmShared {
             tokio::time::sleep(wait).await;
             let _ = self.feed_now(Event::Tick);
             let mut st = self.state();
-            let calls = st.checkpoints.tick();
-            self.send_checkpoint_calls(&mut st, calls);
+            let st = &mut *st;
+            let calls = st.checkpoints.tick(&mut st.coordinators);
+            self.send_checkpoint_calls(st, calls);
         }
     }
 
@@ -737,10 +747,14 @@ impl JmService {
                     ..
                 } = &e
                 {
-                    let calls = st
-                        .checkpoints
-                        .attempt_state(attempt, *state, failure.as_deref());
-                    self.shared.send_checkpoint_calls(&mut st, calls);
+                    let st = &mut *st;
+                    let calls = st.checkpoints.attempt_state(
+                        &mut st.coordinators,
+                        attempt,
+                        *state,
+                        failure.as_deref(),
+                    );
+                    self.shared.send_checkpoint_calls(st, calls);
                 }
                 let _ = self.shared.feed(&mut st, e);
             }
@@ -799,10 +813,11 @@ impl JobManager for JmService {
         security::check_request(&self.shared.secret, &req, "ReportCheckpoint")?;
         let r = req.into_inner();
         let mut st = self.shared.state();
+        let st = &mut *st;
         let outcome = st
             .checkpoints
-            .report(r.declined, &r.report_json)
-            .map(|calls| self.shared.send_checkpoint_calls(&mut st, calls))
+            .report(&mut st.coordinators, r.declined, &r.report_json)
+            .map(|calls| self.shared.send_checkpoint_calls(st, calls))
             .map_err(|e| e.to_string());
         Ok(Response::new(Ack::from_result(outcome)))
     }

@@ -200,28 +200,64 @@ impl RateLimiter {
 
 pub struct CollectionSource<T> {
     items: Arc<Vec<T>>,
-    next: usize,
-    step: usize,
+    /// (next index, step) of each stride this subtask emits: one on a
+    /// fresh start, any number after a restore at another parallelism.
+    cursors: VecDeque<(u64, u64)>,
 }
 
 impl<T> CollectionSource<T> {
     pub fn new(items: Arc<Vec<T>>, subtask: usize, parallelism: usize) -> Self {
         CollectionSource {
             items,
-            next: subtask,
-            step: parallelism.max(1),
+            cursors: VecDeque::from([(subtask as u64, parallelism.max(1) as u64)]),
         }
     }
 }
 
 impl<T: Data> SourceOperator<T> for CollectionSource<T> {
+    fn initialize_state(
+        &mut self,
+        ctx: &mut fluvia_runtime::state::StateInitializationContext,
+    ) -> Result<(), UserError> {
+        if ctx.is_restored() {
+            self.cursors = ctx
+                .operator_state(POSITION)
+                .iter()
+                .map(|b| decode_range(b))
+                .collect::<Result<_, _>>()?;
+        }
+        Ok(())
+    }
+
+    fn snapshot_state(
+        &mut self,
+        ctx: &mut fluvia_runtime::state::StateSnapshotContext,
+    ) -> Result<(), UserError> {
+        let len = self.items.len() as u64;
+        let cursors = self
+            .cursors
+            .iter()
+            .filter(|(next, _)| *next < len)
+            .map(|(next, step)| [next.to_le_bytes(), step.to_le_bytes()].concat())
+            .collect();
+        ctx.list_state(POSITION, cursors);
+        Ok(())
+    }
+
     fn poll_next(&mut self, out: &mut Collector<'_, T>) -> Result<SourceStatus, UserError> {
         for _ in 0..BATCH {
-            let Some(item) = self.items.get(self.next) else {
+            let Some((next, step)) = self.cursors.front_mut() else {
                 return Ok(SourceStatus::End);
             };
-            out.collect(item.clone());
-            self.next += self.step;
+            match self.items.get(*next as usize) {
+                Some(item) => {
+                    out.collect(item.clone());
+                    *next += (*step).max(1);
+                }
+                None => {
+                    self.cursors.pop_front();
+                }
+            }
         }
         Ok(SourceStatus::MoreAvailable)
     }
@@ -231,6 +267,8 @@ pub struct GeneratorSource<T> {
     f: Arc<dyn Fn(u64) -> T + Send + Sync>,
     next: u64,
     end: u64,
+    /// Further ranges to emit (a restore may hand a subtask several).
+    queued: VecDeque<(u64, u64)>,
     pub rate: Option<RateLimiter>,
 }
 
@@ -247,15 +285,68 @@ impl<T> GeneratorSource<T> {
             f,
             next: share(subtask as u128),
             end: share(subtask as u128 + 1),
+            queued: VecDeque::new(),
             rate: None,
         }
     }
 }
 
+/// The state name of a source's unread ranges or splits.
+const POSITION: &str = "position";
+
+/// Encodes `(next, end)` ranges as list-state elements.
+fn encode_ranges(ranges: impl Iterator<Item = (u64, u64)>) -> Vec<Vec<u8>> {
+    ranges
+        .filter(|(next, end)| next < end)
+        .map(|(next, end)| [next.to_le_bytes(), end.to_le_bytes()].concat())
+        .collect()
+}
+
+fn decode_range(bytes: &[u8]) -> Result<(u64, u64), UserError> {
+    let word = |i: usize| -> Result<u64, UserError> {
+        let b: [u8; 8] = bytes
+            .get(i..i + 8)
+            .and_then(|b| b.try_into().ok())
+            .ok_or("a source position in the restored state is malformed")?;
+        Ok(u64::from_le_bytes(b))
+    };
+    Ok((word(0)?, word(8)?))
+}
+
 impl<T: Data> SourceOperator<T> for GeneratorSource<T> {
+    /// A restored subtask emits the ranges it is given back (at another
+    /// parallelism the ranges are split among the subtasks as list state).
+    fn initialize_state(
+        &mut self,
+        ctx: &mut fluvia_runtime::state::StateInitializationContext,
+    ) -> Result<(), UserError> {
+        if ctx.is_restored() {
+            self.queued = ctx
+                .operator_state(POSITION)
+                .iter()
+                .map(|b| decode_range(b))
+                .collect::<Result<_, _>>()?;
+            self.next = 0;
+            self.end = 0;
+        }
+        Ok(())
+    }
+
+    fn snapshot_state(
+        &mut self,
+        ctx: &mut fluvia_runtime::state::StateSnapshotContext,
+    ) -> Result<(), UserError> {
+        let ranges = std::iter::once((self.next, self.end)).chain(self.queued.iter().copied());
+        ctx.list_state(POSITION, encode_ranges(ranges));
+        Ok(())
+    }
+
     fn poll_next(&mut self, out: &mut Collector<'_, T>) -> Result<SourceStatus, UserError> {
-        if self.next >= self.end {
-            return Ok(SourceStatus::End);
+        while self.next >= self.end {
+            match self.queued.pop_front() {
+                Some((next, end)) => (self.next, self.end) = (next, end),
+                None => return Ok(SourceStatus::End),
+            }
         }
         let allowed = RateLimiter::allowance(&mut self.rate);
         if allowed == 0 {
@@ -266,7 +357,7 @@ impl<T: Data> SourceOperator<T> for GeneratorSource<T> {
             out.collect((self.f)(self.next));
             self.next += 1;
         }
-        Ok(if self.next >= self.end {
+        Ok(if self.next >= self.end && self.queued.is_empty() {
             SourceStatus::End
         } else {
             SourceStatus::MoreAvailable
@@ -352,6 +443,35 @@ impl TextFileSource {
 }
 
 impl SourceOperator<String> for TextFileSource {
+    /// A restored reader first reads the splits it held at the checkpoint
+    /// (the split it was in from the next unread line); its coordinator
+    /// restores the splits not handed out then.
+    fn initialize_state(
+        &mut self,
+        ctx: &mut fluvia_runtime::state::StateInitializationContext,
+    ) -> Result<(), UserError> {
+        for bytes in ctx.operator_state(POSITION) {
+            self.splits.push_back(FileSplit::decode(bytes)?);
+        }
+        Ok(())
+    }
+
+    fn snapshot_state(
+        &mut self,
+        ctx: &mut fluvia_runtime::state::StateSnapshotContext,
+    ) -> Result<(), UserError> {
+        let held = self
+            .current
+            .as_ref()
+            .and_then(FileSplitReader::remainder)
+            .into_iter()
+            .chain(self.splits.iter().cloned())
+            .map(|s| s.encode())
+            .collect();
+        ctx.list_state(POSITION, held);
+        Ok(())
+    }
+
     fn open(&mut self, ctx: &OperatorContext) -> Result<(), UserError> {
         self.ctx = Some(ctx.clone());
         self.request_split()

@@ -231,6 +231,10 @@ pub struct OperatorState {
     /// Every subtask was finished when the checkpoint was triggered
     /// (FLIP-147): a restore must not run the operator again.
     pub fully_finished: bool,
+    /// The state of the operator's coordinator (a source's split
+    /// enumerator), taken when the checkpoint was triggered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coordinator_state: Option<Vec<u8>>,
 }
 
 impl OperatorState {

@@ -78,6 +78,15 @@ pub trait OperatorCoordinator: Send {
     fn notify_checkpoint_complete(&mut self, _checkpoint_id: u64) -> Result<()> {
         Ok(())
     }
+    /// The job restarts from a checkpoint whose coordinator state is
+    /// `state` (Flink's `resetToCheckpoint`): forget every subtask and
+    /// become what the checkpoint recorded. Its subtasks restore what they
+    /// held from their own state.
+    fn reset_to_checkpoint(&mut self, _checkpoint_id: u64, _state: &[u8]) -> Result<()> {
+        Err(FluviaError::Execution(
+            "this operator coordinator cannot restore a checkpoint".to_string(),
+        ))
+    }
 }
 
 /// Builds a coordinator from its spec for an operator of `parallelism`

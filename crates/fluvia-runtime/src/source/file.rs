@@ -104,6 +104,14 @@ impl SplitEnumerator for FileSplitEnumerator {
             self.remaining.push_front(s);
         }
     }
+
+    fn snapshot(&self) -> Vec<Vec<u8>> {
+        self.remaining.iter().cloned().collect()
+    }
+
+    fn restore(&mut self, splits: Vec<Vec<u8>>) {
+        self.remaining = splits.into();
+    }
 }
 
 /// The file source's coordinator, built on the JobManager from its config.
@@ -150,6 +158,17 @@ impl FileSplitReader {
             reader,
             pos,
             line: Vec::with_capacity(256),
+        })
+    }
+
+    /// What of the split is not read yet: the lines that start at or after
+    /// the read position (a checkpoint records it; reopening it resumes
+    /// at the next line). `None` when nothing is left.
+    pub fn remainder(&self) -> Option<FileSplit> {
+        (self.pos < self.split.end).then(|| FileSplit {
+            path: self.split.path.clone(),
+            start: self.pos,
+            end: self.split.end,
         })
     }
 

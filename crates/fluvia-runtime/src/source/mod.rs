@@ -63,6 +63,11 @@ pub trait SplitEnumerator: Send {
     fn next_split(&mut self, subtask: usize) -> Option<Vec<u8>>;
     /// Splits given to `subtask` that must be read again (it starts over).
     fn add_splits_back(&mut self, splits: Vec<Vec<u8>>, subtask: usize);
+    /// The splits not handed out yet, for a checkpoint (taken with the
+    /// coordinator's, before the checkpoint's barriers start).
+    fn snapshot(&self) -> Vec<Vec<u8>>;
+    /// Become what [`snapshot`](Self::snapshot) returned.
+    fn restore(&mut self, splits: Vec<Vec<u8>>);
 }
 
 #[derive(Debug, Default)]
@@ -197,6 +202,26 @@ impl<E: SplitEnumerator> OperatorCoordinator for SourceCoordinator<E> {
         {
             self.enumerator.add_splits_back(s.assigned, subtask);
         }
+        Ok(())
+    }
+
+    /// The splits not handed out yet. What readers hold is in their own
+    /// state; events sent before this snapshot reach them before the
+    /// checkpoint's trigger does (one ordered queue per TaskManager).
+    fn checkpoint(&mut self, _checkpoint_id: u64) -> Result<Vec<u8>> {
+        bincode::serialize(&self.enumerator.snapshot()).map_err(|e| {
+            FluviaError::Serialization(format!("encoding the split enumerator's state: {e}"))
+        })
+    }
+
+    fn reset_to_checkpoint(&mut self, checkpoint_id: u64, state: &[u8]) -> Result<()> {
+        let splits: Vec<Vec<u8>> = bincode::deserialize(state).map_err(|e| {
+            FluviaError::Serialization(format!(
+                "the split enumerator's state in checkpoint {checkpoint_id} is corrupt: {e}"
+            ))
+        })?;
+        self.enumerator.restore(splits);
+        self.subtasks.clear();
         Ok(())
     }
 }

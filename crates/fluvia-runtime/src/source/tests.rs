@@ -160,3 +160,55 @@ fn a_restarted_readers_first_request_gets_its_subtasks_splits_back() {
     assert_eq!(starts(&request(&mut c, 0, 1)[0].2), vec![20]);
     assert_eq!(request(&mut c, 0, 1)[0].2, SourceEvent::NoMoreSplits);
 }
+
+/// A checkpoint records the splits not handed out; a reset to it hands out
+/// exactly those again (what readers held is in their own state) and
+/// forgets which reader had what, so nothing is given twice.
+#[test]
+fn a_reset_to_a_checkpoint_hands_out_only_the_splits_not_assigned_then() {
+    let mut c = SourceCoordinator::new(FileSplitEnumerator::new(splits(4)), 2);
+    assert_eq!(starts(&request(&mut c, 0, 0)[0].2), vec![0]);
+    let state = c.checkpoint(1).unwrap();
+    // After the checkpoint more is handed out, then the job fails.
+    assert_eq!(starts(&request(&mut c, 1, 0)[0].2), vec![10]);
+    c.reset_to_checkpoint(1, &state).unwrap();
+    // The restarted readers ask again: split 10 (assigned after the
+    // checkpoint) comes back, split 0 (held at the checkpoint) does not.
+    assert_eq!(starts(&request(&mut c, 1, 1)[0].2), vec![10]);
+    assert_eq!(starts(&request(&mut c, 0, 1)[0].2), vec![20]);
+    assert_eq!(starts(&request(&mut c, 0, 1)[0].2), vec![30]);
+    assert!(matches!(
+        request(&mut c, 1, 1)[0].2,
+        SourceEvent::NoMoreSplits
+    ));
+    assert!(c.reset_to_checkpoint(1, b"not a state").is_err());
+}
+
+/// A reader's remainder resumes at the next unread line.
+#[test]
+fn a_split_remainder_resumes_at_the_next_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lines.txt");
+    let mut f = std::fs::File::create(&path).unwrap();
+    for i in 0..100 {
+        writeln!(f, "line {i}").unwrap();
+    }
+    drop(f);
+    let split = create_splits(std::slice::from_ref(&path), 1)
+        .unwrap()
+        .remove(0);
+    let mut r = FileSplitReader::open(split).unwrap();
+    for i in 0..37 {
+        assert_eq!(r.next_line().unwrap(), Some(format!("line {i}").as_str()));
+    }
+    let rest = r.remainder().unwrap();
+    let mut resumed = FileSplitReader::open(rest).unwrap();
+    for i in 37..100 {
+        assert_eq!(
+            resumed.next_line().unwrap(),
+            Some(format!("line {i}").as_str())
+        );
+    }
+    assert_eq!(resumed.next_line().unwrap(), None);
+    assert!(resumed.remainder().is_none());
+}

@@ -63,6 +63,14 @@ pub enum CheckpointEvent {
     /// The whole job restarts: every task stops; pending checkpoints are
     /// aborted.
     JobRestarting { reason: String },
+    /// The shell snapshotted an operator coordinator for a checkpoint it
+    /// triggers, before the trigger goes out (Flink's coordinator
+    /// checkpoint): it becomes part of the checkpoint.
+    CoordinatorState {
+        checkpoint_id: u64,
+        operator: OperatorId,
+        state: Vec<u8>,
+    },
     /// A task's snapshot is done (`acknowledgeCheckpoint`).
     Acknowledge {
         checkpoint_id: u64,
@@ -431,6 +439,17 @@ impl CheckpointCoordinator {
                 let msg = format!("The job restarts: {reason}");
                 self.abort_all(now_ms, CheckpointFailureReason::JobFailover, &msg, &mut out);
                 self.update_activation(now_ms);
+            }
+            CheckpointEvent::CoordinatorState {
+                checkpoint_id,
+                operator,
+                state,
+            } => {
+                if let Some(p) = self.pending.get_mut(&checkpoint_id)
+                    && !p.is_finalizing()
+                {
+                    p.add_coordinator_state(operator, state);
+                }
             }
             CheckpointEvent::Acknowledge {
                 checkpoint_id,

@@ -7,7 +7,7 @@
 
 use super::metadata::{CheckpointType, CompletedCheckpoint};
 use super::plan::{CheckpointPlan, TasksPlan};
-use super::state::OperatorState;
+use super::state::{OperatorId, OperatorState};
 use super::state::{StateHandle, TaskAttempt, TaskId, TaskStateSnapshot};
 use fluvia_core::JobId;
 use std::collections::{BTreeMap, BTreeSet};
@@ -43,6 +43,8 @@ pub struct PendingCheckpoint {
     pub plan: CheckpointPlan,
     not_yet_acked: BTreeMap<TaskId, u32>,
     acked: BTreeMap<TaskId, Acked>,
+    /// The operator coordinators' state, taken at the trigger.
+    coordinator_states: BTreeMap<OperatorId, Vec<u8>>,
     /// Every task acknowledged: what it becomes once `_metadata` is
     /// written.
     pub finalized: Option<Box<CompletedCheckpoint>>,
@@ -65,9 +67,15 @@ impl PendingCheckpoint {
             savepoint_request,
             not_yet_acked: plan.to_wait.clone(),
             acked: BTreeMap::new(),
+            coordinator_states: BTreeMap::new(),
             plan,
             finalized: None,
         }
+    }
+
+    /// The state of operator `operator`'s coordinator for this checkpoint.
+    pub fn add_coordinator_state(&mut self, operator: OperatorId, state: Vec<u8>) {
+        self.coordinator_states.insert(operator, state);
     }
 
     pub fn acknowledge(
@@ -180,6 +188,7 @@ impl PendingCheckpoint {
                         max_parallelism: vp.max_parallelism,
                         subtasks,
                         fully_finished,
+                        coordinator_state: self.coordinator_states.get(op).cloned(),
                     },
                 );
             }
