@@ -30,6 +30,14 @@ pub struct Common {
     /// A configuration key, as key=value (repeatable).
     #[arg(short = 'D', value_name = "KEY=VALUE")]
     pub dynamic: Vec<String>,
+    /// Start from a savepoint or retained checkpoint (its directory or
+    /// `_metadata`; execution.state-recovery.path).
+    #[arg(short = 's', long = "fromSavepoint", value_name = "PATH")]
+    pub from_savepoint: Option<String>,
+    /// Start even if the snapshot holds state of operators the job no
+    /// longer has (execution.state-recovery.ignore-unclaimed-state).
+    #[arg(short = 'n', long = "allowNonRestoredState")]
+    pub allow_non_restored_state: bool,
 }
 
 pub fn parse_mode(s: &str) -> Result<RuntimeMode, String> {
@@ -99,6 +107,12 @@ impl Example {
         }
         if let Some(mode) = common.mode {
             config.set(options::RUNTIME_MODE.key, mode.to_string());
+        }
+        if let Some(path) = &common.from_savepoint {
+            config.set(options::STATE_RECOVERY_PATH.key, path.clone());
+        }
+        if common.allow_non_restored_state {
+            config.set_option(&options::STATE_RECOVERY_IGNORE_UNCLAIMED, true);
         }
         let env = StreamExecutionEnvironment::with_config(config)?;
         // `-p` is the user's choice (kept); without it, a batch job's

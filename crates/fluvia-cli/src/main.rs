@@ -128,6 +128,33 @@ enum Command {
         #[command(flatten)]
         conf: ConfigArgs,
     },
+    /// Take a savepoint of a running streaming job (into a new directory
+    /// under DIR, or execution.checkpointing.savepoint-dir); prints its path.
+    Savepoint {
+        #[arg(long, value_name = "HOST:PORT")]
+        jobmanager: String,
+        job_id: String,
+        /// Parent directory of the savepoint.
+        dir: Option<String>,
+        #[command(flatten)]
+        conf: ConfigArgs,
+    },
+    /// Stop a streaming job with a savepoint: its sources end after the
+    /// savepoint and the job finishes; prints the savepoint's path.
+    Stop {
+        #[arg(long, value_name = "HOST:PORT")]
+        jobmanager: String,
+        /// Parent directory of the savepoint (else
+        /// execution.checkpointing.savepoint-dir).
+        #[arg(long = "savepoint-path", short = 'p', value_name = "DIR")]
+        savepoint_path: Option<String>,
+        /// Emit end of input before the savepoint (Flink's --drain).
+        #[arg(long, short = 'd')]
+        drain: bool,
+        job_id: String,
+        #[command(flatten)]
+        conf: ConfigArgs,
+    },
 }
 
 #[derive(Args)]
@@ -452,6 +479,32 @@ fn cancel(jobmanager: String, job_id: String, conf: ConfigArgs) -> Result<()> {
     })?
 }
 
+fn savepoint(
+    jobmanager: String,
+    job_id: String,
+    dir: Option<String>,
+    stop: bool,
+    drain: bool,
+    conf: ConfigArgs,
+) -> Result<()> {
+    let secret = cluster_config::cluster_secret(&conf.load()?)?;
+    block_on(async {
+        let mut client = ClusterClient::connect(&jobmanager, secret).await?;
+        if stop {
+            note!("Stopping job {job_id} with a savepoint");
+        } else {
+            note!("Triggering a savepoint of job {job_id}");
+        }
+        let location = client
+            .savepoint(&job_id, dir.as_deref(), stop, drain)
+            .await
+            .map_err(|e| anyhow!(e))?;
+        note!("Savepoint completed. Path: {location}");
+        println!("{location}");
+        Ok(())
+    })?
+}
+
 /// Exit code of a query the planner rejects (syntax, unknown table or column).
 const QUERY_ERROR: u8 = 2;
 
@@ -748,6 +801,19 @@ fn main() -> ExitCode {
             job_id,
             conf,
         } => cancel(jobmanager, job_id, conf),
+        Command::Savepoint {
+            jobmanager,
+            job_id,
+            dir,
+            conf,
+        } => savepoint(jobmanager, job_id, dir, false, false, conf),
+        Command::Stop {
+            jobmanager,
+            savepoint_path,
+            drain,
+            job_id,
+            conf,
+        } => savepoint(jobmanager, job_id, savepoint_path, true, drain, conf),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

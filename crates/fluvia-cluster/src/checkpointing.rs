@@ -24,8 +24,8 @@ use fluvia_scheduler::checkpoint::metadata;
 use fluvia_scheduler::checkpoint::{
     AlignmentType, CheckpointAction, CheckpointConfig, CheckpointCoordinator, CheckpointEvent,
     CheckpointFailureReason, CheckpointType, CheckpointingMode, CheckpointingStatistics,
-    CompletedCheckpoint, ExternalizedCheckpointRetention, TaskStatus, TasksPlan, TerminalJobStatus,
-    VertexPlan,
+    CompletedCheckpoint, ExternalizedCheckpointRetention, SavepointKind, TaskStatus, TasksPlan,
+    TerminalJobStatus, VertexPlan,
 };
 use fluvia_state::CheckpointStorage;
 use std::collections::{BTreeMap, HashMap};
@@ -152,6 +152,27 @@ fn tasks_plan(graph: &JobGraph) -> TasksPlan {
     }
 }
 
+/// 128 bits unlikely to repeat (trigger ids): the process's randomly keyed
+/// hasher over the time and a counter.
+fn rand_id() -> u128 {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let s = std::collections::hash_map::RandomState::new();
+    let mut words = [0u64; 2];
+    for w in &mut words {
+        let mut h = s.build_hasher();
+        h.write_u128(
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or_default(),
+        );
+        h.write_u64(COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        *w = h.finish();
+    }
+    (u128::from(words[0]) << 64) | u128::from(words[1])
+}
+
 fn now_millis() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -187,10 +208,21 @@ struct JobCheckpoints {
     locations: HashMap<(usize, usize, u32), String>,
 }
 
+/// Where a savepoint request stands (`GET /jobs/:id/savepoints/:trigger`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum SavepointOutcome {
+    InProgress,
+    Completed { location: String },
+    Failed { reason: String },
+}
+
 /// Every streaming job's checkpointing.
 #[derive(Default)]
 pub(crate) struct Checkpointing {
     jobs: BTreeMap<JobId, JobCheckpoints>,
+    /// Savepoint requests by trigger id (kept after their job ends, for
+    /// the clients that poll them).
+    savepoints: HashMap<String, (JobId, SavepointOutcome)>,
 }
 
 impl Checkpointing {
@@ -346,6 +378,65 @@ impl Checkpointing {
             .collect()
     }
 
+    /// Triggers a savepoint of `job` into a new directory under `target`
+    /// (else `execution.checkpointing.savepoint-dir`); with `stop`, the
+    /// job's sources end after it (stop-with-savepoint; `drain` is
+    /// Flink's `--drain`). Returns the trigger id to poll.
+    pub fn trigger_savepoint(
+        &mut self,
+        coordinators: &mut JobCoordinators,
+        job: JobId,
+        target: Option<String>,
+        stop: bool,
+        drain: bool,
+    ) -> Result<(String, Vec<CheckpointCall>)> {
+        let j = self.jobs.get(&job).ok_or_else(|| {
+            FluviaError::Execution(format!(
+                "job {job} takes no savepoints: it is not a running streaming job"
+            ))
+        })?;
+        let parent = target
+            .filter(|t| !t.is_empty())
+            .or_else(|| j.coordinator.config().savepoint_dir.clone())
+            .ok_or_else(|| {
+                FluviaError::Config(format!(
+                    "no savepoint directory: give one, or set {}",
+                    options::SAVEPOINT_DIRECTORY.key
+                ))
+            })?;
+        let dir = format!(
+            "{}/{}",
+            parent.trim_end_matches('/'),
+            fluvia_state::storage::savepoint_dir(&j.job_id)
+        );
+        let request_id = format!("{:032x}", rand_id());
+        let kind = match (stop, drain) {
+            (false, _) => SavepointKind::Savepoint,
+            (true, false) => SavepointKind::Suspend,
+            (true, true) => SavepointKind::Terminate,
+        };
+        self.savepoints
+            .insert(request_id.clone(), (job, SavepointOutcome::InProgress));
+        let calls = self.handle(
+            coordinators,
+            job,
+            CheckpointEvent::TriggerSavepoint {
+                request_id: request_id.clone(),
+                target_dir: Some(dir),
+                kind,
+            },
+        );
+        Ok((request_id, calls))
+    }
+
+    /// Where savepoint request `request_id` of `job` stands.
+    pub fn savepoint(&self, job: JobId, request_id: &str) -> Option<&SavepointOutcome> {
+        self.savepoints
+            .get(request_id)
+            .filter(|(j, _)| *j == job)
+            .map(|(_, o)| o)
+    }
+
     /// The job's checkpoint statistics (REST).
     pub fn statistics(&self, job: JobId) -> Option<CheckpointingStatistics> {
         self.jobs.get(&job).map(|j| j.coordinator.statistics())
@@ -371,6 +462,32 @@ impl Checkpointing {
         while !actions.is_empty() {
             let mut next = Vec::new();
             for action in actions {
+                match &action {
+                    CheckpointAction::SavepointCompleted {
+                        request_id, path, ..
+                    } => {
+                        let location = path
+                            .as_deref()
+                            .map(|p| p.trim_end_matches("/_metadata").to_string())
+                            .unwrap_or_default();
+                        self.savepoints.insert(
+                            request_id.clone(),
+                            (job, SavepointOutcome::Completed { location }),
+                        );
+                    }
+                    CheckpointAction::SavepointFailed { request_id, reason } => {
+                        self.savepoints.insert(
+                            request_id.clone(),
+                            (
+                                job,
+                                SavepointOutcome::Failed {
+                                    reason: reason.clone(),
+                                },
+                            ),
+                        );
+                    }
+                    _ => {}
+                }
                 for event in perform(j, coordinators, job, action, &mut calls) {
                     next.extend(j.coordinator.handle(now_millis(), event));
                 }
@@ -432,10 +549,12 @@ fn perform(
                             AlignmentType::ForcedAligned => 2,
                             AlignmentType::AtLeastOnce => 3,
                         },
-                        snapshot_type: u32::from(matches!(
-                            checkpoint_type,
-                            CheckpointType::Savepoint(_)
-                        )),
+                        snapshot_type: match checkpoint_type {
+                            CheckpointType::Checkpoint => 0,
+                            CheckpointType::Savepoint(SavepointKind::Savepoint) => 1,
+                            // The sources stop after it.
+                            CheckpointType::Savepoint(_) => 2,
+                        },
                     },
                 });
             }
@@ -452,12 +571,16 @@ fn perform(
             let id = checkpoint.checkpoint_id;
             let written = metadata::serialize(&checkpoint)
                 .map_err(|e| e.to_string())
-                .and_then(|bytes| {
-                    let target = match &checkpoint.external_path {
-                        Some(dir) => format!("{}/_metadata", dir.trim_end_matches('/')),
-                        None => fluvia_state::storage::metadata_file(&j.job_id, id),
-                    };
-                    j.storage.put(&target, bytes).map_err(|e| e.to_string())
+                .and_then(|bytes| match &checkpoint.external_path {
+                    // A savepoint's directory may lie outside the
+                    // checkpoint storage.
+                    Some(dir) => CheckpointStorage::for_directory(dir)
+                        .and_then(|s| s.put("_metadata", bytes))
+                        .map_err(|e| e.to_string()),
+                    None => j
+                        .storage
+                        .put(&fluvia_state::storage::metadata_file(&j.job_id, id), bytes)
+                        .map_err(|e| e.to_string()),
                 });
             vec![match written {
                 Ok(path) => CheckpointEvent::MetadataWritten {

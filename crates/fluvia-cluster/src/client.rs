@@ -198,6 +198,53 @@ impl ClusterClient {
             .jobs)
     }
 
+    /// Triggers a savepoint of `job_id` (into a new directory under
+    /// `target`, or `execution.checkpointing.savepoint-dir`); with `stop`
+    /// the job ends after it. Waits for it and returns its location.
+    pub async fn savepoint(
+        &mut self,
+        job_id: &str,
+        target: Option<&str>,
+        stop: bool,
+        drain: bool,
+    ) -> Result<String> {
+        let req = crate::rpc::SavepointRequest {
+            job_id: job_id.into(),
+            target_directory: target.unwrap_or_default().into(),
+            stop,
+            drain,
+        };
+        let request_id = self
+            .client
+            .trigger_savepoint(security::authorize(req, &self.secret))
+            .await
+            .map_err(|e| rpc_error(&self.address, e))?
+            .into_inner()
+            .request_id;
+        loop {
+            let req = crate::rpc::SavepointStatusRequest {
+                job_id: job_id.into(),
+                request_id: request_id.clone(),
+            };
+            let status = self
+                .client
+                .get_savepoint(security::authorize(req, &self.secret))
+                .await
+                .map_err(|e| rpc_error(&self.address, e))?
+                .into_inner();
+            if status.completed {
+                if status.failure.is_empty() {
+                    return Ok(status.location);
+                }
+                return Err(FluviaError::Execution(format!(
+                    "savepoint of job {job_id} failed: {}",
+                    status.failure
+                )));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+
     pub async fn cancel(&mut self, job_id: &str) -> Result<()> {
         let req = JobRequest {
             job_id: job_id.into(),

@@ -655,6 +655,36 @@ impl JmShared {
         Ok(id.to_string())
     }
 
+    /// Triggers a savepoint of a running streaming job (and, with `stop`,
+    /// ends its sources after it); returns the trigger id.
+    pub(crate) fn trigger_savepoint(
+        self: &Arc<Self>,
+        job_id: &str,
+        target: Option<String>,
+        stop: bool,
+        drain: bool,
+    ) -> Result<String> {
+        let id = JobId::try_from(job_id.to_string())
+            .map_err(|_| FluviaError::Plan(format!("no job {job_id}")))?;
+        let mut st = self.state();
+        let st = &mut *st;
+        let (request, calls) =
+            st.checkpoints
+                .trigger_savepoint(&mut st.coordinators, id, target, stop, drain)?;
+        self.send_checkpoint_calls(st, calls);
+        Ok(request)
+    }
+
+    /// Where savepoint request `request_id` of `job_id` stands.
+    pub(crate) fn savepoint_status(
+        &self,
+        job_id: &str,
+        request_id: &str,
+    ) -> Option<crate::checkpointing::SavepointOutcome> {
+        let id = JobId::try_from(job_id.to_string()).ok()?;
+        self.state().checkpoints.savepoint(id, request_id).cloned()
+    }
+
     pub(crate) fn cancel(self: &Arc<Self>, job_id: &str) -> Result<()> {
         let id = JobId::try_from(job_id.to_string())
             .map_err(|_| FluviaError::Plan(format!("no job {job_id}")))?;
@@ -705,6 +735,16 @@ impl ClusterQuery for RestQuery {
 
     fn cancel_job(&self, job_id: &str) -> Result<()> {
         self.0.cancel(job_id)
+    }
+
+    fn trigger_savepoint(
+        &self,
+        job_id: &str,
+        target: Option<String>,
+        stop: bool,
+        drain: bool,
+    ) -> Result<String> {
+        self.0.trigger_savepoint(job_id, target, stop, drain)
     }
 
     fn secret(&self) -> &Option<String> {
@@ -806,6 +846,51 @@ impl JmService {
 
 #[tonic::async_trait]
 impl JobManager for JmService {
+    async fn trigger_savepoint(
+        &self,
+        req: Request<crate::rpc::SavepointRequest>,
+    ) -> RpcResult<crate::rpc::SavepointResponse> {
+        security::check_request(&self.shared.secret, &req, "TriggerSavepoint")?;
+        let r = req.into_inner();
+        let target = (!r.target_directory.is_empty()).then_some(r.target_directory);
+        let request_id = self
+            .shared
+            .trigger_savepoint(&r.job_id, target, r.stop, r.drain)
+            .map_err(|e| Status::failed_precondition(e.to_string()))?;
+        Ok(Response::new(crate::rpc::SavepointResponse { request_id }))
+    }
+
+    async fn get_savepoint(
+        &self,
+        req: Request<crate::rpc::SavepointStatusRequest>,
+    ) -> RpcResult<crate::rpc::SavepointStatus> {
+        let r = req.into_inner();
+        use crate::checkpointing::SavepointOutcome;
+        let status = match self.shared.savepoint_status(&r.job_id, &r.request_id) {
+            None => {
+                return Err(Status::not_found(format!(
+                    "no savepoint request {}",
+                    r.request_id
+                )));
+            }
+            Some(SavepointOutcome::InProgress) => crate::rpc::SavepointStatus {
+                completed: false,
+                ..Default::default()
+            },
+            Some(SavepointOutcome::Completed { location }) => crate::rpc::SavepointStatus {
+                completed: true,
+                location,
+                failure: String::new(),
+            },
+            Some(SavepointOutcome::Failed { reason }) => crate::rpc::SavepointStatus {
+                completed: true,
+                location: String::new(),
+                failure: reason,
+            },
+        };
+        Ok(Response::new(status))
+    }
+
     async fn report_checkpoint(
         &self,
         req: Request<crate::rpc::CheckpointReport>,

@@ -51,6 +51,15 @@ pub(crate) trait ClusterQuery: Send + Sync + 'static {
     fn read(&self, f: &mut dyn FnMut(&ClusterView<'_>));
     /// Cancels a job (`PATCH /jobs/:id`).
     fn cancel_job(&self, job_id: &str) -> Result<()>;
+    /// Triggers a savepoint (`POST /jobs/:id/savepoints`, with `stop` for
+    /// `POST /jobs/:id/stop`); returns the trigger id.
+    fn trigger_savepoint(
+        &self,
+        job_id: &str,
+        target: Option<String>,
+        stop: bool,
+        drain: bool,
+    ) -> Result<String>;
     /// The cluster secret mutations must present, if one is configured.
     fn secret(&self) -> &Option<String>;
     /// `web.refresh-interval`, for the Web UI.

@@ -176,6 +176,101 @@ fn flink_checkpoint(view: &View, mut c: Value) -> Value {
     c
 }
 
+/// Answers 401 unless the request presents the cluster secret (when one
+/// is configured).
+fn unauthorized(s: &Shared, headers: &HeaderMap, what: &str) -> Option<Response> {
+    let presented = headers
+        .get(security::SECRET_HEADER)
+        .and_then(|v| v.to_str().ok());
+    security::check(s.secret(), presented, what)
+        .err()
+        .map(|reason| {
+            (
+                StatusCode::UNAUTHORIZED,
+                Json(json!({ "errors": [reason] })),
+            )
+                .into_response()
+        })
+}
+
+fn savepoint_triggered(outcome: fluvia_core::Result<String>) -> Response {
+    match outcome {
+        Ok(request) => {
+            (StatusCode::ACCEPTED, Json(json!({ "request-id": request }))).into_response()
+        }
+        Err(e) => (
+            StatusCode::BAD_REQUEST,
+            Json(json!({ "errors": [e.to_string()] })),
+        )
+            .into_response(),
+    }
+}
+
+/// `POST /jobs/:id/savepoints` {target-directory, cancel-job}.
+async fn trigger_savepoint(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Option<Json<Value>>,
+) -> Response {
+    if let Some(r) = unauthorized(&s, &headers, "REST POST /jobs/:id/savepoints") {
+        return r;
+    }
+    let body = body.map(|Json(b)| b).unwrap_or_default();
+    let target = body["target-directory"].as_str().map(str::to_string);
+    let cancel = body["cancel-job"].as_bool().unwrap_or(false);
+    savepoint_triggered(s.trigger_savepoint(&id, target, cancel, false))
+}
+
+/// `POST /jobs/:id/stop` {targetDirectory, drain}: stop-with-savepoint.
+async fn stop_with_savepoint(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Option<Json<Value>>,
+) -> Response {
+    if let Some(r) = unauthorized(&s, &headers, "REST POST /jobs/:id/stop") {
+        return r;
+    }
+    let body = body.map(|Json(b)| b).unwrap_or_default();
+    let target = body["targetDirectory"].as_str().map(str::to_string);
+    let drain = body["drain"].as_bool().unwrap_or(false);
+    savepoint_triggered(s.trigger_savepoint(&id, target, true, drain))
+}
+
+/// `GET /jobs/:id/savepoints/:trigger` (Flink's asynchronous operation
+/// status).
+async fn savepoint_status(
+    State(s): State<Shared>,
+    Path((id, trigger)): Path<(String, String)>,
+) -> Response {
+    use crate::checkpointing::SavepointOutcome;
+    let outcome =
+        job_id(&id).and_then(|j| read(&*s, |st| st.checkpoints.savepoint(j, &trigger).cloned()));
+    match outcome {
+        None => not_found(format!(
+            "There is no savepoint operation with trigger id {trigger} for job {id}"
+        )),
+        Some(SavepointOutcome::InProgress) => {
+            Json(json!({ "status": { "id": "IN_PROGRESS" } })).into_response()
+        }
+        Some(SavepointOutcome::Completed { location }) => Json(json!({
+            "status": { "id": "COMPLETED" },
+            "operation": { "location": location },
+        }))
+        .into_response(),
+        Some(SavepointOutcome::Failed { reason }) => Json(json!({
+            "status": { "id": "COMPLETED" },
+            "operation": { "failure-cause": {
+                "class": "org.apache.flink.runtime.checkpoint.CheckpointException",
+                "stack-trace": reason,
+                "serialized-throwable": null,
+            } },
+        }))
+        .into_response(),
+    }
+}
+
 /// `GET /jobs/:id/checkpoints` (Flink's `CheckpointingStatistics`).
 async fn checkpoints(State(s): State<Shared>, Path(id): Path<String>) -> Response {
     with_job(&s, &id, |view| {
@@ -718,6 +813,12 @@ fn api() -> Router<Shared> {
         .route("/jobs/{id}/exceptions", get(exceptions))
         .route("/jobs/{id}/config", get(job_config))
         .route("/jobs/{id}/checkpoints", get(checkpoints))
+        .route(
+            "/jobs/{id}/savepoints",
+            axum::routing::post(trigger_savepoint),
+        )
+        .route("/jobs/{id}/savepoints/{trigger}", get(savepoint_status))
+        .route("/jobs/{id}/stop", axum::routing::post(stop_with_savepoint))
         .route("/jobs/{id}/checkpoints/config", get(checkpoints_config))
         .route(
             "/jobs/{id}/checkpoints/details/{cid}",

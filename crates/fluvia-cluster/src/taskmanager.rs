@@ -873,10 +873,10 @@ impl TaskManager for TmService {
         let r = req.into_inner();
         let a = r.attempt.unwrap_or_default();
         let options = fluvia_network::CheckpointOptions {
-            snapshot_type: if r.snapshot_type == 1 {
-                fluvia_network::SnapshotType::Savepoint
-            } else {
+            snapshot_type: if r.snapshot_type == 0 {
                 fluvia_network::SnapshotType::Checkpoint
+            } else {
+                fluvia_network::SnapshotType::Savepoint
             },
             alignment: match r.alignment {
                 1 => fluvia_network::AlignmentType::Unaligned,
@@ -890,10 +890,16 @@ impl TaskManager for TmService {
             timestamp: r.timestamp,
             options,
         };
+        // 2: a stop-with-savepoint; the sources end after it.
+        let mail = if r.snapshot_type == 2 {
+            fluvia_runtime::TaskMail::TriggerSynchronousSavepoint(barrier)
+        } else {
+            fluvia_runtime::TaskMail::TriggerCheckpoint(barrier)
+        };
         self.shared.send_task_mail(
             &a.job_id,
             (a.vertex_index as usize, a.subtask as usize, a.attempt),
-            fluvia_runtime::TaskMail::TriggerCheckpoint(barrier),
+            mail,
         );
         Ok(Response::new(Ack::success()))
     }

@@ -110,6 +110,10 @@ pub enum TaskMail {
     /// Start checkpoint `barrier.id` here: a source injects the barrier
     /// (Flink's `triggerCheckpointAsync`).
     TriggerCheckpoint(CheckpointBarrier),
+    /// A savepoint after which the job stops (stop-with-savepoint): the
+    /// source emits nothing after its barrier and ends once the savepoint
+    /// completes (it resumes if the savepoint is aborted).
+    TriggerSynchronousSavepoint(CheckpointBarrier),
     /// Checkpoint `id` completed everywhere (`true`) or was aborted.
     NotifyCheckpoint { id: u64, complete: bool },
 }
@@ -146,6 +150,9 @@ impl Mail {
                 format!("operator event for operator {operator}")
             }
             TaskMail::TriggerCheckpoint(b) => format!("trigger checkpoint {}", b.id),
+            TaskMail::TriggerSynchronousSavepoint(b) => {
+                format!("trigger stop-with-savepoint {}", b.id)
+            }
             TaskMail::NotifyCheckpoint { id, complete: true } => {
                 format!("checkpoint {id} complete")
             }

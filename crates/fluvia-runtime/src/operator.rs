@@ -631,6 +631,11 @@ struct SourceDriverImpl<OUT> {
     out: Box<dyn Output<OUT>>,
     side: SideOutputs,
     ctx: OperatorContext,
+    /// A stop-with-savepoint's barrier went out: emit nothing more; end
+    /// when it completes.
+    stopping_at: Option<u64>,
+    /// The savepoint completed: the source ends.
+    stopped: bool,
 }
 
 impl<OUT: Data> SourceDriverImpl<OUT> {
@@ -649,28 +654,53 @@ impl<OUT: Data> SourceDriverImpl<OUT> {
                     .handle_operator_event(&event)
                     .map_err(|e| self.ctx.user_error(e))
             }
-            TaskMail::TriggerCheckpoint(barrier) => {
-                let Some(checkpoints) = control.checkpoints() else {
-                    tracing::warn!(
-                        "checkpoint {} triggered at '{}', which takes no checkpoints",
-                        barrier.id,
-                        self.ctx.task_name
-                    );
-                    return Ok(());
-                };
-                let started = std::time::Instant::now();
-                let mut snapshot = ChainSnapshot::new(barrier.id);
-                self.checkpoint(&barrier, &mut snapshot)?;
-                let metrics = fluvia_deployment::SubtaskCheckpointMetrics {
-                    start_delay_ms: crate::checkpoint::millis_since(barrier.timestamp),
-                    ..Default::default()
-                };
-                checkpoints.complete_sync(snapshot, metrics, started)
+            TaskMail::TriggerCheckpoint(barrier) => self.trigger(control, &barrier),
+            TaskMail::TriggerSynchronousSavepoint(barrier) => {
+                self.trigger(control, &barrier)?;
+                self.stopping_at = Some(barrier.id);
+                Ok(())
             }
             TaskMail::NotifyCheckpoint { id, complete } => {
+                if self.stopping_at == Some(id) {
+                    self.stopping_at = None;
+                    self.stopped = complete;
+                }
                 notify_driver!(self, id, complete)
             }
         }
+    }
+
+    /// Takes the chain's snapshot for `barrier` and hands it to the task's
+    /// checkpointing. A source that stops for a savepoint takes no later
+    /// checkpoint (nothing follows its savepoint).
+    fn trigger(
+        &mut self,
+        control: &mut crate::TaskControl<'_>,
+        barrier: &CheckpointBarrier,
+    ) -> Result<()> {
+        let Some(checkpoints) = control.checkpoints() else {
+            tracing::warn!(
+                "checkpoint {} triggered at '{}', which takes no checkpoints",
+                barrier.id,
+                self.ctx.task_name
+            );
+            return Ok(());
+        };
+        if let Some(savepoint) = self.stopping_at {
+            checkpoints.decline(
+                barrier.id,
+                format!("the source stops after savepoint {savepoint}"),
+            );
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
+        let mut snapshot = ChainSnapshot::new(barrier.id);
+        self.checkpoint(barrier, &mut snapshot)?;
+        let metrics = fluvia_deployment::SubtaskCheckpointMetrics {
+            start_delay_ms: crate::checkpoint::millis_since(barrier.timestamp),
+            ..Default::default()
+        };
+        checkpoints.complete_sync(snapshot, metrics, started)
     }
 
     fn checkpoint(
@@ -698,6 +728,15 @@ impl<OUT: Data> SourceDriver for SourceDriverImpl<OUT> {
             if mailbox.has_mail() {
                 mailbox.run_pending(control, &mut |control, mail| self.on_mail(control, mail))?;
                 idle = false;
+            }
+            if self.stopped {
+                break;
+            }
+            if self.stopping_at.is_some() {
+                // After a stop-with-savepoint's barrier nothing is emitted:
+                // wait for its outcome.
+                control.wait_idle(mailbox, fluvia_network::cancel::CANCEL_POLL)?;
+                continue;
             }
             if idle {
                 // Nothing to emit: hand over what is buffered and wait for
@@ -927,6 +966,8 @@ impl<OUT: Data> OperatorFactory for SourceFactory<OUT> {
             out,
             side,
             ctx: ctx.clone(),
+            stopping_at: None,
+            stopped: false,
         })))
     }
 

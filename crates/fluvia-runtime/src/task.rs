@@ -479,7 +479,8 @@ impl ChainInput<'_> {
                 self.head.notify_checkpoint(id, complete)
             }
             // Barriers reach this task through its inputs.
-            TaskMail::TriggerCheckpoint(barrier) => {
+            TaskMail::TriggerCheckpoint(barrier)
+            | TaskMail::TriggerSynchronousSavepoint(barrier) => {
                 if let Some(c) = self.checkpoints.as_deref() {
                     c.decline(
                         barrier.id,
