@@ -62,15 +62,6 @@ fluvia_core::config_options! {
     WEB_REFRESH_INTERVAL: Duration = "web.refresh-interval",
         Duration::from_secs(1),
         "How often the Web UI refreshes what it shows.";
-    RESTART_STRATEGY: &'static str = "restart-strategy.type" | "restart-strategy",
-        "none",
-        "none or fixed-delay.";
-    RESTART_ATTEMPTS: usize = "restart-strategy.fixed-delay.attempts",
-        1,
-        "Restarts allowed by the fixed-delay strategy.";
-    RESTART_DELAY: Duration = "restart-strategy.fixed-delay.delay",
-        Duration::from_secs(1),
-        "Wait before a restart.";
     SLOT_REQUEST_TIMEOUT: Duration = "slot.request.timeout",
         Duration::from_secs(300),
         "How long a job waits for enough slots before it fails.";

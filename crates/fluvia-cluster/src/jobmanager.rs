@@ -1160,24 +1160,11 @@ impl JobManagerHandle {
 
 /// The scheduler settings from Flink's keys.
 pub fn scheduler_config(config: &Configuration) -> Result<SchedulerConfig> {
-    let restart_attempts = match config
-        .get(&cfg::RESTART_STRATEGY)?
-        .to_ascii_lowercase()
-        .as_str()
-    {
-        "none" | "disable" | "off" => 0,
-        "fixed-delay" | "fixeddelay" => config.get(&cfg::RESTART_ATTEMPTS)?,
-        other => {
-            return Err(FluviaError::Config(format!(
-                "unknown {} '{other}': expected none or fixed-delay",
-                cfg::RESTART_STRATEGY.key
-            )));
-        }
-    };
     Ok(SchedulerConfig {
         slot_request_timeout: config.get(&cfg::SLOT_REQUEST_TIMEOUT)?,
-        restart_attempts,
-        restart_delay: config.get(&cfg::RESTART_DELAY)?,
+        restart_strategy: fluvia_scheduler::RestartStrategy::from_configuration(config)?,
+        restart_attempts: 0,
+        restart_delay: config.get(&fluvia_core::config::options::RESTART_DELAY)?,
         heartbeat_timeout: config.get(&cfg::HEARTBEAT_TIMEOUT)?,
         probe_timeout: PING_TIMEOUT * 2,
         shuffle_service_type: ShuffleServiceType::parse(config.get(&cfg::SHUFFLE_SERVICE_TYPE)?)?,

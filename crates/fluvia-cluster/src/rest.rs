@@ -369,17 +369,8 @@ async fn job_config(State(s): State<Shared>, Path(id): Path<String>) -> Response
                 (k.to_string(), json!(if hidden { "******" } else { v }))
             })
             .collect();
-        // The JobManager's strategy is the one its scheduler applies.
-        let sc = view.st.scheduler.config();
-        let restart = if sc.restart_attempts == 0 {
-            "No restart".to_string()
-        } else {
-            format!(
-                "Restart with fixed delay ({} ms). #{} restart attempts.",
-                sc.restart_delay.as_millis(),
-                sc.restart_attempts
-            )
-        };
+        // The strategy the scheduler applies to this job.
+        let restart = view.job.restart_strategy.describe();
         Json(json!({
             "jid": view.meta.id,
             "name": g.name,

@@ -227,6 +227,44 @@ pub mod options {
             1,
             "TaskManagers of the embedded mini-cluster; with more than one, \
             exchanges between them go over TCP on loopback.", unlisted;
+        /// Flink's `RestartStrategyOptions`. Without a type, a job with
+        /// checkpointing restarts with exponential-delay, others not at all.
+        RESTART_STRATEGY: &'static str = "restart-strategy.type" | "restart-strategy",
+            "" => "(none; exponential-delay with checkpointing)",
+            "none, fixed-delay, exponential-delay or failure-rate.";
+        RESTART_ATTEMPTS: usize = "restart-strategy.fixed-delay.attempts",
+            1,
+            "Restarts allowed by the fixed-delay strategy.";
+        RESTART_DELAY: Duration = "restart-strategy.fixed-delay.delay",
+            Duration::from_secs(1) => "1 s",
+            "Wait before a restart (fixed-delay).";
+        RESTART_EXP_INITIAL: Duration = "restart-strategy.exponential-delay.initial-backoff",
+            Duration::from_secs(1) => "1 s",
+            "Exponential-delay: the first restart's delay.";
+        RESTART_EXP_MAX: Duration = "restart-strategy.exponential-delay.max-backoff",
+            Duration::from_secs(60) => "1 min",
+            "Exponential-delay: the longest delay.";
+        RESTART_EXP_MULTIPLIER: f64 = "restart-strategy.exponential-delay.backoff-multiplier",
+            1.5,
+            "Exponential-delay: how much the delay grows per restart.";
+        RESTART_EXP_RESET: Duration = "restart-strategy.exponential-delay.reset-backoff-threshold",
+            Duration::from_secs(3600) => "1 h",
+            "Exponential-delay: a failure this long after the previous one starts over at the initial delay.";
+        RESTART_EXP_JITTER: f64 = "restart-strategy.exponential-delay.jitter-factor",
+            0.1,
+            "Exponential-delay: the delay varies by up to this fraction.";
+        RESTART_EXP_ATTEMPTS: usize = "restart-strategy.exponential-delay.attempts-before-reset-backoff",
+            usize::MAX => "(no limit)",
+            "Exponential-delay: restarts allowed before the delay is reset.";
+        RESTART_RATE_MAX_FAILURES: usize = "restart-strategy.failure-rate.max-failures-per-interval",
+            1,
+            "Failure-rate: failures allowed within the interval.";
+        RESTART_RATE_INTERVAL: Duration = "restart-strategy.failure-rate.failure-rate-interval",
+            Duration::from_secs(60) => "1 min",
+            "Failure-rate: the interval failures are counted in.";
+        RESTART_RATE_DELAY: Duration = "restart-strategy.failure-rate.delay",
+            Duration::from_secs(1) => "1 s",
+            "Failure-rate: wait before a restart.";
         /// Flink's `CheckpointingOptions` (1.20+ names; the older `state.*`
         /// spellings are read too).
         CHECKPOINTING_INTERVAL: Duration = "execution.checkpointing.interval",
@@ -529,7 +567,7 @@ mod tests {
             "unlisted options are not checked"
         );
         let all = options::all();
-        assert_eq!(all.len(), 47);
+        assert_eq!(all.len(), 59);
         assert!(
             all.iter()
                 .all(|(k, _, _)| *k != options::LOCAL_TASK_MANAGERS.key)

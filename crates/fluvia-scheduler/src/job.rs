@@ -72,6 +72,8 @@ pub struct Job {
     pub ended_at: Option<Duration>,
     /// Failovers so far (each may re-run several subtasks).
     pub restarts: usize,
+    /// The strategy its failures restart it under.
+    pub restart_strategy: crate::failover::RestartStrategy,
     /// Shared slots by id.
     pub slots: BTreeMap<u64, SharedSlot>,
     pub(crate) next_slot: u64,
@@ -194,6 +196,7 @@ impl Job {
             submitted_at: now,
             ended_at: None,
             restarts: 0,
+            restart_strategy: crate::failover::RestartStrategy::None,
             slots: BTreeMap::new(),
             next_slot: 0,
             region_of,

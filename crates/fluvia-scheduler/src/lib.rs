@@ -48,7 +48,7 @@ pub mod checkpoint;
 pub mod deployment;
 mod deployment_factory;
 pub mod execution_graph;
-mod failover;
+pub mod failover;
 pub mod job;
 pub mod protocol;
 mod reconciliation;
@@ -72,6 +72,7 @@ pub use execution_graph::{
     ExecutionState, ExecutionVertex, IntermediateResult, StagedFile, SubpartitionRange,
     SubtaskInput,
 };
+pub use failover::RestartStrategy;
 pub use job::{AdaptiveJob, Job, JobState, SharedSlot};
 pub use protocol::{Action, Event};
 pub use scheduler::{Scheduler, SchedulerConfig};

@@ -56,7 +56,7 @@ use crate::adaptive_setup::{adaptive_plan, try_initialize};
 use crate::deployment::{ExecutionAttemptId, PartitionRef};
 use crate::deployment_factory::DeploymentFactory;
 use crate::execution_graph::{AttemptMetrics, ExecutionState};
-use crate::failover::{RestartDecision, RestartPolicy};
+use crate::failover::{RestartDecision, RestartPolicy, RestartStrategy};
 use crate::job::{Job, JobSettings, JobState};
 use crate::protocol::{Action, Event};
 use crate::reconciliation;
@@ -76,9 +76,14 @@ pub struct SchedulerConfig {
     /// `slot.request.timeout`: how long a job waits for slots it cannot get
     /// while nothing of it runs.
     pub slot_request_timeout: Duration,
-    /// Restarts allowed (`restart-strategy.fixed-delay.attempts`; 0: none).
+    /// The cluster's restart strategy (`restart-strategy.type`); a job's
+    /// own configuration may name another. Unset: a job with checkpointing
+    /// restarts with exponential-delay (Flink ≥ 1.19), others with the
+    /// fixed delay below.
+    pub restart_strategy: Option<RestartStrategy>,
+    /// Restarts allowed without a strategy (fixed delay; 0: none).
     pub restart_attempts: usize,
-    /// `restart-strategy.fixed-delay.delay`.
+    /// The fixed delay without a strategy.
     pub restart_delay: Duration,
     /// `heartbeat.timeout`: silence after which a TaskManager is lost.
     pub heartbeat_timeout: Duration,
@@ -92,6 +97,7 @@ impl Default for SchedulerConfig {
     fn default() -> Self {
         SchedulerConfig {
             slot_request_timeout: Duration::from_secs(300),
+            restart_strategy: None,
             restart_attempts: 0,
             restart_delay: Duration::from_secs(1),
             heartbeat_timeout: Duration::from_secs(50),
@@ -416,7 +422,8 @@ impl Scheduler {
             adaptive,
             speculative,
         };
-        let job = Job::new(id, graph, settings, &undecided, self.now)?;
+        let mut job = Job::new(id, graph, settings, &undecided, self.now)?;
+        job.restart_strategy = self.restart_strategy_of(&job.graph)?;
         self.jobs.insert(id, job);
         if let Err(e) = self.initialize_vertices(id) {
             self.jobs.remove(&id);
@@ -811,17 +818,43 @@ impl Scheduler {
         self.restart(id, members, cause);
     }
 
+    /// The strategy a job restarts under: its own configuration's, else the
+    /// cluster's, else exponential-delay for a job with checkpointing and
+    /// the fixed delay for others (Flink's defaults).
+    fn restart_strategy_of(&self, graph: &JobGraph) -> Result<RestartStrategy> {
+        if let Some(s) = RestartStrategy::from_configuration(&graph.config)? {
+            return Ok(s);
+        }
+        if let Some(s) = self.config.restart_strategy {
+            return Ok(s);
+        }
+        let checkpointing = graph.job_type == JobType::Streaming
+            && !graph
+                .config
+                .get(&fluvia_core::config::options::CHECKPOINTING_INTERVAL)?
+                .is_zero();
+        Ok(if checkpointing {
+            RestartStrategy::exponential_default()
+        } else if self.config.restart_attempts == 0 {
+            RestartStrategy::None
+        } else {
+            RestartStrategy::FixedDelay {
+                attempts: self.config.restart_attempts,
+                delay: self.config.restart_delay,
+            }
+        })
+    }
+
     /// Schedules a restart of `subtasks` (and cancels what of them runs), or
     /// fails the job when no restart is left.
     fn restart(&mut self, id: JobId, subtasks: Vec<(usize, usize)>, cause: String) {
         let now = self.now;
-        let policy = RestartPolicy {
-            attempts: self.config.restart_attempts,
-            delay: self.config.restart_delay,
-            probe_timeout: self.config.probe_timeout,
-        };
         let Some(job) = self.jobs.get_mut(&id) else {
             return;
+        };
+        let policy = RestartPolicy {
+            strategy: job.restart_strategy,
+            probe_timeout: self.config.probe_timeout,
         };
         if job.state.is_terminal() {
             return;
