@@ -76,10 +76,20 @@ impl Progress {
             .iter()
             .map(|v| v["metrics"]["write-bytes"].as_u64().unwrap_or(0))
             .sum();
+        // A streaming job's last completed checkpoint.
+        let checkpoint = match &details["checkpoints"]["latest"] {
+            serde_json::Value::Null => String::new(),
+            c => format!(
+                "  checkpoint {} ({} ms, {})",
+                c["id"],
+                c["end_to_end_duration"],
+                human(c["state_size"].as_f64().unwrap_or(0.0), "B")
+            ),
+        };
         bar.set_length(vertices.len() as u64);
         bar.set_position(finished as u64);
         bar.set_message(format!(
-            "{running} running, {} records, {} written  {}",
+            "{running} running, {} records, {} written  {}{checkpoint}",
             human(records as f64, ""),
             human(bytes as f64, "B"),
             status.state

@@ -528,6 +528,16 @@ impl<'a> View<'a> {
             "speculative": job.speculative.is_some(),
             "numSlowExecutionVertices": job.num_slow_execution_vertices,
             "numEffectiveSpeculativeExecutions": job.num_effective_speculative_executions,
+            "checkpoints": self.st.checkpoints.statistics(job.id).map(|s| json!({
+                "completed": s.counts.completed,
+                "failed": s.counts.failed,
+                "restored": s.counts.restored,
+                "latest": s.latest.completed.as_ref().map(|c| json!({
+                    "id": c.id,
+                    "end_to_end_duration": c.end_to_end_duration,
+                    "state_size": c.state_size,
+                })),
+            })),
             "vertices": vertices,
             "plan": self.plan_json(),
         })

@@ -271,6 +271,83 @@ async fn savepoint_status(
     }
 }
 
+/// `GET /jobs/:id/metrics[?get=a,b]`: the job's metrics as Flink names them
+/// (without `get`, the list of their ids; values are strings).
+async fn job_metrics(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    with_job(&s, &id, |view| {
+        let stats = view.st.checkpoints.statistics(view.job.id);
+        let completed = stats.as_ref().and_then(|s| s.latest.completed.as_ref());
+        let mut metrics: Vec<(&str, String)> = vec![
+            ("numRestarts", view.job.restarts.to_string()),
+            (
+                "uptime",
+                if view.job.state == JobState::Running {
+                    view.now.saturating_sub(view.meta.start_time).to_string()
+                } else {
+                    "0".to_string()
+                },
+            ),
+        ];
+        if let Some(st) = &stats {
+            metrics.extend([
+                (
+                    "numberOfCompletedCheckpoints",
+                    st.counts.completed.to_string(),
+                ),
+                ("numberOfFailedCheckpoints", st.counts.failed.to_string()),
+                (
+                    "numberOfInProgressCheckpoints",
+                    st.counts.in_progress.to_string(),
+                ),
+                ("totalNumberOfCheckpoints", st.counts.total.to_string()),
+                (
+                    "lastCheckpointDuration",
+                    completed
+                        .map_or(-1, |c| c.end_to_end_duration as i64)
+                        .to_string(),
+                ),
+                (
+                    "lastCheckpointSize",
+                    completed
+                        .map_or(-1, |c| c.checkpointed_size as i64)
+                        .to_string(),
+                ),
+                (
+                    "lastCheckpointFullSize",
+                    completed.map_or(-1, |c| c.state_size as i64).to_string(),
+                ),
+                (
+                    "lastCheckpointRestoreTimestamp",
+                    st.latest
+                        .restored
+                        .as_ref()
+                        .map_or(-1, |r| r.restore_timestamp as i64)
+                        .to_string(),
+                ),
+                (
+                    "lastCheckpointExternalPath",
+                    completed
+                        .and_then(|c| c.external_path.clone())
+                        .unwrap_or_else(|| "n/a".to_string()),
+                ),
+            ]);
+        }
+        let body: Vec<Value> = match q.get("get") {
+            None => metrics.iter().map(|(k, _)| json!({ "id": k })).collect(),
+            Some(wanted) => wanted
+                .split(',')
+                .filter_map(|w| metrics.iter().find(|(k, _)| *k == w.trim()))
+                .map(|(k, v)| json!({ "id": k, "value": v }))
+                .collect(),
+        };
+        Json(body).into_response()
+    })
+}
+
 /// `GET /jobs/:id/checkpoints` (Flink's `CheckpointingStatistics`).
 async fn checkpoints(State(s): State<Shared>, Path(id): Path<String>) -> Response {
     with_job(&s, &id, |view| {
@@ -804,6 +881,7 @@ fn api() -> Router<Shared> {
         .route("/jobs/{id}/exceptions", get(exceptions))
         .route("/jobs/{id}/config", get(job_config))
         .route("/jobs/{id}/checkpoints", get(checkpoints))
+        .route("/jobs/{id}/metrics", get(job_metrics))
         .route(
             "/jobs/{id}/savepoints",
             axum::routing::post(trigger_savepoint),

@@ -654,7 +654,7 @@ const FIT_MIN = 0.35, ZOOM_MIN = 0.2, ZOOM_MAX = 2, ZOOM_STEP = 1.25;
 
 const JobPage = {
   mount(root, r) {
-    Object.assign(this, { jid: r.jid, vid: r.vid, job: null, exc: null, cfg: null, vertex: null, bp: null,
+    Object.assign(this, { jid: r.jid, vid: r.vid, job: null, exc: null, chk: null, cfg: null, vertex: null, bp: null,
       vertexFor: null, layoutKey: '', sizes: new Map(), model: null, layout: null, terminalTicks: 0, frozen: false, metricsFallback: null,
       zoom: null, scale: null, fit: null, viewPlaced: false });   // zoom: null = fit to the card's width, else the user's scale
     root.innerHTML = `
@@ -668,6 +668,7 @@ const JobPage = {
         ['CREATED', 'SCHEDULED', 'RUNNING', 'FINISHED', 'CANCELING', 'CANCELED', 'FAILED'].map((s) => `<span><i class="${stCls(s)}"></i>${s}</span>`).join('')
       }</div></div><div class="dag-scroll" id="dag"></div></section>
       <div id="vertex-slot"></div>
+      <section class="card" id="checkpoints" hidden></section>
       <section class="card" id="exceptions"></section>
       <section class="card" id="config"></section>`;
   },
@@ -683,7 +684,11 @@ const JobPage = {
     const jid = this.jid, vid = this.vid, base = `jobs/${enc(jid)}`;
     const fetchJob = !this.frozen || !this.job;
     const req = {};
-    if (fetchJob) { req.job = api(base); req.exc = api(`${base}/exceptions`); }
+    if (fetchJob) {
+      req.job = api(base); req.exc = api(`${base}/exceptions`);
+      // Only streaming jobs take checkpoints (a batch job's would be a 404).
+      if (this.job && this.job['job-type'] === 'STREAMING') req.chk = api(`${base}/checkpoints`);
+    }
     if (!this.cfg) req.cfg = api(`${base}/config`);
     if (vid && (fetchJob || this.vertexFor !== vid)) {
       req.vertex = api(`${base}/vertices/${enc(vid)}`);
@@ -702,11 +707,13 @@ const JobPage = {
       if (gen !== S.gen) return;
     }
     if (res.exc) this.exc = res.exc;
+    if (res.chk) this.chk = res.chk;
     if (res.cfg) this.cfg = res.cfg;
     if (res.vertex) { this.vertex = res.vertex; this.bp = res.bp; this.vertexFor = vid; }
     this.renderHead();
     this.renderDag();
     this.renderPanel();
+    this.renderCheckpoints();
     this.renderExceptions();
     this.renderConfig();
     if (TERMINAL.has(this.job.state) && fetchJob && ++this.terminalTicks >= 2) this.frozen = true;
@@ -940,6 +947,34 @@ const JobPage = {
     if (x.exceptionHistory && x.exceptionHistory.truncated) body += '<div class="muted">Older entries were truncated.</div>';
     if (!body) body = '<div class="muted pad">No exceptions.</div>';
     setHTML(el, `<div class="card-h"><h2>Exceptions</h2>${hist.length ? `<span class="count">${hist.length}</span>` : ''}</div>${body}`);
+  },
+
+  /** Checkpoints of a streaming job (Flink's Checkpoints tab): counts, the latest, the history. */
+  renderCheckpoints() {
+    const el = $('#checkpoints');
+    const r = this.chk;
+    if (!el) return;
+    // A batch job takes no checkpoints: the API answers 404 and the card stays hidden.
+    if (!r || !r.ok) { el.hidden = true; return; }
+    el.hidden = false;
+    const x = r.value || {};
+    const c = x.counts || {};
+    const latest = x.latest || {};
+    const row = (k) => `<tr class="checkpoint" data-checkpoint-id="${esc(k.id)}" data-status="${esc(k.status)}">
+      <td class="num">${esc(k.id)}</td><td><span class="state ${stCls(k.status === 'COMPLETED' ? 'FINISHED' : k.status === 'FAILED' ? 'FAILED' : 'RUNNING')}">${esc(k.status)}</span></td>
+      <td>${esc(k.checkpoint_type || '')}</td><td>${esc(fmtTime(k.trigger_timestamp))}</td>
+      <td class="num">${esc(fmtDuration(k.end_to_end_duration))}</td>
+      <td class="num">${esc(fmtBytes(k.checkpointed_size))}</td><td class="num">${esc(fmtBytes(k.state_size))}</td>
+      <td class="num">${esc(fmtBytes(k.processed_data))}</td><td class="num">${esc(fmtBytes(k.persisted_data))}</td>
+      <td class="num">${esc(k.num_acknowledged_subtasks)}/${esc(k.num_subtasks)}</td></tr>`;
+    const hist = (x.history || []).map(row).join('');
+    const restored = latest.restored ? `<div class="muted">Restored checkpoint ${esc(latest.restored.id)}${latest.restored.is_savepoint ? ' (savepoint)' : ''} at ${esc(fmtTime(latest.restored.restore_timestamp))}${latest.restored.external_path ? ` from <span class="mono">${esc(latest.restored.external_path)}</span>` : ''}</div>` : '';
+    const done = latest.completed ? `<div>Latest completed: <b>${esc(latest.completed.id)}</b>, ${esc(fmtDuration(latest.completed.end_to_end_duration))}, ${esc(fmtBytes(latest.completed.state_size))}${latest.completed.external_path ? ` at <span class="mono">${esc(latest.completed.external_path)}</span>` : ''}</div>` : '';
+    const failed = latest.failed ? `<div class="muted">Latest failed: ${esc(latest.failed.id)} — ${esc(latest.failed.failure_message || '')}</div>` : '';
+    setHTML(el, `<div class="card-h"><h2>Checkpoints</h2><span class="count">${fmtCount(c.completed)} completed</span></div>
+      <div class="pad"><div>Triggered ${fmtCount(c.total)}, in progress ${fmtCount(c.in_progress)}, completed ${fmtCount(c.completed)}, failed ${fmtCount(c.failed)}, restored ${fmtCount(c.restored)}</div>
+      ${done}${failed}${restored}</div>
+      ${hist ? `<div class="tbl-wrap"><table class="tbl checkpoints"><thead><tr><th class="num">ID</th><th>Status</th><th>Type</th><th>Triggered</th><th class="num">End to end</th><th class="num">Checkpointed</th><th class="num">State size</th><th class="num">Processed (alignment)</th><th class="num">Persisted</th><th class="num">Acknowledged</th></tr></thead><tbody>${hist}</tbody></table></div>` : '<div class="muted pad">No checkpoint yet.</div>'}`);
   },
 
   renderConfig() {
