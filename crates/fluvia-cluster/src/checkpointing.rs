@@ -100,6 +100,15 @@ pub fn checkpoint_config(config: &Configuration) -> Result<CheckpointConfig> {
             ));
         }
     };
+    if config.get(&options::CHECKPOINTING_UNALIGNED)? {
+        // Barriers would overtake data that no snapshot records: refuse
+        // rather than lose it on a restore.
+        return Err(FluviaError::Config(format!(
+            "{} is not supported yet: in-flight data is not stored as channel state, so \
+             checkpoints are aligned",
+            options::CHECKPOINTING_UNALIGNED.key
+        )));
+    }
     let savepoint_dir = config.get(&options::SAVEPOINT_DIRECTORY)?;
     let c = CheckpointConfig {
         interval: (!interval.is_zero()).then_some(interval),
