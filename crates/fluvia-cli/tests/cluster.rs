@@ -58,14 +58,7 @@ fn word_count_on_a_cluster_matches_the_embedded_run_in_both_modes() {
         let details = get(&cluster.rest, &format!("/jobs/{}", job_id(&o)));
         assert_eq!(details["state"], "FINISHED");
         // Subtasks ran on both TaskManagers.
-        let hosts: std::collections::BTreeSet<String> = details["vertices"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .flat_map(|v| v["subtasks"].as_array().unwrap().clone())
-            .map(|s| s["host"].as_str().unwrap().to_string())
-            .collect();
-        assert_eq!(hosts.len(), 2, "{hosts:?}");
+        assert_eq!(hosts(&details).len(), 2, "{details}");
     }
 }
 
@@ -298,6 +291,31 @@ fn a_wrong_or_missing_secret_is_refused() {
 /// Polls the job until `ready` holds (failing if it finishes first), then
 /// kills (SIGKILL) the TaskManager running subtask 0 of the second vertex and
 /// returns its id.
+/// The job `fluvia list` names first, as the REST API shows it, checked
+/// to have finished.
+fn first_listed_job_finished(cluster: &Cluster) -> Value {
+    let list = fluvia()
+        .args(["list", "--jobmanager", &cluster.rpc])
+        .output()
+        .unwrap();
+    let list = String::from_utf8_lossy(&list.stdout);
+    let id = list.split_whitespace().next().unwrap().to_string();
+    let details = get(&cluster.rest, &format!("/jobs/{id}"));
+    assert_eq!(details["state"], "FINISHED");
+    details
+}
+
+/// The hosts the subtasks of a job (as the REST API shows it) ran on.
+fn hosts(job: &Value) -> std::collections::BTreeSet<String> {
+    job["vertices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|v| v["subtasks"].as_array().unwrap().clone())
+        .map(|s| s["host"].as_str().unwrap().to_string())
+        .collect()
+}
+
 fn kill_during(cluster: &mut Cluster, id: &str, ready: impl Fn(&Value) -> bool) -> String {
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut last = String::new();
@@ -381,29 +399,27 @@ fn submit_in_background(
     (runner, id)
 }
 
-#[test]
-fn killing_a_task_manager_during_a_batch_job_reruns_only_the_affected_subtasks() {
+/// Runs the word count of 600,000 lines in `mode` on three TaskManagers of
+/// two slots, with a fixed-delay restart strategy (and `restart_args`),
+/// kills the TaskManager of the aggregation's first subtask once `when`
+/// holds for the job, and checks that the job restarted once to the
+/// embedded run's result, nothing lost or duplicated. Returns the job as the
+/// REST API shows it at the end, and the killed TaskManager.
+fn kill_a_task_manager_during(
+    mode: &str,
+    restart_args: &[&str],
+    when: impl Fn(&Value) -> bool,
+) -> (Value, String) {
     let dir = tempfile::tempdir().unwrap();
     let input = write_input(dir.path(), 600_000);
     let expected = embedded_counts(&input, &dir.path().join("embedded.txt"));
-    let mut cluster = Cluster::start(
-        &[
-            "-D",
-            "restart-strategy.type=fixed-delay",
-            "-D",
-            "restart-strategy.fixed-delay.attempts=2",
-            "-D",
-            "restart-strategy.fixed-delay.delay=100",
-        ],
-        3,
-        &["--slots", "2"],
-    );
+    let mut args = vec!["-D", "restart-strategy.type=fixed-delay"];
+    args.extend_from_slice(restart_args);
+    args.extend_from_slice(&["-D", "restart-strategy.fixed-delay.delay=100"]);
+    let mut cluster = Cluster::start(&args, 3, &["--slots", "2"]);
     let out = dir.path().join("out.txt");
-    let (runner, id) = submit_in_background(&cluster, &input, &out, "batch");
-    // Kill once the source vertex finished and the aggregation runs.
-    let victim = kill_during(&mut cluster, &id, |job| {
-        job["vertices"][0]["status"] == "FINISHED" && job["vertices"][1]["status"] == "RUNNING"
-    });
+    let (runner, id) = submit_in_background(&cluster, &input, &out, mode);
+    let victim = kill_during(&mut cluster, &id, when);
     let o = runner.join().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(
@@ -413,6 +429,16 @@ fn killing_a_task_manager_during_a_batch_job_reruns_only_the_affected_subtasks()
     );
     let job = get(&cluster.rest, &format!("/jobs/{id}"));
     assert_eq!(job["restarts"], 1);
+    (job, victim)
+}
+
+#[test]
+fn killing_a_task_manager_during_a_batch_job_reruns_only_the_affected_subtasks() {
+    let restart_args = ["-D", "restart-strategy.fixed-delay.attempts=2"];
+    // Kill once the source vertex finished and the aggregation runs.
+    let (job, victim) = kill_a_task_manager_during("batch", &restart_args, |job| {
+        job["vertices"][0]["status"] == "FINISHED" && job["vertices"][1]["status"] == "RUNNING"
+    });
     let attempts = |v: usize| -> Vec<u64> {
         job["vertices"][v]["subtasks"]
             .as_array()
@@ -444,31 +470,11 @@ fn killing_a_task_manager_during_a_batch_job_reruns_only_the_affected_subtasks()
 
 #[test]
 fn killing_a_task_manager_during_a_streaming_job_restarts_it_to_a_correct_result() {
-    let dir = tempfile::tempdir().unwrap();
-    let input = write_input(dir.path(), 600_000);
-    let expected = embedded_counts(&input, &dir.path().join("embedded.txt"));
-    let mut cluster = Cluster::start(
-        &[
-            "-D",
-            "restart-strategy.type=fixed-delay",
-            "-D",
-            "restart-strategy.fixed-delay.delay=100",
-        ],
-        3,
-        &["--slots", "2"],
-    );
-    let out = dir.path().join("out.txt");
-    let (runner, id) = submit_in_background(&cluster, &input, &out, "streaming");
-    kill_during(&mut cluster, &id, |job| {
+    let (job, _) = kill_a_task_manager_during("streaming", &[], |job| {
         job["vertices"][1]["subtasks"][0]["metrics"].is_object()
             && job["vertices"][1]["status"] == "RUNNING"
             && job["vertices"][1]["subtasks"][0]["taskmanager-id"].is_string()
     });
-    let o = runner.join().unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert_eq!(std::fs::read_to_string(&out).unwrap(), expected);
-    let job = get(&cluster.rest, &format!("/jobs/{id}"));
-    assert_eq!(job["restarts"], 1);
     for v in job["vertices"].as_array().unwrap() {
         for s in v["subtasks"].as_array().unwrap() {
             assert_eq!(s["attempt"], 1, "a streaming job restarts every task: {v}");
@@ -598,22 +604,8 @@ fn sql_on_a_cluster_matches_the_embedded_run_and_spans_task_managers() {
     assert_eq!(o.stdout, embedded.stdout);
     let stats = String::from_utf8_lossy(&o.stderr);
     assert!(stats.contains("HASH"), "{stats}");
-    let list = fluvia()
-        .args(["list", "--jobmanager", &cluster.rpc])
-        .output()
-        .unwrap();
-    let list = String::from_utf8_lossy(&list.stdout);
-    let id = list.split_whitespace().next().unwrap().to_string();
-    let details = get(&cluster.rest, &format!("/jobs/{id}"));
-    assert_eq!(details["state"], "FINISHED");
-    let hosts: std::collections::BTreeSet<String> = details["vertices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|v| v["subtasks"].as_array().unwrap().clone())
-        .map(|s| s["host"].as_str().unwrap().to_string())
-        .collect();
-    assert_eq!(hosts.len(), 2, "{hosts:?}");
+    let details = first_listed_job_finished(&cluster);
+    assert_eq!(hosts(&details).len(), 2, "{details}");
 }
 
 #[test]
@@ -684,14 +676,7 @@ fn insert_into_on_a_cluster_commits_one_part_file_per_subtask_written_on_several
     union.sort();
     assert_eq!(union, expected);
     // The sink's subtasks ran (and renamed their files) on both TaskManagers.
-    let list = fluvia()
-        .args(["list", "--jobmanager", &cluster.rpc])
-        .output()
-        .unwrap();
-    let list = String::from_utf8_lossy(&list.stdout);
-    let id = list.split_whitespace().next().unwrap().to_string();
-    let details = get(&cluster.rest, &format!("/jobs/{id}"));
-    assert_eq!(details["state"], "FINISHED");
+    let details = first_listed_job_finished(&cluster);
     let sink_vertex = details["vertices"]
         .as_array()
         .unwrap()

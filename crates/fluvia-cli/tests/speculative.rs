@@ -174,6 +174,22 @@ fn speculated_wordcount(cluster: &Cluster, input: &Path, out: &Path, args: &[&st
         .unwrap()
 }
 
+/// A corpus of 400,000 lines over `distinct` words in `dir`, and the path
+/// `out` there for the word count's output: (corpus, output, the counts).
+fn corpus_and_output(
+    dir: &Path,
+    distinct: u64,
+    out: &str,
+) -> (
+    std::path::PathBuf,
+    std::path::PathBuf,
+    BTreeMap<String, u64>,
+) {
+    let input = dir.join("corpus.txt");
+    let expected = corpus(&input, 400_000, distinct, 0);
+    (input, dir.join(out), expected)
+}
+
 /// The names in `dir`, sorted.
 fn names_in(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
@@ -188,9 +204,7 @@ fn names_in(dir: &Path) -> Vec<String> {
 fn a_slowed_task_manager_gets_a_twin_of_its_subtask_elsewhere_and_is_blocked() {
     let _one_at_a_time = serial();
     let dir = tempfile::tempdir().unwrap();
-    let input = dir.path().join("corpus.txt");
-    let out = dir.path().join("counts.txt");
-    let expected = corpus(&input, 400_000, 2000, 0);
+    let (input, out, expected) = corpus_and_output(dir.path(), 2000, "counts.txt");
     let cluster = Cluster::start(&[], 4, &["--slots", "1"]);
     let client = speculated_wordcount(&cluster, &input, &out, &["-p", "4"]);
     let (job, victim) = running_subtask_0(&cluster, 0);
@@ -233,9 +247,7 @@ fn a_slowed_task_manager_gets_a_twin_of_its_subtask_elsewhere_and_is_blocked() {
 fn a_slowed_sink_subtask_is_speculated_and_each_record_is_written_once() {
     let _one_at_a_time = serial();
     let dir = tempfile::tempdir().unwrap();
-    let input = dir.path().join("corpus.txt");
-    let out = dir.path().join("counts");
-    let expected = corpus(&input, 400_000, 200_000, 0);
+    let (input, out, expected) = corpus_and_output(dir.path(), 200_000, "counts");
     let mut cluster = Cluster::start(
         &["-D", "shuffle-service.type=external"],
         4,

@@ -677,34 +677,28 @@ fn sql_exchanges_are_pipelined_where_blocking_buys_nothing() {
             plan.matches("(blocking)").count(),
         )
     };
-    let (pipelined, blocking) = modes(&explain("q96", &[]));
-    assert!(
-        pipelined >= 4 && blocking == 0,
-        "q96: {pipelined} {blocking}"
-    );
-    let (pipelined, blocking) = modes(&explain(
-        "q96",
-        &["-D", "execution.batch-shuffle-mode=ALL_EXCHANGES_BLOCKING"],
-    ));
-    assert!(
-        pipelined == 0 && blocking >= 4,
-        "q96 blocking: {pipelined} {blocking}"
-    );
+    // `query` with `extra` has at least `exchanges` exchanges, all
+    // pipelined or all blocking.
+    let assert_all = |query: &str, extra: &[&str], exchanges: usize, pipelined: bool| {
+        let (p, b) = modes(&explain(query, extra));
+        let (all, none) = if pipelined { (p, b) } else { (b, p) };
+        assert!(
+            all >= exchanges && none == 0,
+            "{query} {extra:?}: {p} pipelined, {b} blocking"
+        );
+    };
+    assert_all("q96", &[], 4, true);
+    let blocking = ["-D", "execution.batch-shuffle-mode=ALL_EXCHANGES_BLOCKING"];
+    assert_all("q96", &blocking, 4, false);
     // Each subtask of q76's union runs one branch and releases the other
     // branches' inputs at its start, so none waits for it: pipelined. Read
     // to the end instead, they would deadlock, so they block.
-    let (pipelined, blocking) = modes(&explain("q76", &[]));
-    assert!(
-        pipelined >= 6 && blocking == 0,
-        "q76: {pipelined} {blocking}"
-    );
-    let (pipelined, blocking) = modes(&explain(
+    assert_all("q76", &[], 6, true);
+    assert_all(
         "q76",
         &["-D", "table.exec.release-unread-inputs=false"],
-    ));
-    assert!(
-        pipelined == 0 && blocking >= 6,
-        "q76 without release: {pipelined} {blocking}"
+        6,
+        false,
     );
     let o = explain("q96", &["-D", "execution.batch-shuffle-mode=SOMETIMES"]);
     assert!(!o.status.success());

@@ -518,6 +518,19 @@ fn statement(p: &mut rexpect::session::PtySession, line: &str, output: &[&str]) 
     p.exp_string("Fluvia SQL>").unwrap();
 }
 
+/// Runs `cmd` in a pseudo-terminal, each expectation waiting at most
+/// `timeout_ms`.
+fn on_a_terminal(cmd: std::process::Command, timeout_ms: u64) -> rexpect::session::PtySession {
+    rexpect::session::spawn_with_options(
+        cmd,
+        rexpect::reader::Options {
+            timeout_ms: Some(timeout_ms),
+            strip_ansi_escape_codes: true,
+        },
+    )
+    .unwrap()
+}
+
 /// The interactive client in a pseudo-terminal, as a user types.
 #[test]
 fn the_interactive_client_runs_a_session_and_ctrl_c_cancels_only_the_running_query() {
@@ -526,14 +539,7 @@ fn the_interactive_client_runs_a_session_and_ctrl_c_cancels_only_the_running_que
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fluvia"));
     cmd.arg("sql")
         .env("FLUVIA_SQL_HISTORY", dir.path().join("history"));
-    let mut p = rexpect::session::spawn_with_options(
-        cmd,
-        rexpect::reader::Options {
-            timeout_ms: Some(120_000),
-            strip_ansi_escape_codes: true,
-        },
-    )
-    .unwrap();
+    let mut p = on_a_terminal(cmd, 120_000);
     p.exp_string("Fluvia SQL>").unwrap();
     // A statement over two lines.
     // The line editor takes input once it shows its prompt (it may drop
@@ -587,14 +593,7 @@ fn progress_shows_on_a_terminal_and_not_when_piped() {
     let query = "SELECT count(*) AS n FROM generate_series(1, 100000000) AS t(x) WHERE x % 7 = 3";
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fluvia"));
     cmd.args(["sql", "-e", query]);
-    let mut p = rexpect::session::spawn_with_options(
-        cmd,
-        rexpect::reader::Options {
-            timeout_ms: Some(300_000),
-            strip_ansi_escape_codes: true,
-        },
-    )
-    .unwrap();
+    let mut p = on_a_terminal(cmd, 300_000);
     p.exp_string("vertices").unwrap();
     p.exp_string("running").unwrap();
     p.exp_string("14285714").unwrap();

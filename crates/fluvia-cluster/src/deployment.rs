@@ -104,15 +104,31 @@ pub fn partition_from_proto(p: &rpc::PartitionId) -> Option<PartitionRef> {
     })
 }
 
+/// A `$ty` struct literal whose counters, named alike in [`AttemptMetrics`]
+/// and [`rpc::TaskMetrics`], are `$m`'s; `$rest` are its other fields.
+macro_rules! with_metric_counters {
+    ($($ty:ident)::+, $m:ident, { $($rest:tt)* }) => {
+        $($ty)::+ {
+            records_in: $m.records_in,
+            records_out: $m.records_out,
+            bytes_in: $m.bytes_in,
+            bytes_out: $m.bytes_out,
+            buffers_in: $m.buffers_in,
+            buffers_out: $m.buffers_out,
+            operator_records: $m.operator_records.clone(),
+            output_buffers_max_in_use: $m.output_buffers_max_in_use,
+            output_buffers_limit: $m.output_buffers_limit,
+            backpressure_waits: $m.backpressure_waits,
+            busy_ms_per_second: $m.busy_ms_per_second,
+            idle_ms_per_second: $m.idle_ms_per_second,
+            back_pressured_ms_per_second: $m.back_pressured_ms_per_second,
+            $($rest)*
+        }
+    };
+}
+
 pub fn metrics_to_proto(m: &AttemptMetrics) -> rpc::TaskMetrics {
-    rpc::TaskMetrics {
-        records_in: m.records_in,
-        records_out: m.records_out,
-        bytes_in: m.bytes_in,
-        bytes_out: m.bytes_out,
-        buffers_in: m.buffers_in,
-        buffers_out: m.buffers_out,
-        operator_records: m.operator_records.clone(),
+    with_metric_counters!(rpc::TaskMetrics, m, {
         outputs: m
             .subpartition_bytes
             .iter()
@@ -122,12 +138,6 @@ pub fn metrics_to_proto(m: &AttemptMetrics) -> rpc::TaskMetrics {
                 subpartition_records: m.subpartition_records.get(i).cloned().unwrap_or_default(),
             })
             .collect(),
-        output_buffers_max_in_use: m.output_buffers_max_in_use,
-        output_buffers_limit: m.output_buffers_limit,
-        backpressure_waits: m.backpressure_waits,
-        busy_ms_per_second: m.busy_ms_per_second,
-        idle_ms_per_second: m.idle_ms_per_second,
-        back_pressured_ms_per_second: m.back_pressured_ms_per_second,
         accumulators: m
             .accumulators
             .iter()
@@ -144,34 +154,13 @@ pub fn metrics_to_proto(m: &AttemptMetrics) -> rpc::TaskMetrics {
                 target: f.target.clone(),
             })
             .collect(),
-    }
+    })
 }
 
 pub fn metrics_from_proto(m: &rpc::TaskMetrics) -> AttemptMetrics {
-    AttemptMetrics {
-        records_in: m.records_in,
-        records_out: m.records_out,
-        bytes_in: m.bytes_in,
-        bytes_out: m.bytes_out,
-        buffers_in: m.buffers_in,
-        buffers_out: m.buffers_out,
-        operator_records: m.operator_records.clone(),
-        subpartition_bytes: m
-            .outputs
-            .iter()
-            .map(|o| o.subpartition_bytes.clone())
-            .collect(),
-        subpartition_records: m
-            .outputs
-            .iter()
-            .map(|o| o.subpartition_records.clone())
-            .collect(),
-        output_buffers_max_in_use: m.output_buffers_max_in_use,
-        output_buffers_limit: m.output_buffers_limit,
-        backpressure_waits: m.backpressure_waits,
-        busy_ms_per_second: m.busy_ms_per_second,
-        idle_ms_per_second: m.idle_ms_per_second,
-        back_pressured_ms_per_second: m.back_pressured_ms_per_second,
+    with_metric_counters!(AttemptMetrics, m, {
+        subpartition_bytes: m.outputs.iter().map(|o| o.subpartition_bytes.clone()).collect(),
+        subpartition_records: m.outputs.iter().map(|o| o.subpartition_records.clone()).collect(),
         accumulators: m
             .accumulators
             .iter()
@@ -185,12 +174,39 @@ pub fn metrics_from_proto(m: &rpc::TaskMetrics) -> AttemptMetrics {
                 target: f.target.clone(),
             })
             .collect(),
-    }
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn attempt_metrics_cross_the_wire_as_themselves() {
+        let m = AttemptMetrics {
+            records_in: 1,
+            records_out: 2,
+            bytes_in: 3,
+            bytes_out: 4,
+            buffers_in: 5,
+            buffers_out: 6,
+            operator_records: vec![7, 8],
+            subpartition_bytes: vec![vec![9, 10], vec![11]],
+            subpartition_records: vec![vec![12, 13], vec![14]],
+            output_buffers_max_in_use: 15,
+            output_buffers_limit: 16,
+            backpressure_waits: 17,
+            busy_ms_per_second: 18.5,
+            idle_ms_per_second: 19.5,
+            back_pressured_ms_per_second: 20.5,
+            accumulators: vec![("rows".into(), vec![21])],
+            staged_files: vec![StagedFile {
+                pending: "p".into(),
+                target: "t".into(),
+            }],
+        };
+        assert_eq!(metrics_from_proto(&metrics_to_proto(&m)), m);
+    }
 
     #[test]
     fn every_attempt_state_crosses_the_wire_as_itself() {

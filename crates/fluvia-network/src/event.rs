@@ -13,8 +13,7 @@
 //! [`Event::decode`], total on any input).
 
 use crate::buffer::Buffer;
-use crate::byte_reader::{ByteReader, Truncation};
-use std::fmt;
+use crate::byte_reader::{ByteReader, Truncation, decode_error};
 
 /// Whether a snapshot is a checkpoint (owned and subsumed by the system) or
 /// a savepoint (owned by the user).
@@ -199,26 +198,25 @@ impl Event {
         let mut r = Cursor::new(bytes, EventBytes);
         let event = match r.u8()? {
             0 => Event::EndOfPartition,
-            1 => Event::EndOfData(match r.u8()? {
-                0 => StopMode::Drain,
-                1 => StopMode::NoDrain,
-                m => return Err(r.error(format!("unknown stop mode {m}"))),
-            }),
+            1 => Event::EndOfData(
+                r.one_of(&[StopMode::Drain, StopMode::NoDrain], "unknown stop mode")?,
+            ),
             2 => {
                 let id = r.u64()?;
                 let timestamp = r.u64()? as i64;
-                let snapshot_type = match r.u8()? {
-                    0 => SnapshotType::Checkpoint,
-                    1 => SnapshotType::Savepoint,
-                    t => return Err(r.error(format!("unknown snapshot type {t}"))),
-                };
-                let alignment = match r.u8()? {
-                    0 => AlignmentType::Aligned,
-                    1 => AlignmentType::Unaligned,
-                    2 => AlignmentType::ForcedAligned,
-                    3 => AlignmentType::AtLeastOnce,
-                    a => return Err(r.error(format!("unknown alignment type {a}"))),
-                };
+                let snapshot_type = r.one_of(
+                    &[SnapshotType::Checkpoint, SnapshotType::Savepoint],
+                    "unknown snapshot type",
+                )?;
+                let alignment = r.one_of(
+                    &[
+                        AlignmentType::Aligned,
+                        AlignmentType::Unaligned,
+                        AlignmentType::ForcedAligned,
+                        AlignmentType::AtLeastOnce,
+                    ],
+                    "unknown alignment type",
+                )?;
                 Event::CheckpointBarrier(CheckpointBarrier {
                     id,
                     timestamp,
@@ -232,11 +230,10 @@ impl Event {
                 checkpoint_id: r.u64()?,
             },
             4 => Event::Watermark(r.u64()? as i64),
-            5 => Event::WatermarkStatus(match r.u8()? {
-                0 => WatermarkStatus::Idle,
-                1 => WatermarkStatus::Active,
-                s => return Err(r.error(format!("unknown watermark status {s}"))),
-            }),
+            5 => Event::WatermarkStatus(r.one_of(
+                &[WatermarkStatus::Idle, WatermarkStatus::Active],
+                "unknown watermark status",
+            )?),
             6 => {
                 let kind = r.u32()?;
                 let len = r.u32()? as usize;
@@ -254,17 +251,11 @@ impl Event {
     }
 }
 
-/// An event's bytes could not be read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EventDecodeError(pub String);
-
-impl fmt::Display for EventDecodeError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "malformed event: {}", self.0)
-    }
-}
-
-impl std::error::Error for EventDecodeError {}
+decode_error!(
+    /// An event's bytes could not be read.
+    EventDecodeError,
+    "malformed event"
+);
 
 /// Event decoding errors say at which byte they arose.
 struct EventBytes;
@@ -273,6 +264,9 @@ impl Truncation for EventBytes {
     type Error = EventDecodeError;
     fn truncated(&self, needed: usize, at: usize, has: usize) -> EventDecodeError {
         at_byte(format!("truncated: needs {needed} bytes, has {has}"), at)
+    }
+    fn invalid(&self, message: String, at: usize) -> EventDecodeError {
+        at_byte(message, at)
     }
 }
 

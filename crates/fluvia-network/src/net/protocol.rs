@@ -7,7 +7,7 @@
 //! sequence yields messages or a [`ProtocolError`], never a panic and never an
 //! allocation larger than [`MAX_FRAME`].
 
-use crate::byte_reader::{ByteReader, Truncation};
+use crate::byte_reader::{ByteReader, Truncation, decode_error};
 use std::fmt;
 
 pub const MAGIC: u32 = 0xBADC_0FFE;
@@ -112,17 +112,11 @@ impl Message {
     }
 }
 
-/// A malformed frame.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProtocolError(pub String);
-
-impl fmt::Display for ProtocolError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "protocol error: {}", self.0)
-    }
-}
-
-impl std::error::Error for ProtocolError {}
+decode_error!(
+    /// A malformed frame.
+    ProtocolError,
+    "protocol error"
+);
 
 fn begin(out: &mut Vec<u8>, id: u8) -> usize {
     let start = out.len();
@@ -231,6 +225,9 @@ impl Truncation for FrameKind {
             self.0
         ))
     }
+    fn invalid(&self, message: String, _at: usize) -> ProtocolError {
+        ProtocolError(message)
+    }
 }
 
 /// Reads fields from a frame body, failing on truncation.
@@ -295,18 +292,16 @@ fn decode_frame(id: u8, body: &[u8]) -> Result<Frame<'_>, ProtocolError> {
                 subpartition: r.u32()?,
                 sequence: r.u32()?,
                 backlog: r.u32()?,
-                data_type: match r.u8()? {
-                    0 => DataType::Data,
-                    1 => DataType::EndOfPartition,
-                    2 => DataType::Event,
-                    3 => DataType::PriorityEvent,
-                    t => return Err(ProtocolError(format!("unknown buffer data type {t}"))),
-                },
-                compressed: match r.u8()? {
-                    0 => false,
-                    1 => true,
-                    c => return Err(ProtocolError(format!("invalid compressed flag {c}"))),
-                },
+                data_type: r.one_of(
+                    &[
+                        DataType::Data,
+                        DataType::EndOfPartition,
+                        DataType::Event,
+                        DataType::PriorityEvent,
+                    ],
+                    "unknown buffer data type",
+                )?,
+                compressed: r.one_of(&[false, true], "invalid compressed flag")?,
             };
             let size = r.u32()? as usize;
             let payload = r.take(size)?;

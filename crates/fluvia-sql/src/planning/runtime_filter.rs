@@ -498,27 +498,20 @@ mod tests {
     #[test]
     fn only_a_scan_on_the_probe_side_of_a_join_an_empty_build_side_empties_waits() {
         let dir = tempfile::tempdir().unwrap();
-        let plan = stages(dir.path(), INNER);
-        assert_eq!(
-            crate::planning::multiple_input::read_later(&plan),
-            [false, true, false]
-        );
-        for join_type in [JoinType::LeftSemi, JoinType::LeftAnti, JoinType::Left] {
-            let shape = Shape { join_type, ..INNER };
-            let plan = stages(dir.path(), shape);
-            assert_eq!(
-                crate::planning::multiple_input::read_later(&plan),
-                [false, true, false]
-            );
+        let read_later = |join_type| {
+            let plan = stages(dir.path(), Shape { join_type, ..INNER });
+            crate::planning::multiple_input::read_later(&plan)
+        };
+        for join_type in [
+            INNER.join_type,
+            JoinType::LeftSemi,
+            JoinType::LeftAnti,
+            JoinType::Left,
+        ] {
+            assert_eq!(read_later(join_type), [false, true, false], "{join_type}");
         }
         for join_type in [JoinType::Right, JoinType::Full, JoinType::RightAnti] {
-            let shape = Shape { join_type, ..INNER };
-            let plan = stages(dir.path(), shape);
-            assert_eq!(
-                crate::planning::multiple_input::read_later(&plan),
-                [false, false, false],
-                "{join_type}"
-            );
+            assert_eq!(read_later(join_type), [false, false, false], "{join_type}");
         }
     }
 
