@@ -123,6 +123,13 @@ fn now_millis() -> u64 {
         .unwrap_or(0)
 }
 
+/// Queues `call` for TaskManager `tm` (dropped if it is gone).
+fn queue(st: &JmState, tm: &str, call: TmCall) {
+    if let Some(t) = st.tms.get(tm) {
+        let _ = t.queue.send(call);
+    }
+}
+
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -322,19 +329,11 @@ impl JmShared {
                 CheckpointCall::Trigger {
                     task_manager,
                     request,
-                } => {
-                    if let Some(t) = st.tms.get(&task_manager) {
-                        let _ = t.queue.send(TmCall::TriggerCheckpoint(request));
-                    }
-                }
+                } => queue(st, &task_manager, TmCall::TriggerCheckpoint(request)),
                 CheckpointCall::Notify {
                     task_manager,
                     request,
-                } => {
-                    if let Some(t) = st.tms.get(&task_manager) {
-                        let _ = t.queue.send(TmCall::NotifyCheckpoint(request));
-                    }
-                }
+                } => queue(st, &task_manager, TmCall::NotifyCheckpoint(request)),
                 CheckpointCall::FailJob { attempt, reason } => {
                     tracing::warn!("job {} fails over: {reason}", attempt.job);
                     let _ = self.feed(

@@ -213,13 +213,7 @@ async fn trigger_savepoint(
     headers: HeaderMap,
     body: Option<Json<Value>>,
 ) -> Response {
-    if let Some(r) = unauthorized(&s, &headers, "REST POST /jobs/:id/savepoints") {
-        return r;
-    }
-    let body = body.map(|Json(b)| b).unwrap_or_default();
-    let target = body["target-directory"].as_str().map(str::to_string);
-    let cancel = body["cancel-job"].as_bool().unwrap_or(false);
-    savepoint_triggered(s.trigger_savepoint(&id, target, cancel, false))
+    savepoint_request(&s, &id, &headers, body, false)
 }
 
 /// `POST /jobs/:id/stop` {targetDirectory, drain}: stop-with-savepoint.
@@ -229,13 +223,35 @@ async fn stop_with_savepoint(
     headers: HeaderMap,
     body: Option<Json<Value>>,
 ) -> Response {
-    if let Some(r) = unauthorized(&s, &headers, "REST POST /jobs/:id/stop") {
+    savepoint_request(&s, &id, &headers, body, true)
+}
+
+/// A savepoint request, as Flink's two endpoints spell their bodies.
+fn savepoint_request(
+    s: &Shared,
+    id: &str,
+    headers: &HeaderMap,
+    body: Option<Json<Value>>,
+    stop: bool,
+) -> Response {
+    let what = if stop {
+        "REST POST /jobs/:id/stop"
+    } else {
+        "REST POST /jobs/:id/savepoints"
+    };
+    if let Some(r) = unauthorized(s, headers, what) {
         return r;
     }
     let body = body.map(|Json(b)| b).unwrap_or_default();
-    let target = body["targetDirectory"].as_str().map(str::to_string);
-    let drain = body["drain"].as_bool().unwrap_or(false);
-    savepoint_triggered(s.trigger_savepoint(&id, target, true, drain))
+    let (target, stop, drain) = if stop {
+        let drain = body["drain"].as_bool().unwrap_or(false);
+        (&body["targetDirectory"], true, drain)
+    } else {
+        let cancel = body["cancel-job"].as_bool().unwrap_or(false);
+        (&body["target-directory"], cancel, false)
+    };
+    let target = target.as_str().map(str::to_string);
+    savepoint_triggered(s.trigger_savepoint(id, target, stop, drain))
 }
 
 /// `GET /jobs/:id/savepoints/:trigger` (Flink's asynchronous operation

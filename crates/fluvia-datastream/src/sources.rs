@@ -219,12 +219,8 @@ impl<T: Data> SourceOperator<T> for CollectionSource<T> {
         &mut self,
         ctx: &mut fluvia_runtime::state::StateInitializationContext,
     ) -> Result<(), UserError> {
-        if ctx.is_restored() {
-            self.cursors = ctx
-                .operator_state(POSITION)
-                .iter()
-                .map(|b| decode_range(b))
-                .collect::<Result<_, _>>()?;
+        if let Some(cursors) = restored_pairs(ctx)? {
+            self.cursors = cursors;
         }
         Ok(())
     }
@@ -302,6 +298,21 @@ fn encode_ranges(ranges: impl Iterator<Item = (u64, u64)>) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// The `(u64, u64)` pairs of a restored position state, if restored.
+fn restored_pairs(
+    ctx: &fluvia_runtime::state::StateInitializationContext,
+) -> Result<Option<VecDeque<(u64, u64)>>, UserError> {
+    if !ctx.is_restored() {
+        return Ok(None);
+    }
+    let pairs = ctx
+        .operator_state(POSITION)
+        .iter()
+        .map(|b| decode_range(b))
+        .collect::<Result<_, _>>()?;
+    Ok(Some(pairs))
+}
+
 fn decode_range(bytes: &[u8]) -> Result<(u64, u64), UserError> {
     let word = |i: usize| -> Result<u64, UserError> {
         let b: [u8; 8] = bytes
@@ -320,12 +331,8 @@ impl<T: Data> SourceOperator<T> for GeneratorSource<T> {
         &mut self,
         ctx: &mut fluvia_runtime::state::StateInitializationContext,
     ) -> Result<(), UserError> {
-        if ctx.is_restored() {
-            self.queued = ctx
-                .operator_state(POSITION)
-                .iter()
-                .map(|b| decode_range(b))
-                .collect::<Result<_, _>>()?;
+        if let Some(ranges) = restored_pairs(ctx)? {
+            self.queued = ranges;
             self.next = 0;
             self.end = 0;
         }

@@ -582,6 +582,40 @@ fn settle<T, O>(
     result.map_err(|e| ctx.user_error(e))
 }
 
+/// Marks the driver's operator as the one running user code and returns
+/// a collector to its outputs.
+macro_rules! enter {
+    ($self:ident) => {{
+        set_current_operator($self.ctx.operator_index);
+        Collector::with_side_outputs(&mut *$self.out, &mut $self.side, $self.ctx.operator_index)
+    }};
+}
+
+/// A driver's checkpoint and watermark methods (see `checkpoint_driver!`,
+/// `notify_driver!`), the same in every driver; `$watermark` names the
+/// trait's watermark method.
+macro_rules! driver_control {
+    ($watermark:ident) => {
+        fn $watermark(&mut self, watermark: i64) -> Result<()> {
+            let mut c = enter!(self);
+            let r = self.op.process_watermark(watermark, &mut c);
+            settle(&self.ctx, &mut c, r)
+        }
+
+        fn checkpoint(
+            &mut self,
+            barrier: &CheckpointBarrier,
+            snapshot: &mut ChainSnapshot,
+        ) -> Result<()> {
+            checkpoint_driver!(self, barrier, snapshot)
+        }
+
+        fn notify_checkpoint(&mut self, id: u64, complete: bool) -> Result<()> {
+            notify_driver!(self, id, complete)
+        }
+    };
+}
+
 /// A checkpoint passes a driver: its operator emits what precedes the
 /// barrier, the barrier goes on through the operator's outputs (to the
 /// network at the chain's end), then the operator's state is snapshotted.
@@ -590,8 +624,7 @@ fn settle<T, O>(
 macro_rules! checkpoint_driver {
     ($self:ident, $barrier:ident, $snapshot:ident) => {{
         let index = $self.ctx.operator_index;
-        set_current_operator(index);
-        let mut c = Collector::with_side_outputs(&mut *$self.out, &mut $self.side, index);
+        let mut c = enter!($self);
         let r = $self.op.prepare_snapshot_pre_barrier($barrier.id, &mut c);
         settle(&$self.ctx, &mut c, r)?;
         $self.side.checkpoint($barrier, $snapshot)?;
@@ -790,9 +823,7 @@ impl<IN: Clone + 'static, OUT: 'static> Output<IN> for OneInputDriver<IN, OUT> {
     }
 
     fn close(&mut self) -> Result<()> {
-        let index = self.ctx.operator_index;
-        set_current_operator(index);
-        let mut c = Collector::with_side_outputs(&mut *self.out, &mut self.side, index);
+        let mut c = enter!(self);
         let r = self.op.end_input(&mut c);
         settle(&self.ctx, &mut c, r)?;
         let r = self.op.close();
@@ -801,25 +832,7 @@ impl<IN: Clone + 'static, OUT: 'static> Output<IN> for OneInputDriver<IN, OUT> {
         self.out.close()
     }
 
-    fn emit_watermark(&mut self, watermark: i64) -> Result<()> {
-        let index = self.ctx.operator_index;
-        set_current_operator(index);
-        let mut c = Collector::with_side_outputs(&mut *self.out, &mut self.side, index);
-        let r = self.op.process_watermark(watermark, &mut c);
-        settle(&self.ctx, &mut c, r)
-    }
-
-    fn checkpoint(
-        &mut self,
-        barrier: &CheckpointBarrier,
-        snapshot: &mut ChainSnapshot,
-    ) -> Result<()> {
-        checkpoint_driver!(self, barrier, snapshot)
-    }
-
-    fn notify_checkpoint(&mut self, id: u64, complete: bool) -> Result<()> {
-        notify_driver!(self, id, complete)
-    }
+    driver_control!(emit_watermark);
 }
 
 struct TwoInputDriver<IN1, IN2, OUT> {
@@ -861,9 +874,7 @@ impl<IN1: Data, IN2: Data, OUT: 'static> NetworkInput for TwoInputDriver<IN1, IN
             return Ok(());
         }
         self.ended[input - 1] = true;
-        let index = self.ctx.operator_index;
-        set_current_operator(index);
-        let mut c = Collector::with_side_outputs(&mut *self.out, &mut self.side, index);
+        let mut c = enter!(self);
         let r = self.op.end_input(input, &mut c);
         settle(&self.ctx, &mut c, r)?;
         if self.ended == [true, true] {
@@ -875,25 +886,7 @@ impl<IN1: Data, IN2: Data, OUT: 'static> NetworkInput for TwoInputDriver<IN1, IN
         Ok(())
     }
 
-    fn process_watermark(&mut self, watermark: i64) -> Result<()> {
-        let index = self.ctx.operator_index;
-        set_current_operator(index);
-        let mut c = Collector::with_side_outputs(&mut *self.out, &mut self.side, index);
-        let r = self.op.process_watermark(watermark, &mut c);
-        settle(&self.ctx, &mut c, r)
-    }
-
-    fn checkpoint(
-        &mut self,
-        barrier: &CheckpointBarrier,
-        snapshot: &mut ChainSnapshot,
-    ) -> Result<()> {
-        checkpoint_driver!(self, barrier, snapshot)
-    }
-
-    fn notify_checkpoint(&mut self, id: u64, complete: bool) -> Result<()> {
-        notify_driver!(self, id, complete)
-    }
+    driver_control!(process_watermark);
 }
 
 // ---------------------------------------------------------------- factories

@@ -333,26 +333,20 @@ fn run_task(d: &TaskDeployment, staged: &crate::operator::StagedFiles) -> Result
         }
         OperatorInstance::OneInput { input, input_type } => {
             let mut head = input_type.network_input(input)?;
-            run_input_loop(
-                d,
-                &mut ChainInput {
-                    head: &mut *head,
-                    writers: &builder.writers,
-                    checkpoints: checkpoints.as_mut(),
-                },
-                &mut metrics,
-            )?;
+            let mut input = ChainInput {
+                head: &mut *head,
+                writers: &builder.writers,
+                checkpoints: checkpoints.as_mut(),
+            };
+            run_input_loop(d, &mut input, &mut metrics)?;
         }
         OperatorInstance::TwoInput(mut head) => {
-            run_input_loop(
-                d,
-                &mut ChainInput {
-                    head: &mut *head,
-                    writers: &builder.writers,
-                    checkpoints: checkpoints.as_mut(),
-                },
-                &mut metrics,
-            )?;
+            let mut input = ChainInput {
+                head: &mut *head,
+                writers: &builder.writers,
+                checkpoints: checkpoints.as_mut(),
+            };
+            run_input_loop(d, &mut input, &mut metrics)?;
         }
         OperatorInstance::Driver(mut driver) => {
             let read = driver.run(d.inputs.clone(), &d.counters, &d.cancel)?;

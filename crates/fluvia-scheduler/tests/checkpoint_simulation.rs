@@ -48,30 +48,8 @@ const FAULT_PHASE: u64 = 20_000;
 const SETTLE: u64 = 15_000;
 const JOB: JobId = JobId(0xc0ffee);
 
-/// SplitMix64.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.below(hi - lo + 1)
-    }
-
-    fn chance(&mut self, per_mille: u32) -> bool {
-        self.below(1000) < u64::from(per_mille)
-    }
-}
+/// The faults' dice (seedable, so a failing seed replays).
+type Rng = fluvia_core::random::SplitMix64;
 
 #[derive(Debug, Clone, Copy)]
 struct Faults {
@@ -257,7 +235,7 @@ fn path_of(id: u64, task: TaskId, attempt: u32) -> String {
 
 impl Sim {
     fn new(seed: u64, verbose: bool) -> Sim {
-        let mut rng = Rng(seed);
+        let mut rng = fluvia_core::random::SplitMix64(seed);
         let plan = random_plan(&mut rng);
         let cfg = random_config(&mut rng);
         let faults = Faults::pick(&mut rng, cfg.timeout.as_millis() as u64);

@@ -67,23 +67,8 @@ const FP_OTHER: &str = "fp-other";
 
 // ------------------------------------------------------------------ random
 
-/// SplitMix64: tiny, seedable, good enough to pick faults.
-struct Rng(fluvia_core::random::SplitMix64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0.next_u64() % n.max(1)
-    }
-
-    /// Uniform in `lo..=hi`.
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.below(hi - lo + 1)
-    }
-
-    fn chance(&mut self, per_mille: u32) -> bool {
-        self.below(1000) < u64::from(per_mille)
-    }
-}
+/// The faults' dice (seedable, so a failing seed replays).
+type Rng = fluvia_core::random::SplitMix64;
 
 // ------------------------------------------------------------------ faults
 
@@ -408,7 +393,7 @@ fn d(ms: u64) -> Duration {
 
 impl Sim {
     fn new(seed: u64, trace: bool) -> Sim {
-        let mut rng = Rng(fluvia_core::random::SplitMix64(seed));
+        let mut rng = fluvia_core::random::SplitMix64(seed);
         let faults = Faults::pick(&mut rng);
         let restart_attempts = if rng.chance(200) {
             rng.range(0, 3) as usize
