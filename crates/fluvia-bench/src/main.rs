@@ -11,6 +11,7 @@
 //! cargo run --release -p fluvia-bench -- speculative  # a slowed TaskManager: speculation off vs on
 //! ```
 
+mod checkpoints;
 mod datastream;
 mod network;
 mod shuffle;
@@ -43,6 +44,8 @@ enum Suite {
     Skew(skew::Args),
     /// Word count on processes, one TaskManager slowed: speculation off vs on (needs target/release/fluvia).
     Speculative(speculative::Args),
+    /// Checkpoints: keyed count with checkpoints off vs every second; duration and size vs state size.
+    Checkpoints(checkpoints::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -57,5 +60,6 @@ fn main() -> anyhow::Result<()> {
         Suite::Shuffle(a) => shuffle::run(a),
         Suite::Skew(a) => skew::run_bench(a),
         Suite::Speculative(a) => speculative::run(a),
+        Suite::Checkpoints(a) => checkpoints::run(a),
     }
 }

@@ -232,6 +232,9 @@ pub(crate) struct Checkpointing {
     /// Savepoint requests by trigger id (kept after their job ends, for
     /// the clients that poll them).
     savepoints: HashMap<String, (JobId, SavepointOutcome)>,
+    /// The statistics of jobs that ended (REST shows them, as Flink's
+    /// history server does).
+    ended: BTreeMap<JobId, CheckpointingStatistics>,
 }
 
 impl Checkpointing {
@@ -280,7 +283,9 @@ impl Checkpointing {
         status: TerminalJobStatus,
     ) -> Vec<CheckpointCall> {
         let calls = self.handle(coordinators, job, CheckpointEvent::JobTerminated { status });
-        self.jobs.remove(&job);
+        if let Some(j) = self.jobs.remove(&job) {
+            self.ended.insert(job, j.coordinator.statistics());
+        }
         calls
     }
 
@@ -448,7 +453,28 @@ impl Checkpointing {
 
     /// The job's checkpoint statistics (REST).
     pub fn statistics(&self, job: JobId) -> Option<CheckpointingStatistics> {
-        self.jobs.get(&job).map(|j| j.coordinator.statistics())
+        match self.jobs.get(&job) {
+            Some(j) => Some(j.coordinator.statistics()),
+            None => self.ended.get(&job).cloned(),
+        }
+    }
+
+    /// What a client is told of a job's checkpoints with its status.
+    pub fn summary(&self, job: JobId) -> Option<fluvia_runtime::result::CheckpointSummary> {
+        let s = self.statistics(job)?;
+        let d = &s.summary.end_to_end_duration;
+        Some(fluvia_runtime::result::CheckpointSummary {
+            completed: s.counts.completed,
+            failed: s.counts.failed,
+            restored: s.counts.restored,
+            duration_ms: (d.min, d.avg, d.max),
+            last_state_size: s.latest.completed.as_ref().map_or(0, |c| c.state_size),
+            last_checkpointed_size: s
+                .latest
+                .completed
+                .as_ref()
+                .map_or(0, |c| c.checkpointed_size),
+        })
     }
 
     /// The job's checkpointing settings (REST).

@@ -292,5 +292,7 @@ pub fn job_result(
             )
         })
         .collect();
-    Ok(JobExecutionResult::from_reports(graph, duration, reports))
+    let mut result = JobExecutionResult::from_reports(graph, duration, reports);
+    result.checkpoints = serde_json::from_str(&status.checkpoints_json).ok();
+    Ok(result)
 }

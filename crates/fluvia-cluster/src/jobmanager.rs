@@ -602,6 +602,11 @@ impl JmShared {
                 String::new()
             },
             results,
+            checkpoints_json: st
+                .checkpoints
+                .summary(job.id)
+                .and_then(|s| serde_json::to_string(&s).ok())
+                .unwrap_or_default(),
         }
     }
 
@@ -1115,6 +1120,7 @@ impl JobManager for JmService {
                 error: j.failure_cause.clone().unwrap_or_default(),
                 details_json: String::new(),
                 results: Vec::new(),
+                checkpoints_json: String::new(),
             })
             .collect();
         Ok(Response::new(JobList { jobs }))

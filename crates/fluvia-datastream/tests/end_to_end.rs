@@ -423,7 +423,9 @@ fn periodic_checkpoints_complete_and_are_notified_to_every_task() {
             snapshots: Arc::clone(&s),
         })
         .collect();
-    env.execute("checkpointed").unwrap();
+    let result = env.execute("checkpointed").unwrap();
+    let summary = result.checkpoints.clone().unwrap();
+    assert!(summary.completed >= 2, "{summary:?}");
 
     let mut finals = BTreeMap::new();
     for (k, v) in sums.take() {

@@ -43,6 +43,22 @@ pub struct JobExecutionResult {
     /// Named results sinks handed back (`collect()`), in vertex and subtask
     /// order.
     pub accumulators: Vec<(String, Vec<u8>)>,
+    /// A streaming job's checkpoints (none for a batch job).
+    pub checkpoints: Option<CheckpointSummary>,
+}
+
+/// What a job's checkpoints came to.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CheckpointSummary {
+    pub completed: u64,
+    pub failed: u64,
+    /// Times the job restored a checkpoint (restarts, or a savepoint).
+    pub restored: u64,
+    /// End-to-end duration of the completed ones: (min, avg, max) ms.
+    pub duration_ms: (u64, u64, u64),
+    /// Full and written bytes of the last completed one.
+    pub last_state_size: u64,
+    pub last_checkpointed_size: u64,
 }
 
 impl JobExecutionResult {
@@ -76,6 +92,15 @@ impl JobExecutionResult {
                     let _ = writeln!(s, "      {name}: {n} records");
                 }
             }
+        }
+        if let Some(c) = &self.checkpoints {
+            let (min, avg, max) = c.duration_ms;
+            let _ = writeln!(
+                s,
+                "  checkpoints: {} completed, {} failed, {} restored; {min}/{avg}/{max} ms \
+                 (min/avg/max); last {} bytes",
+                c.completed, c.failed, c.restored, c.last_state_size
+            );
         }
         s
     }
@@ -179,6 +204,7 @@ impl JobExecutionResult {
             task_metrics,
             attempts,
             accumulators,
+            checkpoints: None,
         }
     }
 
