@@ -14,7 +14,9 @@ use fluvia_runtime::{
 use std::hash::Hash;
 use std::sync::Arc;
 
-pub use crate::sinks::{CollectHandle, CollectSink, DiscardSink, FnSink, PrintSink, TextFileSink};
+pub use crate::sinks::{
+    CollectHandle, CollectSink, DiscardSink, FileSinkOptions, FnSink, PrintSink, TextFileSink,
+};
 
 pub struct MapOp<F>(pub Arc<F>);
 

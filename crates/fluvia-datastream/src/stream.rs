@@ -414,17 +414,31 @@ impl<T: Data> DataStream<T> {
         (sink, CollectHandle { data })
     }
 
-    /// Writes one line per record (Display) to `path` (a file at
-    /// parallelism 1, else a directory of `part-<i>` files).
+    /// Writes one line per record (Display) to `path`. In BATCH mode (and
+    /// in STREAMING mode without checkpointing): a file at parallelism 1,
+    /// else a directory of `part-<i>` files. In STREAMING mode with
+    /// checkpointing: a directory of part files committed exactly once at
+    /// checkpoints (see [`TextFileSink`]).
     pub fn write_as_text(&self, path: impl Into<PathBuf>) -> DataStreamSink
     where
         T: std::fmt::Display,
     {
+        self.write_as_text_with(path, FileSinkOptions::default())
+    }
+
+    /// [`write_as_text`](Self::write_as_text) with the part-file naming and
+    /// rolling policy of a checkpointed streaming job.
+    pub fn write_as_text_with(
+        &self,
+        path: impl Into<PathBuf>,
+        options: FileSinkOptions,
+    ) -> DataStreamSink
+    where
+        T: std::fmt::Display,
+    {
         let path = path.into();
-        self.sink_with("Text File", true, move || TextFileSink {
-            path: path.clone(),
-            writer: None,
-            file: PathBuf::new(),
+        self.sink_with("Text File", true, move || {
+            TextFileSink::new(path.clone(), options.clone())
         })
     }
 
