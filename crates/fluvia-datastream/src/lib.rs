@@ -41,14 +41,14 @@ pub mod stream;
 
 pub use env::StreamExecutionEnvironment;
 pub use operators::KeyedContext;
-pub use sinks::CollectHandle;
+pub use sinks::{CollectHandle, FileSinkOptions, TwoPhaseCommitSink};
 pub use stream::{ConnectedStreams, DataStream, DataStreamSink, KeyedStream, OperatorSettings};
 
 /// Everything a job needs in one import.
 pub mod prelude {
     pub use crate::env::StreamExecutionEnvironment;
     pub use crate::operators::KeyedContext;
-    pub use crate::sinks::CollectHandle;
+    pub use crate::sinks::{CollectHandle, FileSinkOptions, TwoPhaseCommitSink};
     pub use crate::stream::{
         ConnectedStreams, DataStream, DataStreamSink, KeyedStream, OperatorSettings,
     };

@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 pub use crate::sinks::{
     CollectHandle, CollectSink, DiscardSink, FileSinkOptions, FnSink, PrintSink, TextFileSink,
+    TwoPhaseCommitSink, TwoPhaseCommitSinkOp,
 };
 
 pub struct MapOp<F>(pub Arc<F>);

@@ -598,3 +598,189 @@ where
         (self.0)(record)
     }
 }
+
+// ------------------------------------------------------ two-phase commit
+
+/// A user sink that writes in transactions committed exactly once with
+/// checkpoints (Flink's `TwoPhaseCommitSinkFunction`; Sink V2's
+/// `CommittingSinkWriter` + `Committer`).
+///
+/// A transaction is begun when the subtask opens and after every
+/// checkpoint; records are written into the current one. At a checkpoint
+/// barrier the current transaction is pre-committed (flushed, made ready)
+/// and recorded in the checkpoint with its id; once that checkpoint
+/// completes it is committed. After a failure the restored pending
+/// transactions are committed again ([`recover_and_commit`], which must be
+/// idempotent: they may have been committed before the failure) and the
+/// transaction that was open at the checkpoint is aborted
+/// ([`recover_and_abort`]).
+///
+/// [`recover_and_commit`]: Self::recover_and_commit
+/// [`recover_and_abort`]: Self::recover_and_abort
+pub trait TwoPhaseCommitSink<T>: Send + 'static {
+    /// What identifies a transaction; it is stored in checkpoints.
+    type Txn: Data;
+    /// Starts a transaction.
+    fn begin(&mut self) -> Result<Self::Txn, UserError>;
+    /// Writes a record within `txn`.
+    fn write(&mut self, txn: &mut Self::Txn, value: T) -> Result<(), UserError>;
+    /// Makes `txn` ready to commit (flush): after this, a commit must not
+    /// fail for lack of data.
+    fn pre_commit(&mut self, txn: &mut Self::Txn) -> Result<(), UserError>;
+    /// Commits a pre-committed transaction. Must be idempotent.
+    fn commit(&mut self, txn: Self::Txn) -> Result<(), UserError>;
+    /// Gives up a transaction.
+    fn abort(&mut self, txn: Self::Txn) -> Result<(), UserError>;
+    /// Commits a pre-committed transaction restored from a checkpoint (it
+    /// may have been committed before).
+    fn recover_and_commit(&mut self, txn: Self::Txn) -> Result<(), UserError> {
+        self.commit(txn)
+    }
+    /// Aborts the transaction that was open when the restored checkpoint
+    /// was taken.
+    fn recover_and_abort(&mut self, txn: Self::Txn) -> Result<(), UserError> {
+        self.abort(txn)
+    }
+}
+
+/// The list state a two-phase-commit sink keeps its transactions in.
+pub const TRANSACTIONS_STATE: &str = "two-phase-commit-transactions";
+
+/// One element of [`TRANSACTIONS_STATE`].
+#[derive(serde::Serialize, serde::Deserialize)]
+enum TxnState<X> {
+    /// Pre-committed at checkpoint `.0`, waiting for it to complete.
+    Pending(u64, X),
+    /// Open when the checkpoint was taken.
+    Open(X),
+}
+
+/// The operator that drives a [`TwoPhaseCommitSink`].
+pub struct TwoPhaseCommitSinkOp<T, S: TwoPhaseCommitSink<T>> {
+    pub sink: S,
+    current: Option<S::Txn>,
+    /// Pre-committed transactions and the checkpoint that recorded them.
+    pending: Vec<(u64, S::Txn)>,
+    _t: std::marker::PhantomData<fn(T)>,
+}
+
+impl<T, S: TwoPhaseCommitSink<T>> TwoPhaseCommitSinkOp<T, S> {
+    pub fn new(sink: S) -> Self {
+        TwoPhaseCommitSinkOp {
+            sink,
+            current: None,
+            pending: Vec::new(),
+            _t: std::marker::PhantomData,
+        }
+    }
+
+    /// The checkpoints whose transactions wait for their completion.
+    pub fn pending_checkpoints(&self) -> Vec<u64> {
+        self.pending.iter().map(|(id, _)| *id).collect()
+    }
+
+    fn current(&mut self) -> Result<&mut S::Txn, UserError> {
+        if self.current.is_none() {
+            self.current = Some(self.sink.begin()?);
+        }
+        self.current
+            .as_mut()
+            .ok_or_else(|| "no transaction to write into".into())
+    }
+}
+
+impl<T: 'static, S: TwoPhaseCommitSink<T>> OneInputOperator<T, ()> for TwoPhaseCommitSinkOp<T, S> {
+    fn initialize_state(&mut self, ctx: &mut StateInitializationContext) -> Result<(), UserError> {
+        let mut open = Vec::new();
+        let mut pending = Vec::new();
+        for bytes in ctx.operator_state(TRANSACTIONS_STATE) {
+            match bincode::deserialize::<TxnState<S::Txn>>(bytes)
+                .map_err(|e| format!("decoding a restored transaction: {e}"))?
+            {
+                TxnState::Pending(id, txn) => pending.push((id, txn)),
+                TxnState::Open(txn) => open.push(txn),
+            }
+        }
+        // The restored checkpoint completed: what it pre-committed is
+        // committed (again); what was open then is rolled back, its
+        // records are replayed.
+        pending.sort_by_key(|(id, _)| *id);
+        for (_, txn) in pending {
+            self.sink.recover_and_commit(txn)?;
+        }
+        for txn in open {
+            self.sink.recover_and_abort(txn)?;
+        }
+        Ok(())
+    }
+
+    fn open(&mut self, _ctx: &OperatorContext) -> Result<(), UserError> {
+        self.current()?;
+        Ok(())
+    }
+
+    fn process_element(
+        &mut self,
+        record: T,
+        _out: &mut Collector<'_, ()>,
+    ) -> Result<(), UserError> {
+        self.current()?;
+        match &mut self.current {
+            Some(txn) => self.sink.write(txn, record),
+            None => Err("no transaction to write into".into()),
+        }
+    }
+
+    fn snapshot_state(&mut self, ctx: &mut StateSnapshotContext) -> Result<(), UserError> {
+        if let Some(mut txn) = self.current.take() {
+            self.sink.pre_commit(&mut txn)?;
+            self.pending.push((ctx.checkpoint_id, txn));
+        }
+        let next = self.sink.begin()?;
+        let encode = |s: &TxnState<&S::Txn>| {
+            bincode::serialize(s).map_err(|e| format!("encoding a transaction: {e}"))
+        };
+        let mut elements = Vec::with_capacity(self.pending.len() + 1);
+        for (id, txn) in &self.pending {
+            elements.push(encode(&TxnState::Pending(*id, txn))?);
+        }
+        elements.push(encode(&TxnState::Open(&next))?);
+        self.current = Some(next);
+        ctx.list_state(TRANSACTIONS_STATE, elements);
+        Ok(())
+    }
+
+    fn notify_checkpoint_complete(&mut self, id: u64) -> Result<(), UserError> {
+        let (ready, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending)
+            .into_iter()
+            .partition(|(c, _)| *c <= id);
+        self.pending = later;
+        for (_, txn) in ready {
+            self.sink.commit(txn)?;
+        }
+        Ok(())
+    }
+
+    // An aborted checkpoint's transactions stay pre-committed: their
+    // records will not be replayed unless the job fails over (then the
+    // restore decides), so the next completed checkpoint commits them.
+
+    fn end_input(&mut self, _out: &mut Collector<'_, ()>) -> Result<(), UserError> {
+        // The task ends normally: everything written is committed now.
+        if let Some(mut txn) = self.current.take() {
+            self.sink.pre_commit(&mut txn)?;
+            self.pending.push((u64::MAX, txn));
+        }
+        for (_, txn) in std::mem::take(&mut self.pending) {
+            self.sink.commit(txn)?;
+        }
+        Ok(())
+    }
+
+    fn close(&mut self) -> Result<(), UserError> {
+        if let Some(txn) = self.current.take() {
+            self.sink.abort(txn)?;
+        }
+        Ok(())
+    }
+}

@@ -447,6 +447,26 @@ impl<T: Data> DataStream<T> {
         self.sink_with("Discard", true, || DiscardSink)
     }
 
+    /// Writes through a [`TwoPhaseCommitSink`] made by `make` for every
+    /// subtask: transactions pre-committed at checkpoint barriers are
+    /// committed when their checkpoint completes, and again after a
+    /// restore (exactly once, Flink's `TwoPhaseCommitSinkFunction`).
+    pub fn add_two_phase_commit_sink<S>(
+        &self,
+        make: impl Fn(&OperatorContext) -> S + Send + Sync + 'static,
+    ) -> DataStreamSink
+    where
+        S: TwoPhaseCommitSink<T>,
+    {
+        self.sink(
+            "Two-Phase Commit",
+            Arc::new(OneInputFactory::<T, ()>::new(move |ctx| {
+                Ok(Box::new(TwoPhaseCommitSinkOp::new(make(ctx))))
+            })),
+            false,
+        )
+    }
+
     /// Calls `f` for every record.
     pub fn add_sink(
         &self,
