@@ -920,6 +920,8 @@ struct CommitWatcher {
     subtask: usize,
     completed: bool,
     checks_before: Arc<AtomicU64>,
+    /// Checks that saw a finished part while the job ran.
+    seen_committed: Arc<AtomicU64>,
     violations: Arc<std::sync::Mutex<Vec<String>>>,
 }
 
@@ -929,15 +931,17 @@ impl OneInputOperator<u64, u64> for CommitWatcher {
         record: u64,
         out: &mut Collector<'_, u64>,
     ) -> Result<(), UserError> {
-        if !self.completed && record % 10 == 0 {
-            self.checks_before.fetch_add(1, Ordering::SeqCst);
+        if record % 10 == 0 {
             let prefix = format!("part-{}-", self.subtask);
             let visible: Vec<String> = file_names(&self.dir)
                 .into_iter()
                 .filter(|n| n.starts_with(&prefix))
                 .collect();
-            if !visible.is_empty() {
+            if !self.completed {
+                self.checks_before.fetch_add(1, Ordering::SeqCst);
                 self.violations.lock().unwrap().extend(visible);
+            } else if !visible.is_empty() {
+                self.seen_committed.fetch_add(1, Ordering::SeqCst);
             }
         }
         out.collect(record);
@@ -960,18 +964,21 @@ fn streaming_text_sink_commits_part_files_only_when_checkpoints_complete() {
     let out = dir.path().join("out");
     let env = checkpointed_env(dir.path(), 2);
     let checks_before = Arc::new(AtomicU64::new(0));
+    let seen_committed = Arc::new(AtomicU64::new(0));
     let violations = Arc::new(std::sync::Mutex::new(Vec::new()));
     let (d, c, v) = (
         out.clone(),
         Arc::clone(&checks_before),
         Arc::clone(&violations),
     );
+    let s = Arc::clone(&seen_committed);
     env.from_generator_with_rate(3000, 2000.0, |i| i)
         .transform("Watch", move |ctx: &OperatorContext| CommitWatcher {
             dir: d.clone(),
             subtask: ctx.subtask_index,
             completed: false,
             checks_before: Arc::clone(&c),
+            seen_committed: Arc::clone(&s),
             violations: Arc::clone(&v),
         })
         .write_as_text(&out);
@@ -979,6 +986,9 @@ fn streaming_text_sink_commits_part_files_only_when_checkpoints_complete() {
 
     assert!(checks_before.load(Ordering::SeqCst) > 0);
     assert_eq!(*violations.lock().unwrap(), Vec::<String>::new());
+    // Parts were committed at checkpoints while the job ran, not only at
+    // its end.
+    assert!(seen_committed.load(Ordering::SeqCst) > 0);
     let names = file_names(&out);
     assert!(
         names.iter().all(|n| n.starts_with("part-")),
