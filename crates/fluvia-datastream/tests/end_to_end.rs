@@ -931,7 +931,7 @@ impl OneInputOperator<u64, u64> for CommitWatcher {
         record: u64,
         out: &mut Collector<'_, u64>,
     ) -> Result<(), UserError> {
-        if record % 10 == 0 {
+        if record.is_multiple_of(10) {
             let prefix = format!("part-{}-", self.subtask);
             let visible: Vec<String> = file_names(&self.dir)
                 .into_iter()
@@ -1114,6 +1114,8 @@ fn text_sink_restore_commits_the_checkpoints_parts_once_and_drops_later_ones() {
     assert!(again.pending_part_files().is_empty());
 }
 
+type Committed = Arc<std::sync::Mutex<BTreeMap<(usize, u64), Vec<u64>>>>;
+
 /// A transactional test sink: transactions are numbered per subtask;
 /// committing moves a transaction's records to `committed` (idempotent:
 /// by transaction).
@@ -1121,7 +1123,7 @@ struct LoggingSink {
     subtask: usize,
     next: u64,
     log: Arc<std::sync::Mutex<Vec<String>>>,
-    committed: Arc<std::sync::Mutex<BTreeMap<(usize, u64), Vec<u64>>>>,
+    committed: Committed,
 }
 
 impl TwoPhaseCommitSink<u64> for LoggingSink {
