@@ -1260,3 +1260,115 @@ fn two_phase_commit_sink_job_commits_every_record_once() {
     let log = log.lock().unwrap();
     assert!(log.iter().any(|e| e.starts_with("pre-commit")));
 }
+
+/// A source that checkpoints its position: subtask `i` of `p` emits
+/// `i, i + p, ...` below `count`, a few records per poll.
+struct ReplayableSource {
+    subtask: u64,
+    parallelism: u64,
+    count: u64,
+    next: u64,
+}
+
+impl SourceOperator<u64> for ReplayableSource {
+    fn initialize_state(
+        &mut self,
+        ctx: &mut fluvia_runtime::state::StateInitializationContext,
+    ) -> Result<(), UserError> {
+        for bytes in ctx.operator_state("positions") {
+            let (subtask, next): (u64, u64) = bincode::deserialize(bytes)?;
+            if subtask == self.subtask {
+                self.next = next;
+            }
+        }
+        Ok(())
+    }
+
+    fn snapshot_state(
+        &mut self,
+        ctx: &mut fluvia_runtime::state::StateSnapshotContext,
+    ) -> Result<(), UserError> {
+        let bytes = bincode::serialize(&(self.subtask, self.next))?;
+        ctx.union_list_state("positions", vec![bytes]);
+        Ok(())
+    }
+
+    fn poll_next(&mut self, out: &mut Collector<'_, u64>) -> Result<SourceStatus, UserError> {
+        for _ in 0..5 {
+            let value = self.subtask + self.next * self.parallelism;
+            if value >= self.count {
+                return Ok(SourceStatus::End);
+            }
+            out.collect(value);
+            self.next += 1;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        Ok(SourceStatus::MoreAvailable)
+    }
+}
+
+/// Fails the job once, after a checkpoint completed in its chain.
+struct FailOnce {
+    failed: Arc<std::sync::atomic::AtomicBool>,
+    completed: bool,
+}
+
+impl OneInputOperator<u64, u64> for FailOnce {
+    fn process_element(
+        &mut self,
+        record: u64,
+        out: &mut Collector<'_, u64>,
+    ) -> Result<(), UserError> {
+        if self.completed && record >= 1000 && !self.failed.swap(true, Ordering::SeqCst) {
+            return Err("failing once on purpose".into());
+        }
+        out.collect(record);
+        Ok(())
+    }
+
+    fn notify_checkpoint_complete(&mut self, _id: u64) -> Result<(), UserError> {
+        self.completed = true;
+        Ok(())
+    }
+}
+
+/// A failover restores the latest completed checkpoint: the sink commits
+/// what it recorded, drops what was written after it, and the source
+/// replays from there, so every record ends up in exactly one finished
+/// part.
+#[test]
+fn streaming_text_sink_writes_every_record_once_across_a_failover() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let env = checkpointed_env(dir.path(), 2);
+    env.set_config("restart-strategy.type", "fixed-delay")
+        .set_config("restart-strategy.fixed-delay.attempts", "1")
+        .set_config("restart-strategy.fixed-delay.delay", "100 ms");
+    let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let f = Arc::clone(&failed);
+    env.from_source("Replayable", true, |ctx: &OperatorContext| {
+        ReplayableSource {
+            subtask: ctx.subtask_index as u64,
+            parallelism: ctx.parallelism as u64,
+            count: 3000,
+            next: 0,
+        }
+    })
+    .transform("Fail Once", move |_| FailOnce {
+        failed: Arc::clone(&f),
+        completed: false,
+    })
+    .write_as_text(&out);
+    env.execute("failover").unwrap();
+
+    assert!(failed.load(Ordering::SeqCst), "the job failed over");
+    let names = file_names(&out);
+    assert!(names.iter().all(|n| n.starts_with("part-")), "{names:?}");
+    let mut lines = Vec::new();
+    for name in &names {
+        let text = std::fs::read_to_string(out.join(name)).unwrap();
+        lines.extend(text.lines().map(|l| l.parse::<u64>().unwrap()));
+    }
+    lines.sort();
+    assert_eq!(lines, (0..3000).collect::<Vec<u64>>());
+}
