@@ -1372,3 +1372,35 @@ fn streaming_text_sink_writes_every_record_once_across_a_failover() {
     lines.sort();
     assert_eq!(lines, (0..3000).collect::<Vec<u64>>());
 }
+
+/// The rolling policy and part-file names of the sink's options: a part
+/// that reached its size is closed into a pending file before the next
+/// record, and committed with the checkpoint that follows.
+#[test]
+fn text_sink_rolls_parts_by_size_and_names_them_as_configured() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let options = FileSinkOptions::new()
+        .with_part_prefix("events")
+        .with_part_suffix(".txt")
+        .with_part_size(6);
+    let mut sink = TextFileSink::new(&out, options);
+    let mut init = fluvia_runtime::state::StateInitializationContext::new((0, 127), None);
+    OneInputOperator::<String, ()>::initialize_state(&mut sink, &mut init).unwrap();
+    OneInputOperator::<String, ()>::open(&mut sink, &sink_context(0, 1)).unwrap();
+    write_lines(&mut sink, &["aaa", "bbb", "ccc", "d"]);
+    assert_eq!(sink.pending_part_files().len(), 1);
+    snapshot(&mut sink, 1);
+    assert_eq!(sink.pending_part_files().len(), 2);
+    assert!(file_names(&out).iter().all(|n| n.starts_with(".events-0-")));
+    OneInputOperator::<String, ()>::notify_checkpoint_complete(&mut sink, 1).unwrap();
+    assert_eq!(file_names(&out), ["events-0-0.txt", "events-0-1.txt"]);
+    assert_eq!(
+        std::fs::read_to_string(out.join("events-0-0.txt")).unwrap(),
+        "aaa\nbbb\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(out.join("events-0-1.txt")).unwrap(),
+        "ccc\nd\n"
+    );
+}
