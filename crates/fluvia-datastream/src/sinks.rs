@@ -371,9 +371,13 @@ impl PartFiles {
         Ok(())
     }
 
-    /// The end of a bounded streaming job's input: what is left is
-    /// committed when the job finishes (staged like a batch job's output),
-    /// and removed if this attempt fails (see the module docs).
+    /// The end of a bounded streaming job's input: what is left (the last
+    /// part and the pending files whose checkpoint was not confirmed) is
+    /// committed when the job finishes, staged like a batch job's output,
+    /// and removed if this attempt fails or the job does not finish.
+    /// Flink waits for a final checkpoint instead; no checkpoint is taken
+    /// here once a task finished, so the job's own end is the first point
+    /// where these records can no longer be replayed.
     fn end(&mut self) -> Result<(), UserError> {
         self.roll()?;
         let utf8 = |p: PathBuf| -> Result<String, UserError> {
