@@ -35,17 +35,20 @@
 pub mod app;
 pub mod env;
 pub mod operators;
+pub mod sinks;
 pub mod sources;
 pub mod stream;
 
 pub use env::StreamExecutionEnvironment;
-pub use operators::{CollectHandle, KeyedContext};
+pub use operators::KeyedContext;
+pub use sinks::{CollectHandle, FileSinkOptions, TwoPhaseCommitSink};
 pub use stream::{ConnectedStreams, DataStream, DataStreamSink, KeyedStream, OperatorSettings};
 
 /// Everything a job needs in one import.
 pub mod prelude {
     pub use crate::env::StreamExecutionEnvironment;
-    pub use crate::operators::{CollectHandle, KeyedContext};
+    pub use crate::operators::KeyedContext;
+    pub use crate::sinks::{CollectHandle, FileSinkOptions, TwoPhaseCommitSink};
     pub use crate::stream::{
         ConnectedStreams, DataStream, DataStreamSink, KeyedStream, OperatorSettings,
     };

@@ -414,23 +414,57 @@ impl<T: Data> DataStream<T> {
         (sink, CollectHandle { data })
     }
 
-    /// Writes one line per record (Display) to `path` (a file at
-    /// parallelism 1, else a directory of `part-<i>` files).
+    /// Writes one line per record (Display) to `path`. In BATCH mode (and
+    /// in STREAMING mode without checkpointing): a file at parallelism 1,
+    /// else a directory of `part-<i>` files. In STREAMING mode with
+    /// checkpointing: a directory of part files committed exactly once at
+    /// checkpoints (see [`TextFileSink`]).
     pub fn write_as_text(&self, path: impl Into<PathBuf>) -> DataStreamSink
     where
         T: std::fmt::Display,
     {
+        self.write_as_text_with(path, FileSinkOptions::default())
+    }
+
+    /// [`write_as_text`](Self::write_as_text) with the part-file naming and
+    /// rolling policy of a checkpointed streaming job.
+    pub fn write_as_text_with(
+        &self,
+        path: impl Into<PathBuf>,
+        options: FileSinkOptions,
+    ) -> DataStreamSink
+    where
+        T: std::fmt::Display,
+    {
         let path = path.into();
-        self.sink_with("Text File", true, move || TextFileSink {
-            path: path.clone(),
-            writer: None,
-            file: PathBuf::new(),
+        self.sink_with("Text File", true, move || {
+            TextFileSink::new(path.clone(), options.clone())
         })
     }
 
     /// Drops every record.
     pub fn discard(&self) -> DataStreamSink {
         self.sink_with("Discard", true, || DiscardSink)
+    }
+
+    /// Writes through a [`TwoPhaseCommitSink`] made by `make` for every
+    /// subtask: transactions pre-committed at checkpoint barriers are
+    /// committed when their checkpoint completes, and again after a
+    /// restore (exactly once, Flink's `TwoPhaseCommitSinkFunction`).
+    pub fn add_two_phase_commit_sink<S>(
+        &self,
+        make: impl Fn(&OperatorContext) -> S + Send + Sync + 'static,
+    ) -> DataStreamSink
+    where
+        S: TwoPhaseCommitSink<T>,
+    {
+        self.sink(
+            "Two-Phase Commit",
+            Arc::new(OneInputFactory::<T, ()>::new(move |ctx| {
+                Ok(Box::new(TwoPhaseCommitSinkOp::new(make(ctx))))
+            })),
+            false,
+        )
     }
 
     /// Calls `f` for every record.

@@ -6,6 +6,7 @@
 
 use fluvia_core::keygroup::{KeyHash, key_group_for_hash};
 use fluvia_datastream::prelude::*;
+use fluvia_datastream::sinks::{TextFileSink, TwoPhaseCommitSinkOp};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -886,4 +887,522 @@ impl OneInputOperator<Counted, (u64, usize)> for CountedTagger {
         out.collect((r.0, self.0));
         Ok(())
     }
+}
+
+// ------------------------------------------------- exactly-once sinks
+
+fn file_names(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+fn checkpointed_env(dir: &std::path::Path, parallelism: usize) -> StreamExecutionEnvironment {
+    let mut config = Configuration::new();
+    config.set("execution.checkpointing.interval", "50 ms").set(
+        "execution.checkpointing.dir",
+        dir.join("checkpoints").display().to_string(),
+    );
+    let env = StreamExecutionEnvironment::with_config(config).unwrap();
+    env.set_parallelism(parallelism)
+        .set_runtime_mode(RuntimeMode::Streaming);
+    env
+}
+
+/// Chained in front of the text sink: until its own chain hears of a
+/// completed checkpoint (it is told before the sink behind it), no
+/// finished part file of its subtask may exist.
+struct CommitWatcher {
+    dir: PathBuf,
+    subtask: usize,
+    completed: bool,
+    checks_before: Arc<AtomicU64>,
+    /// Checks that saw a finished part while the job ran.
+    seen_committed: Arc<AtomicU64>,
+    violations: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl OneInputOperator<u64, u64> for CommitWatcher {
+    fn process_element(
+        &mut self,
+        record: u64,
+        out: &mut Collector<'_, u64>,
+    ) -> Result<(), UserError> {
+        if record.is_multiple_of(10) {
+            let prefix = format!("part-{}-", self.subtask);
+            let visible: Vec<String> = file_names(&self.dir)
+                .into_iter()
+                .filter(|n| n.starts_with(&prefix))
+                .collect();
+            if !self.completed {
+                self.checks_before.fetch_add(1, Ordering::SeqCst);
+                self.violations.lock().unwrap().extend(visible);
+            } else if !visible.is_empty() {
+                self.seen_committed.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        out.collect(record);
+        Ok(())
+    }
+
+    fn notify_checkpoint_complete(&mut self, _id: u64) -> Result<(), UserError> {
+        self.completed = true;
+        Ok(())
+    }
+}
+
+/// STREAMING with checkpointing: the text sink writes hidden in-progress
+/// part files, and a part gets its final name only when a checkpoint that
+/// recorded it completes; at the end every record is in exactly one
+/// finished part and nothing in progress is left.
+#[test]
+fn streaming_text_sink_commits_part_files_only_when_checkpoints_complete() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let env = checkpointed_env(dir.path(), 2);
+    let checks_before = Arc::new(AtomicU64::new(0));
+    let seen_committed = Arc::new(AtomicU64::new(0));
+    let violations = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (d, c, v) = (
+        out.clone(),
+        Arc::clone(&checks_before),
+        Arc::clone(&violations),
+    );
+    let s = Arc::clone(&seen_committed);
+    env.from_generator_with_rate(3000, 2000.0, |i| i)
+        .transform("Watch", move |ctx: &OperatorContext| CommitWatcher {
+            dir: d.clone(),
+            subtask: ctx.subtask_index,
+            completed: false,
+            checks_before: Arc::clone(&c),
+            seen_committed: Arc::clone(&s),
+            violations: Arc::clone(&v),
+        })
+        .write_as_text(&out);
+    env.execute("exactly-once text").unwrap();
+
+    assert!(checks_before.load(Ordering::SeqCst) > 0);
+    assert_eq!(*violations.lock().unwrap(), Vec::<String>::new());
+    // Parts were committed at checkpoints while the job ran, not only at
+    // its end.
+    assert!(seen_committed.load(Ordering::SeqCst) > 0);
+    let names = file_names(&out);
+    assert!(
+        names.iter().all(|n| n.starts_with("part-")),
+        "only finished parts are left: {names:?}"
+    );
+    // Rolled at every checkpoint: more parts than subtasks.
+    assert!(names.len() > 2, "{names:?}");
+    let mut lines = Vec::new();
+    for name in &names {
+        let text = std::fs::read_to_string(out.join(name)).unwrap();
+        lines.extend(text.lines().map(|l| l.parse::<u64>().unwrap()));
+    }
+    lines.sort();
+    assert_eq!(lines, (0..3000).collect::<Vec<u64>>());
+}
+
+fn sink_context(subtask: usize, parallelism: usize) -> OperatorContext {
+    let mut ctx = OperatorContext::new(
+        "sink",
+        "Sink: Text File",
+        0,
+        subtask,
+        parallelism,
+        128,
+        0,
+        false,
+        false,
+    );
+    ctx.checkpoint_interval = Some(std::time::Duration::from_millis(50));
+    ctx
+}
+
+fn write_lines(sink: &mut TextFileSink, lines: &[&str]) {
+    let mut out = fluvia_runtime::output::DiscardingOutput;
+    let mut c = Collector::new(&mut out, 0);
+    for l in lines {
+        OneInputOperator::<String, ()>::process_element(sink, l.to_string(), &mut c).unwrap();
+    }
+}
+
+fn snapshot(sink: &mut TextFileSink, id: u64) -> fluvia_runtime::state::OperatorStateSnapshot {
+    let mut ctx = fluvia_runtime::state::StateSnapshotContext::default();
+    ctx.checkpoint_id = id;
+    OneInputOperator::<String, ()>::snapshot_state(sink, &mut ctx).unwrap();
+    ctx.snapshot
+}
+
+fn start_sink(
+    out: &std::path::Path,
+    restore: Option<fluvia_runtime::state::OperatorStateSnapshot>,
+) -> TextFileSink {
+    let mut sink = TextFileSink::new(out, FileSinkOptions::default());
+    let mut init = fluvia_runtime::state::StateInitializationContext::new((0, 127), restore);
+    OneInputOperator::<String, ()>::initialize_state(&mut sink, &mut init).unwrap();
+    OneInputOperator::<String, ()>::open(&mut sink, &sink_context(1, 2)).unwrap();
+    sink
+}
+
+/// The part-file lifecycle at the operator: pending files of a checkpoint
+/// are committed by a restore from it (idempotently: restoring twice
+/// changes nothing), and what was written after it is removed; another
+/// subtask's in-progress files are left alone.
+#[test]
+fn text_sink_restore_commits_the_checkpoints_parts_once_and_drops_later_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let mut sink = start_sink(&out, None);
+    write_lines(&mut sink, &["a1", "a2"]);
+    let first = snapshot(&mut sink, 1);
+    write_lines(&mut sink, &["b1"]);
+    let _second = snapshot(&mut sink, 2);
+    write_lines(&mut sink, &["c1"]);
+    assert_eq!(sink.pending_part_files().len(), 2);
+    // Crash: neither checkpoint was confirmed.
+    drop(sink);
+    let names = file_names(&out);
+    assert_eq!(names.len(), 3, "{names:?}");
+    assert!(
+        names
+            .iter()
+            .all(|n| n.starts_with(".part-1-") && n.contains(".inprogress.")),
+        "{names:?}"
+    );
+    // Another subtask's file in progress is not this subtask's to remove.
+    std::fs::write(out.join(".part-0-0.inprogress.other"), "x\n").unwrap();
+
+    let expected = vec![
+        ".part-0-0.inprogress.other".to_string(),
+        "part-1-0".to_string(),
+    ];
+    let restored = start_sink(&out, Some(first.clone()));
+    assert_eq!(file_names(&out), expected);
+    assert_eq!(
+        std::fs::read_to_string(out.join("part-1-0")).unwrap(),
+        "a1\na2\n"
+    );
+    drop(restored);
+    // Restoring from the same checkpoint again changes nothing.
+    let mut again = start_sink(&out, Some(first));
+    assert_eq!(file_names(&out), expected);
+    assert_eq!(
+        std::fs::read_to_string(out.join("part-1-0")).unwrap(),
+        "a1\na2\n"
+    );
+    // The restored subtask goes on numbering after its committed parts,
+    // and commits on completion, every earlier checkpoint included.
+    write_lines(&mut again, &["d1"]);
+    snapshot(&mut again, 3);
+    assert!(!out.join("part-1-1").exists());
+    OneInputOperator::<String, ()>::notify_checkpoint_aborted(&mut again, 3).unwrap();
+    assert!(!out.join("part-1-1").exists());
+    write_lines(&mut again, &["e1"]);
+    snapshot(&mut again, 4);
+    OneInputOperator::<String, ()>::notify_checkpoint_complete(&mut again, 4).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(out.join("part-1-1")).unwrap(),
+        "d1\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(out.join("part-1-2")).unwrap(),
+        "e1\n"
+    );
+    assert!(again.pending_part_files().is_empty());
+}
+
+type Committed = Arc<std::sync::Mutex<BTreeMap<(usize, u64), Vec<u64>>>>;
+
+/// A transactional test sink: transactions are numbered per subtask;
+/// committing moves a transaction's records to `committed` (idempotent:
+/// by transaction).
+struct LoggingSink {
+    subtask: usize,
+    next: u64,
+    log: Arc<std::sync::Mutex<Vec<String>>>,
+    committed: Committed,
+}
+
+impl TwoPhaseCommitSink<u64> for LoggingSink {
+    type Txn = (u64, Vec<u64>);
+
+    fn begin(&mut self) -> Result<Self::Txn, UserError> {
+        self.next += 1;
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("begin {}", self.next));
+        Ok((self.next, Vec::new()))
+    }
+    fn write(&mut self, txn: &mut Self::Txn, value: u64) -> Result<(), UserError> {
+        txn.1.push(value);
+        Ok(())
+    }
+    fn pre_commit(&mut self, txn: &mut Self::Txn) -> Result<(), UserError> {
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("pre-commit {}", txn.0));
+        Ok(())
+    }
+    fn commit(&mut self, txn: Self::Txn) -> Result<(), UserError> {
+        self.log.lock().unwrap().push(format!("commit {}", txn.0));
+        self.committed
+            .lock()
+            .unwrap()
+            .insert((self.subtask, txn.0), txn.1);
+        Ok(())
+    }
+    fn abort(&mut self, txn: Self::Txn) -> Result<(), UserError> {
+        self.log.lock().unwrap().push(format!("abort {}", txn.0));
+        Ok(())
+    }
+}
+
+/// The two-phase-commit operator: a transaction is pre-committed at the
+/// barrier and committed only once its checkpoint completes (an aborted
+/// checkpoint's waits for the next); a restore commits what the checkpoint
+/// pre-committed and aborts what was open then.
+#[test]
+fn two_phase_commit_sink_commits_only_after_the_checkpoint_completes() {
+    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let committed = Arc::new(std::sync::Mutex::new(BTreeMap::new()));
+    let make = |next: u64| {
+        TwoPhaseCommitSinkOp::new(LoggingSink {
+            subtask: 0,
+            next,
+            log: Arc::clone(&log),
+            committed: Arc::clone(&committed),
+        })
+    };
+    let ctx = OperatorContext::new("sink", "2pc", 0, 0, 1, 128, 0, false, false);
+    let snap = |op: &mut TwoPhaseCommitSinkOp<u64, LoggingSink>, id: u64| {
+        let mut s = fluvia_runtime::state::StateSnapshotContext::default();
+        s.checkpoint_id = id;
+        OneInputOperator::<u64, ()>::snapshot_state(op, &mut s).unwrap();
+        s.snapshot
+    };
+    let write = |op: &mut TwoPhaseCommitSinkOp<u64, LoggingSink>, values: &[u64]| {
+        let mut out = fluvia_runtime::output::DiscardingOutput;
+        let mut c = Collector::new(&mut out, 0);
+        for v in values {
+            op.process_element(*v, &mut c).unwrap();
+        }
+    };
+    let take = || std::mem::take(&mut *log.lock().unwrap());
+
+    let mut op = make(0);
+    let mut init = fluvia_runtime::state::StateInitializationContext::new((0, 127), None);
+    op.initialize_state(&mut init).unwrap();
+    OneInputOperator::<u64, ()>::open(&mut op, &ctx).unwrap();
+    write(&mut op, &[1, 2]);
+    snap(&mut op, 1);
+    assert_eq!(take(), ["begin 1", "pre-commit 1", "begin 2"]);
+    assert!(committed.lock().unwrap().is_empty());
+    op.notify_checkpoint_complete(1).unwrap();
+    assert_eq!(take(), ["commit 1"]);
+    write(&mut op, &[3]);
+    snap(&mut op, 2);
+    op.notify_checkpoint_aborted(2).unwrap();
+    assert_eq!(take(), ["pre-commit 2", "begin 3"]);
+    write(&mut op, &[4]);
+    let third = snap(&mut op, 3);
+    assert_eq!(take(), ["pre-commit 3", "begin 4"]);
+    assert_eq!(op.pending_checkpoints(), vec![2, 3]);
+    write(&mut op, &[5]);
+    // Crash before checkpoint 3 is confirmed.
+    drop(op);
+    assert_eq!(take(), Vec::<String>::new());
+
+    let mut restored = make(10);
+    let mut init = fluvia_runtime::state::StateInitializationContext::new((0, 127), Some(third));
+    restored.initialize_state(&mut init).unwrap();
+    assert_eq!(take(), ["commit 2", "commit 3", "abort 4"]);
+    assert_eq!(
+        committed.lock().unwrap().clone(),
+        BTreeMap::from([((0, 1), vec![1, 2]), ((0, 2), vec![3]), ((0, 3), vec![4])])
+    );
+}
+
+/// A two-phase-commit sink in a checkpointed job: every record is
+/// committed exactly once, each transaction after its pre-commit.
+#[test]
+fn two_phase_commit_sink_job_commits_every_record_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = checkpointed_env(dir.path(), 2);
+    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let committed = Arc::new(std::sync::Mutex::new(BTreeMap::new()));
+    let (l, c) = (Arc::clone(&log), Arc::clone(&committed));
+    env.from_generator_with_rate(2000, 2000.0, |i| i)
+        .add_two_phase_commit_sink(move |ctx: &OperatorContext| LoggingSink {
+            subtask: ctx.subtask_index,
+            next: 0,
+            log: Arc::clone(&l),
+            committed: Arc::clone(&c),
+        });
+    env.execute("two-phase commit").unwrap();
+    let mut all: Vec<u64> = committed
+        .lock()
+        .unwrap()
+        .values()
+        .flatten()
+        .copied()
+        .collect();
+    all.sort();
+    assert_eq!(all, (0..2000).collect::<Vec<u64>>());
+    assert!(
+        committed.lock().unwrap().len() > 2,
+        "committed at checkpoints"
+    );
+    let log = log.lock().unwrap();
+    assert!(log.iter().any(|e| e.starts_with("pre-commit")));
+}
+
+/// A source that checkpoints its position: subtask `i` of `p` emits
+/// `i, i + p, ...` below `count`, a few records per poll.
+struct ReplayableSource {
+    subtask: u64,
+    parallelism: u64,
+    count: u64,
+    next: u64,
+}
+
+impl SourceOperator<u64> for ReplayableSource {
+    fn initialize_state(
+        &mut self,
+        ctx: &mut fluvia_runtime::state::StateInitializationContext,
+    ) -> Result<(), UserError> {
+        for bytes in ctx.operator_state("positions") {
+            let (subtask, next): (u64, u64) = bincode::deserialize(bytes)?;
+            if subtask == self.subtask {
+                self.next = next;
+            }
+        }
+        Ok(())
+    }
+
+    fn snapshot_state(
+        &mut self,
+        ctx: &mut fluvia_runtime::state::StateSnapshotContext,
+    ) -> Result<(), UserError> {
+        let bytes = bincode::serialize(&(self.subtask, self.next))?;
+        ctx.union_list_state("positions", vec![bytes]);
+        Ok(())
+    }
+
+    fn poll_next(&mut self, out: &mut Collector<'_, u64>) -> Result<SourceStatus, UserError> {
+        for _ in 0..5 {
+            let value = self.subtask + self.next * self.parallelism;
+            if value >= self.count {
+                return Ok(SourceStatus::End);
+            }
+            out.collect(value);
+            self.next += 1;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        Ok(SourceStatus::MoreAvailable)
+    }
+}
+
+/// Fails the job once, after a checkpoint completed in its chain.
+struct FailOnce {
+    failed: Arc<std::sync::atomic::AtomicBool>,
+    completed: bool,
+}
+
+impl OneInputOperator<u64, u64> for FailOnce {
+    fn process_element(
+        &mut self,
+        record: u64,
+        out: &mut Collector<'_, u64>,
+    ) -> Result<(), UserError> {
+        if self.completed && record >= 1000 && !self.failed.swap(true, Ordering::SeqCst) {
+            return Err("failing once on purpose".into());
+        }
+        out.collect(record);
+        Ok(())
+    }
+
+    fn notify_checkpoint_complete(&mut self, _id: u64) -> Result<(), UserError> {
+        self.completed = true;
+        Ok(())
+    }
+}
+
+/// A failover restores the latest completed checkpoint: the sink commits
+/// what it recorded, drops what was written after it, and the source
+/// replays from there, so every record ends up in exactly one finished
+/// part.
+#[test]
+fn streaming_text_sink_writes_every_record_once_across_a_failover() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let env = checkpointed_env(dir.path(), 2);
+    env.set_config("restart-strategy.type", "fixed-delay")
+        .set_config("restart-strategy.fixed-delay.attempts", "1")
+        .set_config("restart-strategy.fixed-delay.delay", "100 ms");
+    let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let f = Arc::clone(&failed);
+    env.from_source("Replayable", true, |ctx: &OperatorContext| {
+        ReplayableSource {
+            subtask: ctx.subtask_index as u64,
+            parallelism: ctx.parallelism as u64,
+            count: 3000,
+            next: 0,
+        }
+    })
+    .transform("Fail Once", move |_| FailOnce {
+        failed: Arc::clone(&f),
+        completed: false,
+    })
+    .write_as_text(&out);
+    env.execute("failover").unwrap();
+
+    assert!(failed.load(Ordering::SeqCst), "the job failed over");
+    let names = file_names(&out);
+    assert!(names.iter().all(|n| n.starts_with("part-")), "{names:?}");
+    let mut lines = Vec::new();
+    for name in &names {
+        let text = std::fs::read_to_string(out.join(name)).unwrap();
+        lines.extend(text.lines().map(|l| l.parse::<u64>().unwrap()));
+    }
+    lines.sort();
+    assert_eq!(lines, (0..3000).collect::<Vec<u64>>());
+}
+
+/// The rolling policy and part-file names of the sink's options: a part
+/// that reached its size is closed into a pending file before the next
+/// record, and committed with the checkpoint that follows.
+#[test]
+fn text_sink_rolls_parts_by_size_and_names_them_as_configured() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let options = FileSinkOptions::new()
+        .with_part_prefix("events")
+        .with_part_suffix(".txt")
+        .with_part_size(6);
+    let mut sink = TextFileSink::new(&out, options);
+    let mut init = fluvia_runtime::state::StateInitializationContext::new((0, 127), None);
+    OneInputOperator::<String, ()>::initialize_state(&mut sink, &mut init).unwrap();
+    OneInputOperator::<String, ()>::open(&mut sink, &sink_context(0, 1)).unwrap();
+    write_lines(&mut sink, &["aaa", "bbb", "ccc", "d"]);
+    assert_eq!(sink.pending_part_files().len(), 1);
+    snapshot(&mut sink, 1);
+    assert_eq!(sink.pending_part_files().len(), 2);
+    assert!(file_names(&out).iter().all(|n| n.starts_with(".events-0-")));
+    OneInputOperator::<String, ()>::notify_checkpoint_complete(&mut sink, 1).unwrap();
+    assert_eq!(file_names(&out), ["events-0-0.txt", "events-0-1.txt"]);
+    assert_eq!(
+        std::fs::read_to_string(out.join("events-0-0.txt")).unwrap(),
+        "aaa\nbbb\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(out.join("events-0-1.txt")).unwrap(),
+        "ccc\nd\n"
+    );
 }

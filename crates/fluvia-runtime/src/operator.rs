@@ -55,6 +55,10 @@ pub struct OperatorContext {
     /// Key groups handed by the scheduler (ranges balanced by bytes need
     /// not match the even split the parallelism gives).
     pub key_groups: Option<(usize, usize)>,
+    /// How often the job takes checkpoints (`execution.checkpointing.interval`;
+    /// none: it takes no periodic ones). Sinks that commit on checkpoints
+    /// (Flink's Sink V2 with a committer) need them to commit at all.
+    pub checkpoint_interval: Option<std::time::Duration>,
     pub(crate) records_in: Rc<Cell<u64>>,
     /// Named results of the task, shipped to the client in its final report
     /// (shared by every operator of the chain).
@@ -120,6 +124,7 @@ impl OperatorContext {
             object_reuse,
             copy_input: false,
             key_groups: None,
+            checkpoint_interval: None,
             records_in: Rc::new(Cell::new(0)),
             accumulators: Rc::new(RefCell::new(Vec::new())),
             staged: StagedFiles::default(),

@@ -258,6 +258,16 @@ fn run_task(d: &TaskDeployment, staged: &crate::operator::StagedFiles) -> Result
     let batch = d.job.job_type == fluvia_graph::JobType::Batch;
     let accumulators: crate::operator::Accumulators = Default::default();
     let mut restored = restored_state(d)?.into_iter();
+    let checkpoint_interval = if batch || d.checkpointing.is_none() {
+        None
+    } else {
+        Some(
+            d.job
+                .config
+                .get(&fluvia_core::config::options::CHECKPOINTING_INTERVAL)?,
+        )
+        .filter(|i| !i.is_zero())
+    };
     let contexts: Vec<OperatorContext> = v
         .operators
         .iter()
@@ -275,6 +285,7 @@ fn run_task(d: &TaskDeployment, staged: &crate::operator::StagedFiles) -> Result
                 d.job.object_reuse,
             );
             ctx.key_groups = d.descriptor.key_group_range.map(|r| (r.start, r.end));
+            ctx.checkpoint_interval = checkpoint_interval;
             // Every operator but the head is fed through a chained edge.
             ctx.copy_input = i > 0 && !d.job.object_reuse;
             ctx.accumulators = std::rc::Rc::clone(&accumulators);
