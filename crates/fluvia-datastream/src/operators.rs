@@ -2,16 +2,20 @@
 //! transformations, keyed reduce and keyed process with per-key state,
 //! and co-operators for connected streams (sinks are in [`crate::sinks`]).
 //!
-//! Keyed state lives in a hash map per subtask. Keys reach the subtask that
-//! owns their key group (the network routes by key group), so each key's
-//! state exists in exactly one subtask whatever the parallelism.
+//! Keys reach the subtask that owns their key group (the network routes by
+//! key group), so each key's state exists in exactly one subtask whatever
+//! the parallelism. In a streaming job the per-key values of the keyed
+//! operators live in `fluvia-state`'s keyed state backend and are part of
+//! every checkpoint; a batch job (which takes none) keeps them in a plain
+//! map.
 
 use fluvia_core::keygroup::{KeyHash, key_group_for_hash};
-use fluvia_runtime::state::KeyedState;
+use fluvia_runtime::state::{KeyedState, StateInitializationContext, StateSnapshotContext};
 use fluvia_runtime::{
     Collector, Data, OneInputOperator, OperatorContext, TwoInputOperator, UserError,
 };
-use std::hash::Hash;
+use fluvia_state::KeyedStateBackend;
+use fluvia_state::keyed::{StateData, StateKey, ValueState, ValueStateDescriptor};
 use std::sync::Arc;
 
 pub use crate::sinks::{
@@ -96,24 +100,102 @@ where
     }
 }
 
+/// The value of each key of a built-in keyed operator (reduce, sum,
+/// process): a plain map in batch mode, the checkpointed keyed state
+/// backend (one value state named after the operator) in streaming mode.
+pub enum KeyedValues<K, V> {
+    Batch(KeyedState<K, Option<V>>),
+    Streaming {
+        backend: KeyedStateBackend<K>,
+        state: ValueState<V>,
+    },
+}
+
+impl<K: StateKey + KeyHash, V: StateData> KeyedValues<K, V> {
+    pub fn new(ctx: &OperatorContext, state_name: &str) -> Result<Self, UserError> {
+        if ctx.batch {
+            return Ok(KeyedValues::Batch(KeyedState::new(ctx.max_parallelism)));
+        }
+        let mut backend = KeyedStateBackend::new(ctx.key_group_range(), ctx.max_parallelism)?;
+        let state = backend.value_state(&ValueStateDescriptor::<V>::new(state_name))?;
+        Ok(KeyedValues::Streaming { backend, state })
+    }
+
+    /// Runs `f` on `key`'s value (`None` when it has none); what `f` leaves
+    /// there becomes the key's value.
+    #[inline]
+    pub fn with_value<R>(
+        &mut self,
+        key: &K,
+        f: impl FnOnce(&mut Option<V>) -> R,
+    ) -> Result<R, UserError> {
+        match self {
+            KeyedValues::Batch(map) => Ok(f(map.entry(key.clone()).or_insert(None))),
+            KeyedValues::Streaming { backend, state } => {
+                backend.set_current_key(key.clone(), key.key_hash())?;
+                let mut slot = state.value(backend)?;
+                let had = slot.is_some();
+                let r = f(&mut slot);
+                match slot {
+                    Some(v) => state.update(backend, v)?,
+                    None if had => state.clear(backend)?,
+                    None => {}
+                }
+                Ok(r)
+            }
+        }
+    }
+
+    /// The values a snapshot restores (streaming).
+    pub fn restore(&mut self, ctx: &StateInitializationContext) -> Result<(), UserError> {
+        if let KeyedValues::Streaming { backend, .. } = self {
+            backend.restore(ctx.keyed_state())?;
+        }
+        Ok(())
+    }
+
+    /// Freezes the values for a checkpoint (encoded off the task thread).
+    pub fn snapshot(&mut self, ctx: &mut StateSnapshotContext) {
+        if let KeyedValues::Streaming { backend, .. } = self {
+            ctx.keyed_state(backend.snapshot());
+        }
+    }
+
+    /// Every value, emptied (batch mode's end of input).
+    pub fn drain(&mut self) -> Vec<V> {
+        match self {
+            KeyedValues::Batch(map) => map.drain().filter_map(|(_, v)| v).collect(),
+            KeyedValues::Streaming { .. } => Vec::new(),
+        }
+    }
+}
+
 /// Keyed reduce. Streaming: emits the new aggregate after every record.
 /// Batch: emits each key's final aggregate once, at the end of input (what
 /// Flink's BATCH mode produces).
 pub struct ReduceOp<T, K, KF: ?Sized, F> {
     pub key: Arc<KF>,
     pub reduce: Arc<F>,
-    /// Per key, in key groups (the keyed-state layer).
-    pub state: KeyedState<K, Option<T>>,
+    pub values: KeyedValues<K, T>,
     pub batch: bool,
 }
 
 impl<T, K, KF, F> OneInputOperator<T, T> for ReduceOp<T, K, KF, F>
 where
-    T: Data,
-    K: Hash + Eq + 'static,
+    T: Data + Sync,
+    K: StateKey + KeyHash,
     KF: Fn(&T) -> K + Send + Sync + ?Sized + 'static,
     F: Fn(T, T) -> T + Send + Sync + 'static,
 {
+    fn initialize_state(&mut self, ctx: &mut StateInitializationContext) -> Result<(), UserError> {
+        self.values.restore(ctx)
+    }
+
+    fn snapshot_state(&mut self, ctx: &mut StateSnapshotContext) -> Result<(), UserError> {
+        self.values.snapshot(ctx);
+        Ok(())
+    }
+
     fn open(&mut self, ctx: &OperatorContext) -> Result<(), UserError> {
         self.batch = ctx.batch;
         Ok(())
@@ -121,24 +203,25 @@ where
 
     #[inline]
     fn process_element(&mut self, record: T, out: &mut Collector<'_, T>) -> Result<(), UserError> {
-        let slot = self.state.entry((self.key)(&record)).or_insert(None);
-        let value = match slot.take() {
-            Some(acc) => (self.reduce)(acc, record),
-            None => record,
-        };
-        if !self.batch {
-            out.collect(value.clone());
-        }
-        *slot = Some(value);
-        Ok(())
+        let key = (self.key)(&record);
+        let reduce = &self.reduce;
+        let batch = self.batch;
+        self.values.with_value(&key, |slot| {
+            let value = match slot.take() {
+                Some(acc) => reduce(acc, record),
+                None => record,
+            };
+            if !batch {
+                out.collect(value.clone());
+            }
+            *slot = Some(value);
+        })
     }
 
     fn end_input(&mut self, out: &mut Collector<'_, T>) -> Result<(), UserError> {
         if self.batch {
-            for (_, v) in self.state.drain() {
-                if let Some(v) = v {
-                    out.collect(v);
-                }
+            for v in self.values.drain() {
+                out.collect(v);
             }
         }
         Ok(())
@@ -166,7 +249,7 @@ impl<K: KeyHash, S> KeyedContext<'_, K, S> {
 pub struct KeyedProcessOp<K, S, KF: ?Sized, F> {
     pub key: Arc<KF>,
     pub f: Arc<F>,
-    pub state: KeyedState<K, Option<S>>,
+    pub values: KeyedValues<K, S>,
     pub max_parallelism: usize,
     pub subtask_index: usize,
     pub key_group_range: (usize, usize),
@@ -176,14 +259,23 @@ impl<T, O, K, S, KF, F> OneInputOperator<T, O> for KeyedProcessOp<K, S, KF, F>
 where
     T: 'static,
     O: 'static,
-    K: Hash + Eq + KeyHash + Clone + 'static,
-    S: 'static,
+    K: StateKey + KeyHash,
+    S: StateData,
     KF: Fn(&T) -> K + Send + Sync + ?Sized + 'static,
     F: Fn(&mut KeyedContext<'_, K, S>, T, &mut Collector<'_, O>) -> Result<(), UserError>
         + Send
         + Sync
         + 'static,
 {
+    fn initialize_state(&mut self, ctx: &mut StateInitializationContext) -> Result<(), UserError> {
+        self.values.restore(ctx)
+    }
+
+    fn snapshot_state(&mut self, ctx: &mut StateSnapshotContext) -> Result<(), UserError> {
+        self.values.snapshot(ctx);
+        Ok(())
+    }
+
     fn open(&mut self, ctx: &OperatorContext) -> Result<(), UserError> {
         self.max_parallelism = ctx.max_parallelism;
         self.subtask_index = ctx.subtask_index;
@@ -194,15 +286,22 @@ where
     #[inline]
     fn process_element(&mut self, record: T, out: &mut Collector<'_, O>) -> Result<(), UserError> {
         let key = (self.key)(&record);
-        let slot = self.state.entry(key.clone()).or_insert(None);
-        let mut ctx = KeyedContext {
-            key: &key,
-            state: slot,
-            subtask_index: self.subtask_index,
-            key_group_range: self.key_group_range,
-            max_parallelism: self.max_parallelism,
-        };
-        (self.f)(&mut ctx, record, out)
+        let (f, subtask_index, key_group_range, max_parallelism) = (
+            &self.f,
+            self.subtask_index,
+            self.key_group_range,
+            self.max_parallelism,
+        );
+        self.values.with_value(&key, |slot| {
+            let mut ctx = KeyedContext {
+                key: &key,
+                state: slot,
+                subtask_index,
+                key_group_range,
+                max_parallelism,
+            };
+            f(&mut ctx, record, out)
+        })?
     }
 }
 

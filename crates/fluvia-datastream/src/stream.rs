@@ -13,7 +13,6 @@ use fluvia_core::{ChainingStrategy, ExchangeMode, FluviaError, PartitionerKind};
 use fluvia_graph::{StreamGraphBuilder, StreamNodeId};
 use fluvia_runtime::operator::{OneInputFactory, OperatorFactory, TwoInputFactory};
 use fluvia_runtime::output::KeyHasher;
-use fluvia_runtime::state::KeyedState;
 use fluvia_runtime::{
     Collector, Data, OneInputOperator, OperatorContext, OutputTag, TwoInputOperator, UserError,
 };
@@ -484,9 +483,9 @@ pub struct KeyedStream<T, K> {
     key: Arc<dyn Fn(&T) -> K + Send + Sync>,
 }
 
-impl<T: Data, K> KeyedStream<T, K>
+impl<T: Data + Sync, K> KeyedStream<T, K>
 where
-    K: KeyHash + Hash + Eq + Clone + Send + 'static,
+    K: KeyHash + fluvia_state::keyed::StateKey,
 {
     fn key_hasher(&self) -> KeyHasher<T> {
         let key = Arc::clone(&self.key);
@@ -515,7 +514,7 @@ where
             Ok(Box::new(ReduceOp {
                 key: Arc::clone(&key),
                 reduce: Arc::clone(&f),
-                state: KeyedState::new(ctx.max_parallelism),
+                values: KeyedValues::new(ctx, "reduce")?,
                 batch: false,
             }))
         });
@@ -537,7 +536,7 @@ where
 
     /// Processes each record with its key's state (`Option<S>`, created
     /// empty on the first record of a key).
-    pub fn process<O: Data, S: 'static>(
+    pub fn process<O: Data, S: fluvia_state::keyed::StateData>(
         &self,
         f: impl Fn(&mut KeyedContext<'_, K, S>, T, &mut Collector<'_, O>) -> Result<(), UserError>
         + Send
@@ -550,7 +549,7 @@ where
             Ok(Box::new(KeyedProcessOp {
                 key: Arc::clone(&key),
                 f: Arc::clone(&f),
-                state: KeyedState::<K, Option<S>>::new(ctx.max_parallelism),
+                values: KeyedValues::<K, S>::new(ctx, "process")?,
                 max_parallelism: 1,
                 subtask_index: 0,
                 key_group_range: (0, 0),
