@@ -215,6 +215,9 @@ struct JobCheckpoints {
     job_id: String,
     /// The TaskManager of every attempt deployed.
     locations: HashMap<(usize, usize, u32), String>,
+    /// The highest attempt number a restore was counted for: a restart
+    /// deploys every task again with a higher one.
+    restored_attempt: u32,
 }
 
 /// Where a savepoint request stands (`GET /jobs/:id/savepoints/:trigger`).
@@ -270,6 +273,7 @@ impl Checkpointing {
                 storage,
                 job_id: graph.job_id.to_string(),
                 locations: HashMap::new(),
+                restored_attempt: 0,
             },
         );
         Ok(())
@@ -298,6 +302,14 @@ impl Checkpointing {
         let a = d.attempt;
         j.locations
             .insert((a.vertex, a.subtask, a.attempt), task_manager.to_string());
+        if j.coordinator.latest_completed().is_none() {
+            return;
+        }
+        if a.attempt > j.restored_attempt {
+            // The first task of a restart: the restore is counted once.
+            j.restored_attempt = a.attempt;
+            j.coordinator.restore_latest(now_millis());
+        }
         let Some(latest) = j.coordinator.latest_completed() else {
             return;
         };

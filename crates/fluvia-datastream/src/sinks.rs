@@ -146,6 +146,11 @@ pub struct PendingPartFile {
     pub checkpoint_id: Option<u64>,
     pub pending: String,
     pub target: String,
+    /// The directory it was written in, absolute: a job restored from a
+    /// savepoint into another directory still commits the savepoint's files
+    /// where they are (empty: the sink's directory).
+    #[serde(default)]
+    pub dir: String,
 }
 
 /// The list state the text sink keeps its pending part files in (union
@@ -182,6 +187,11 @@ struct PartFiles {
 /// gone while its final file exists was committed before (a restore
 /// commits again what the restored checkpoint recorded): nothing to do.
 pub fn commit_part_file(dir: &std::path::Path, file: &PendingPartFile) -> Result<(), UserError> {
+    let dir = if file.dir.is_empty() {
+        dir
+    } else {
+        std::path::Path::new(&file.dir)
+    };
     let (from, to) = (dir.join(&file.pending), dir.join(&file.target));
     match std::fs::rename(&from, &to) {
         Ok(()) => Ok(()),
@@ -193,6 +203,14 @@ pub fn commit_part_file(dir: &std::path::Path, file: &PendingPartFile) -> Result
         )
         .into()),
     }
+}
+
+/// `dir` made absolute (against the working directory), as text.
+fn absolute_dir(dir: &std::path::Path) -> String {
+    std::path::absolute(dir)
+        .unwrap_or_else(|_| dir.to_path_buf())
+        .display()
+        .to_string()
 }
 
 /// The subtask and counter of a part file named by `options`, finished
@@ -250,8 +268,12 @@ impl PartFiles {
             for file in restored {
                 commit_part_file(&self.dir, file)?;
             }
-            let keep: std::collections::HashSet<&str> =
-                restored.iter().map(|f| f.pending.as_str()).collect();
+            let here = absolute_dir(&self.dir);
+            let keep: std::collections::HashSet<&str> = restored
+                .iter()
+                .filter(|f| f.dir.is_empty() || f.dir == here)
+                .map(|f| f.pending.as_str())
+                .collect();
             for name in self.dir_entries()? {
                 let Some((subtask, _, true)) = parse_part_name(&name, &self.options) else {
                     continue;
@@ -342,6 +364,7 @@ impl PartFiles {
             checkpoint_id: None,
             pending: part.pending,
             target: part.target,
+            dir: absolute_dir(&self.dir),
         });
         Ok(())
     }
