@@ -40,14 +40,14 @@ pub mod sources;
 pub mod stream;
 
 pub use env::StreamExecutionEnvironment;
-pub use operators::KeyedContext;
+pub use operators::{KeyedContext, KeyedProcessFunction};
 pub use sinks::{CollectHandle, FileSinkOptions, TwoPhaseCommitSink};
 pub use stream::{ConnectedStreams, DataStream, DataStreamSink, KeyedStream, OperatorSettings};
 
 /// Everything a job needs in one import.
 pub mod prelude {
     pub use crate::env::StreamExecutionEnvironment;
-    pub use crate::operators::KeyedContext;
+    pub use crate::operators::{KeyedContext, KeyedProcessFunction};
     pub use crate::sinks::{CollectHandle, FileSinkOptions, TwoPhaseCommitSink};
     pub use crate::stream::{
         ConnectedStreams, DataStream, DataStreamSink, KeyedStream, OperatorSettings,
@@ -56,5 +56,11 @@ pub mod prelude {
     pub use fluvia_runtime::{
         Collector, JobExecutionResult, OneInputOperator, OperatorContext, OutputTag,
         SourceOperator, SourceStatus, TwoInputOperator, UserError,
+    };
+    pub use fluvia_state::KeyedStateBackend;
+    pub use fluvia_state::keyed::{
+        AggregateFunction, AggregatingState, AggregatingStateDescriptor, ListState,
+        ListStateDescriptor, MapState, MapStateDescriptor, ReducingState, ReducingStateDescriptor,
+        StateTtlConfig, StateVisibility, UpdateType, ValueState, ValueStateDescriptor,
     };
 }

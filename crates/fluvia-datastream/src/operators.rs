@@ -305,6 +305,68 @@ where
     }
 }
 
+/// Flink's `KeyedProcessFunction` with keyed state by descriptor: `open`
+/// registers the states on the subtask's keyed state backend
+/// (`state.value_state(&ValueStateDescriptor::new("count"))`, as Flink's
+/// `getRuntimeContext().getState(...)`), and each record is processed with
+/// the backend scoped to its key (`self.count.value(state)?`,
+/// `state.current_key()`). The states are part of every checkpoint and are
+/// restored by key group at any parallelism; their TTL is measured in
+/// processing time.
+pub trait KeyedProcessFunction<K, IN, OUT>: Send + 'static {
+    fn open(&mut self, _state: &mut KeyedStateBackend<K>) -> Result<(), UserError> {
+        Ok(())
+    }
+    fn process_element(
+        &mut self,
+        value: IN,
+        state: &mut KeyedStateBackend<K>,
+        out: &mut Collector<'_, OUT>,
+    ) -> Result<(), UserError>;
+}
+
+/// Runs a [`KeyedProcessFunction`] on the subtask's keyed state backend.
+pub struct KeyedProcessFunctionOp<K, KF: ?Sized, F> {
+    pub key: Arc<KF>,
+    pub function: F,
+    pub backend: KeyedStateBackend<K>,
+}
+
+impl<T, O, K, KF, F> OneInputOperator<T, O> for KeyedProcessFunctionOp<K, KF, F>
+where
+    T: 'static,
+    O: 'static,
+    K: StateKey + KeyHash,
+    KF: Fn(&T) -> K + Send + Sync + ?Sized + 'static,
+    F: KeyedProcessFunction<K, T, O>,
+{
+    fn initialize_state(&mut self, ctx: &mut StateInitializationContext) -> Result<(), UserError> {
+        Ok(self.backend.restore(ctx.keyed_state())?)
+    }
+
+    fn snapshot_state(&mut self, ctx: &mut StateSnapshotContext) -> Result<(), UserError> {
+        ctx.keyed_state(self.backend.snapshot());
+        Ok(())
+    }
+
+    fn open(&mut self, _ctx: &OperatorContext) -> Result<(), UserError> {
+        self.function.open(&mut self.backend)
+    }
+
+    #[inline]
+    fn process_element(&mut self, record: T, out: &mut Collector<'_, O>) -> Result<(), UserError> {
+        let key = (self.key)(&record);
+        let hash = key.key_hash();
+        self.backend.set_current_key(key, hash)?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        self.backend.set_current_time(now);
+        self.function
+            .process_element(record, &mut self.backend, out)
+    }
+}
+
 pub struct CoMapOp<F1, F2>(pub Arc<F1>, pub Arc<F2>);
 
 impl<A, B, O, F1, F2> TwoInputOperator<A, B, O> for CoMapOp<F1, F2>

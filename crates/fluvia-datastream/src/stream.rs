@@ -534,6 +534,27 @@ where
         })
     }
 
+    /// Processes each record with a [`KeyedProcessFunction`] and keyed state
+    /// by descriptor (Flink's `process(KeyedProcessFunction)`); each subtask
+    /// runs a clone of `function`.
+    pub fn process_function<O: Data, F>(&self, function: F) -> DataStream<O>
+    where
+        F: KeyedProcessFunction<K, T, O> + Clone + Sync,
+    {
+        let key = Arc::clone(&self.key);
+        let factory = OneInputFactory::<T, O>::new(move |ctx| {
+            Ok(Box::new(KeyedProcessFunctionOp {
+                key: Arc::clone(&key),
+                function: function.clone(),
+                backend: fluvia_state::KeyedStateBackend::new(
+                    ctx.key_group_range(),
+                    ctx.max_parallelism,
+                )?,
+            }))
+        });
+        self.keyed("KeyedProcess", Arc::new(factory))
+    }
+
     /// Processes each record with its key's state (`Option<S>`, created
     /// empty on the first record of a key).
     pub fn process<O: Data, S: fluvia_state::keyed::StateData>(

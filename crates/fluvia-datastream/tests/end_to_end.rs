@@ -448,6 +448,174 @@ fn periodic_checkpoints_complete_and_are_notified_to_every_task() {
     assert!(snapshots.load(Ordering::SeqCst) >= 4);
 }
 
+/// Sums, counts and keeps per key with every kind of keyed state.
+#[derive(Clone, Default)]
+struct Stats {
+    count: Option<ValueState<u64>>,
+    seen: Option<ListState<u64>>,
+    by_parity: Option<MapState<u8, u64>>,
+    max: Option<ReducingState<u64>>,
+    mean: Option<AggregatingState<u64, (u64, u64), u64>>,
+}
+
+struct Mean;
+
+impl AggregateFunction<u64, (u64, u64), u64> for Mean {
+    fn create_accumulator(&self) -> (u64, u64) {
+        (0, 0)
+    }
+    fn add(&self, v: u64, (sum, n): (u64, u64)) -> (u64, u64) {
+        (sum + v, n + 1)
+    }
+    fn get_result(&self, (sum, n): &(u64, u64)) -> u64 {
+        sum / (*n).max(1)
+    }
+    fn merge(&self, a: (u64, u64), b: (u64, u64)) -> (u64, u64) {
+        (a.0 + b.0, a.1 + b.1)
+    }
+}
+
+type StatsRow = (u64, u64, usize, u64, u64, u64);
+
+impl KeyedProcessFunction<u64, (u64, u64), StatsRow> for Stats {
+    fn open(&mut self, state: &mut KeyedStateBackend<u64>) -> Result<(), UserError> {
+        self.count = Some(state.value_state(&ValueStateDescriptor::new("count"))?);
+        self.seen = Some(state.list_state(&ListStateDescriptor::new("seen"))?);
+        self.by_parity = Some(state.map_state(&MapStateDescriptor::new("by-parity"))?);
+        self.max = Some(state.reducing_state(&ReducingStateDescriptor::new("max", u64::max))?);
+        self.mean = Some(state.aggregating_state(&AggregatingStateDescriptor::new("mean", Mean))?);
+        Ok(())
+    }
+
+    fn process_element(
+        &mut self,
+        (k, v): (u64, u64),
+        state: &mut KeyedStateBackend<u64>,
+        out: &mut Collector<'_, StatsRow>,
+    ) -> Result<(), UserError> {
+        assert_eq!(state.current_key(), Some(&k));
+        let (Some(count), Some(seen), Some(by_parity), Some(max), Some(mean)) = (
+            &self.count,
+            &self.seen,
+            &self.by_parity,
+            &self.max,
+            &self.mean,
+        ) else {
+            return Err("not opened".into());
+        };
+        let n = count.value(state)?.unwrap_or(0) + 1;
+        count.update(state, n)?;
+        seen.add(state, v)?;
+        let parity = (v % 2) as u8;
+        let p = by_parity.get(state, &parity)?.unwrap_or(0) + 1;
+        by_parity.put(state, parity, p)?;
+        max.add(state, v)?;
+        mean.add(state, v)?;
+        out.collect((
+            k,
+            n,
+            seen.get(state)?.len(),
+            by_parity.get(state, &0)?.unwrap_or(0),
+            max.get(state)?.unwrap_or(0),
+            mean.get(state)?.unwrap_or(0),
+        ));
+        Ok(())
+    }
+}
+
+/// A keyed process function with value, list, map, reducing and
+/// aggregating state gives the plain-Rust answer at any parallelism.
+#[test]
+fn every_kind_of_keyed_state_gives_the_plain_answer_at_any_parallelism() {
+    for p in [1, 3] {
+        let env = StreamExecutionEnvironment::new();
+        env.set_parallelism(p)
+            .set_runtime_mode(RuntimeMode::Streaming);
+        let (_, rows) = env
+            .from_generator(6000, |i| (i % 13, (i * 7919) % 1000))
+            .key_by(|(k, _): &(u64, u64)| *k)
+            .process_function(Stats::default())
+            .collect();
+        env.execute("keyed state").unwrap();
+        let mut last: BTreeMap<u64, StatsRow> = BTreeMap::new();
+        for r in rows.take() {
+            let e = last.entry(r.0).or_insert(r);
+            if r.1 > e.1 {
+                *e = r;
+            }
+        }
+        let mut expected: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+        for i in 0..6000u64 {
+            expected.entry(i % 13).or_default().push((i * 7919) % 1000);
+        }
+        assert_eq!(last.len(), 13, "p{p}");
+        for (k, vs) in expected {
+            let n = vs.len() as u64;
+            let evens = vs.iter().filter(|v| *v % 2 == 0).count() as u64;
+            let want = (
+                k,
+                n,
+                vs.len(),
+                evens,
+                *vs.iter().max().unwrap(),
+                vs.iter().sum::<u64>() / n,
+            );
+            assert_eq!(last[&k], want, "p{p}");
+        }
+    }
+}
+
+/// Value state with a time-to-live: a key not written for longer than its
+/// TTL starts over (processing time; the source is slowed to cross it).
+#[derive(Clone, Default)]
+struct Expiring(Option<ValueState<u64>>);
+
+impl KeyedProcessFunction<u64, u64, (u64, u64)> for Expiring {
+    fn open(&mut self, state: &mut KeyedStateBackend<u64>) -> Result<(), UserError> {
+        let mut d = ValueStateDescriptor::new("count");
+        d.enable_time_to_live(
+            StateTtlConfig::new_builder(std::time::Duration::from_millis(100)).build(),
+        );
+        self.0 = Some(state.value_state(&d)?);
+        Ok(())
+    }
+
+    fn process_element(
+        &mut self,
+        v: u64,
+        state: &mut KeyedStateBackend<u64>,
+        out: &mut Collector<'_, (u64, u64)>,
+    ) -> Result<(), UserError> {
+        let count = self.0.as_ref().ok_or("not opened")?;
+        let n = count.value(state)?.unwrap_or(0) + 1;
+        count.update(state, n)?;
+        out.collect((v, n));
+        Ok(())
+    }
+}
+
+#[test]
+fn keyed_state_with_a_ttl_expires_between_slow_records() {
+    let env = StreamExecutionEnvironment::new();
+    env.set_parallelism(1)
+        .set_runtime_mode(RuntimeMode::Streaming);
+    // 4 records a second, one key: 250 ms apart, past the 100 ms TTL.
+    let (_, rows) = env
+        .from_generator_with_rate(4, 4.0, |i| i)
+        .key_by(|_: &u64| 0u64)
+        .process_function(Expiring::default())
+        .collect();
+    env.execute("ttl").unwrap();
+    let mut rows = rows.take();
+    rows.sort();
+    // The first record goes out at once and the next without waiting if
+    // the limiter had credit; later ones are 250 ms apart.
+    assert!(
+        rows.iter().filter(|(_, n)| *n == 1).count() >= 3,
+        "{rows:?}"
+    );
+}
+
 /// A side output read as another type than it is written fails the job
 /// with an error that names the tag, not with a wrong answer.
 #[test]
