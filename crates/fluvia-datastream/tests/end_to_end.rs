@@ -616,6 +616,52 @@ fn keyed_state_with_a_ttl_expires_between_slow_records() {
     );
 }
 
+/// Barriers cross unions, two-input operators, broadcast and keyed edges:
+/// checkpoints of such a job complete, over TCP between two TaskManagers
+/// too, and its answer does not change.
+#[test]
+fn checkpoints_complete_across_unions_two_input_operators_and_broadcasts() {
+    for task_managers in ["1", "2"] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = Configuration::new();
+        config
+            .set("execution.checkpointing.interval", "50 ms")
+            .set(
+                "execution.checkpointing.dir",
+                dir.path().display().to_string(),
+            )
+            .set("local.number-taskmanager", task_managers);
+        let env = StreamExecutionEnvironment::with_config(config).unwrap();
+        env.set_parallelism(2)
+            .set_runtime_mode(RuntimeMode::Streaming);
+        let a = env.from_generator_with_rate(1500, 3000.0, |i| i as i64);
+        let b = env.from_generator_with_rate(1500, 3000.0, |i| 10_000 + i as i64);
+        let rules = env.from_collection(vec![3i64]).broadcast();
+        let (_, out) = a
+            .union(&[&b])
+            .connect(&rules)
+            .key_by(|x: &i64| x % 5, |r: &i64| r % 5)
+            .flat_map(|x: i64, out| out.collect((x % 7, x)), |_r: i64, _out| {})
+            .key_by(|(k, _): &(i64, i64)| *k)
+            .reduce(|a, b| (a.0, a.1 + b.1))
+            .collect();
+        let result = env.execute("checkpointed topology").unwrap();
+        let summary = result.checkpoints.clone().unwrap();
+        assert!(summary.completed >= 2, "{task_managers} TMs: {summary:?}");
+        let mut finals = BTreeMap::new();
+        for (k, sum) in out.take() {
+            // Running sums only grow (every input is non-negative).
+            let e = finals.entry(k).or_insert(0i64);
+            *e = (*e).max(sum);
+        }
+        let mut expected = BTreeMap::new();
+        for x in (0..1500i64).chain(10_000..11_500) {
+            *expected.entry(x % 7).or_insert(0) += x;
+        }
+        assert_eq!(finals, expected, "{task_managers} TMs");
+    }
+}
+
 /// A side output read as another type than it is written fails the job
 /// with an error that names the tag, not with a wrong answer.
 #[test]
