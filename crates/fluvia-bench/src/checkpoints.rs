@@ -4,9 +4,9 @@
 //! 1. The keyed running count of `fluvia run pipeline --job count` (1,000
 //!    keys) with checkpoints off and every second, at p1 and p2: rows/s and
 //!    their ratio (the goal is within 5 %).
-//! 2. A keyed count over N distinct keys (1 M and 10 M by default), each
-//!    key seen twice, with a checkpoint every second: how long a checkpoint
-//!    takes and how large it is as the state grows.
+//! 2. A keyed count over N distinct keys (1 M and 10 M by default) of
+//!    max(2 N, `--rows`) records, with a checkpoint every second: how long a
+//!    checkpoint takes and how large it is as the state grows.
 //!
 //! Each case runs `--runs` times and reports the median. Run it with
 //! `cargo run --release -p fluvia-bench -- checkpoints` and copy the tables
@@ -67,15 +67,24 @@ fn median(
     Ok((d.as_secs_f64(), c))
 }
 
+/// Bytes as MB, or KB below one MB.
+fn size(bytes: u64) -> String {
+    if bytes >= 1_000_000 {
+        format!("{:.1} MB", bytes as f64 / 1e6)
+    } else {
+        format!("{:.1} KB", bytes as f64 / 1e3)
+    }
+}
+
 fn describe(c: &Option<CheckpointSummary>) -> String {
     match c {
         Some(c) if c.completed > 0 => format!(
-            "{} completed, {}/{}/{} ms, {:.1} MB",
+            "{} completed, {}/{}/{} ms, {}",
             c.completed,
             c.duration_ms.0,
             c.duration_ms.1,
             c.duration_ms.2,
-            c.last_state_size as f64 / 1e6
+            size(c.last_state_size)
         ),
         Some(_) => "none completed".to_string(),
         None => "off".to_string(),
@@ -129,7 +138,7 @@ pub fn run(args: Args) -> Result<()> {
     for &keys in &args.keys {
         let (secs, checkpoints) = median(args.runs, || {
             let env = env(1, Some(Duration::from_secs(1)), dir.path())?;
-            env.from_generator(keys * 2, move |i| (i % keys, 1u64))
+            env.from_generator((keys * 2).max(args.rows), move |i| (i % keys, 1u64))
                 .key_by(|(k, _): &(u64, u64)| *k)
                 .process(
                     |ctx: &mut KeyedContext<'_, u64, u64>, _r: (u64, u64), out| {
@@ -146,12 +155,12 @@ pub fn run(args: Args) -> Result<()> {
         })?;
         let c = checkpoints.unwrap_or_default();
         println!(
-            "| {keys} | {secs:.2} | {} | {} | {} | {} | {:.1} MB |",
+            "| {keys} | {secs:.2} | {} | {} | {} | {} | {} |",
             c.completed,
             c.duration_ms.0,
             c.duration_ms.1,
             c.duration_ms.2,
-            c.last_state_size as f64 / 1e6
+            size(c.last_state_size)
         );
     }
     Ok(())
