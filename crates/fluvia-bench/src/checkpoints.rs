@@ -129,7 +129,9 @@ pub fn run(args: Args) -> Result<()> {
     }
 
     println!(
-        "\n(2) checkpoint duration and size vs state size (keyed count, each key twice, p1, every 1 s)\n"
+        "\n(2) checkpoint duration and size vs state size (keyed count of max(2 N, {}) \
+         records, p1, every 1 s)\n",
+        args.rows
     );
     println!(
         "| distinct keys | job s | checkpoints | min ms | avg ms | max ms | last state size |"
