@@ -223,6 +223,17 @@ fn a_killed_task_manager_leaves_every_running_count_written_exactly_once() {
     assert_eq!(latest["status"], "COMPLETED");
     assert_eq!(latest["className"], ".CompletedCheckpointStatistics");
     assert!(latest["external_path"].is_string(), "{c}");
+    let details = get(
+        &cluster.rest,
+        &format!("/jobs/{id}/checkpoints/details/{}", latest["id"]),
+    );
+    assert_eq!(details["id"], latest["id"]);
+    let config = get(&cluster.rest, &format!("/jobs/{id}/checkpoints/config"));
+    assert_eq!(config["mode"], "exactly_once");
+    assert_eq!(config["interval"], 500);
+    assert_eq!(config["timeout"], 600_000);
+    assert_eq!(config["max_concurrent"], 1);
+    assert_eq!(config["externalization"]["enabled"], false);
     let m = get(
         &cluster.rest,
         &format!("/jobs/{id}/metrics?get=numberOfCompletedCheckpoints,numRestarts"),

@@ -237,7 +237,7 @@ pub(crate) struct Checkpointing {
     savepoints: HashMap<String, (JobId, SavepointOutcome)>,
     /// The statistics of jobs that ended (REST shows them, as Flink's
     /// history server does).
-    ended: BTreeMap<JobId, CheckpointingStatistics>,
+    ended: BTreeMap<JobId, (CheckpointingStatistics, CheckpointConfig)>,
 }
 
 impl Checkpointing {
@@ -288,7 +288,10 @@ impl Checkpointing {
     ) -> Vec<CheckpointCall> {
         let calls = self.handle(coordinators, job, CheckpointEvent::JobTerminated { status });
         if let Some(j) = self.jobs.remove(&job) {
-            self.ended.insert(job, j.coordinator.statistics());
+            self.ended.insert(
+                job,
+                (j.coordinator.statistics(), j.coordinator.config().clone()),
+            );
         }
         calls
     }
@@ -467,7 +470,7 @@ impl Checkpointing {
     pub fn statistics(&self, job: JobId) -> Option<CheckpointingStatistics> {
         match self.jobs.get(&job) {
             Some(j) => Some(j.coordinator.statistics()),
-            None => self.ended.get(&job).cloned(),
+            None => self.ended.get(&job).map(|(s, _)| s.clone()),
         }
     }
 
@@ -491,7 +494,10 @@ impl Checkpointing {
 
     /// The job's checkpointing settings (REST).
     pub fn config(&self, job: JobId) -> Option<&CheckpointConfig> {
-        self.jobs.get(&job).map(|j| j.coordinator.config())
+        match self.jobs.get(&job) {
+            Some(j) => Some(j.coordinator.config()),
+            None => self.ended.get(&job).map(|(_, c)| c),
+        }
     }
 
     fn handle(
