@@ -921,6 +921,41 @@ macro_rules! start_operator {
     }};
 }
 
+/// The [`OperatorFactory`] of a typed factory: `create` without side
+/// outputs, `output_type` from `OUT`, and `create_with_side_outputs` making
+/// the operator and wrapping it, with its output, side outputs and context,
+/// into the instance `$instance` builds.
+macro_rules! typed_factory {
+    (
+        impl<$($g:ident),+> $factory:ty => $out_ty:ident;
+        |$op:ident, $out:ident, $side:ident, $ctx:ident| $instance:expr
+        $(; $extra:item)*
+    ) => {
+        impl<$($g: Data),+> OperatorFactory for $factory {
+            fn create(&self, ctx: &OperatorContext, output: AnyOutput) -> Result<OperatorInstance> {
+                self.create_with_side_outputs(ctx, output, SideOutputs::default())
+            }
+
+            fn create_with_side_outputs(
+                &self,
+                $ctx: &OperatorContext,
+                output: AnyOutput,
+                $side: SideOutputs,
+            ) -> Result<OperatorInstance> {
+                let $out = downcast_output::<$out_ty>(output)?;
+                let $op = start_operator!(self.make, $ctx);
+                Ok($instance)
+            }
+
+            fn output_type(&self) -> Arc<dyn RecordType> {
+                record_type::<$out_ty>()
+            }
+
+            $($extra)*
+        }
+    };
+}
+
 /// Factory of a source emitting `OUT`.
 pub struct SourceFactory<OUT> {
     make: MakeSource<OUT>,
@@ -946,33 +981,16 @@ impl<OUT: Data> SourceFactory<OUT> {
     }
 }
 
-impl<OUT: Data> OperatorFactory for SourceFactory<OUT> {
-    fn create(&self, ctx: &OperatorContext, output: AnyOutput) -> Result<OperatorInstance> {
-        self.create_with_side_outputs(ctx, output, SideOutputs::default())
-    }
-
-    fn create_with_side_outputs(
-        &self,
-        ctx: &OperatorContext,
-        output: AnyOutput,
-        side: SideOutputs,
-    ) -> Result<OperatorInstance> {
-        let out = downcast_output::<OUT>(output)?;
-        let op = start_operator!(self.make, ctx);
-        Ok(OperatorInstance::Source(Box::new(SourceDriverImpl {
-            op,
-            out,
-            side,
-            ctx: ctx.clone(),
-            stopping_at: None,
-            stopped: false,
-        })))
-    }
-
-    fn output_type(&self) -> Arc<dyn RecordType> {
-        record_type::<OUT>()
-    }
-
+typed_factory! {
+    impl<OUT> SourceFactory<OUT> => OUT;
+    |op, out, side, ctx| OperatorInstance::Source(Box::new(SourceDriverImpl {
+        op,
+        out,
+        side,
+        ctx: ctx.clone(),
+        stopping_at: None,
+        stopped: false,
+    }));
     fn validate(&self) -> Result<()> {
         self.validate.as_ref().map_or(Ok(()), |v| v())
     }
@@ -996,33 +1014,19 @@ impl<IN: Data, OUT: Data> OneInputFactory<IN, OUT> {
     }
 }
 
-impl<IN: Data, OUT: Data> OperatorFactory for OneInputFactory<IN, OUT> {
-    fn create(&self, ctx: &OperatorContext, output: AnyOutput) -> Result<OperatorInstance> {
-        self.create_with_side_outputs(ctx, output, SideOutputs::default())
-    }
-
-    fn create_with_side_outputs(
-        &self,
-        ctx: &OperatorContext,
-        output: AnyOutput,
-        side: SideOutputs,
-    ) -> Result<OperatorInstance> {
-        let out = downcast_output::<OUT>(output)?;
-        let op = start_operator!(self.make, ctx);
+typed_factory! {
+    impl<IN, OUT> OneInputFactory<IN, OUT> => OUT;
+    |op, out, side, ctx| {
         let driver: Box<dyn Output<IN>> = Box::new(OneInputDriver {
             op,
             out,
             side,
             ctx: ctx.clone(),
         });
-        Ok(OperatorInstance::OneInput {
+        OperatorInstance::OneInput {
             input: Box::new(driver),
             input_type: record_type::<IN>(),
-        })
-    }
-
-    fn output_type(&self) -> Arc<dyn RecordType> {
-        record_type::<OUT>()
+        }
     }
 }
 
@@ -1044,31 +1048,15 @@ impl<IN1: Data, IN2: Data, OUT: Data> TwoInputFactory<IN1, IN2, OUT> {
     }
 }
 
-impl<IN1: Data, IN2: Data, OUT: Data> OperatorFactory for TwoInputFactory<IN1, IN2, OUT> {
-    fn create(&self, ctx: &OperatorContext, output: AnyOutput) -> Result<OperatorInstance> {
-        self.create_with_side_outputs(ctx, output, SideOutputs::default())
-    }
-
-    fn create_with_side_outputs(
-        &self,
-        ctx: &OperatorContext,
-        output: AnyOutput,
-        side: SideOutputs,
-    ) -> Result<OperatorInstance> {
-        let out = downcast_output::<OUT>(output)?;
-        let op = start_operator!(self.make, ctx);
-        Ok(OperatorInstance::TwoInput(Box::new(TwoInputDriver {
-            op,
-            out,
-            side,
-            ctx: ctx.clone(),
-            ended: [false, false],
-        })))
-    }
-
-    fn output_type(&self) -> Arc<dyn RecordType> {
-        record_type::<OUT>()
-    }
+typed_factory! {
+    impl<IN1, IN2, OUT> TwoInputFactory<IN1, IN2, OUT> => OUT;
+    |op, out, side, ctx| OperatorInstance::TwoInput(Box::new(TwoInputDriver {
+        op,
+        out,
+        side,
+        ctx: ctx.clone(),
+        ended: [false, false],
+    }))
 }
 
 #[cfg(test)]
