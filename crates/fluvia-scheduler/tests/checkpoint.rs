@@ -49,6 +49,14 @@ fn config(interval_ms: u64) -> CheckpointConfig {
     }
 }
 
+/// `config(100)` tolerating `n` continuous checkpoint failures.
+fn tolerating(n: u32) -> CheckpointConfig {
+    CheckpointConfig {
+        tolerable_failed: Some(n),
+        ..config(100)
+    }
+}
+
 fn coordinator(config: CheckpointConfig, plan: TasksPlan) -> CheckpointCoordinator {
     CheckpointCoordinator::new(config, JOB, plan).unwrap()
 }
@@ -459,9 +467,7 @@ fn num_retained_subsumes_the_oldest_and_discards_it_once() {
 
 #[test]
 fn decline_aborts_and_notifies() {
-    let mut cfg = config(100);
-    cfg.tolerable_failed = Some(5);
-    let mut c = started(cfg, pipeline());
+    let mut c = started(tolerating(5), pipeline());
     let id = tick_trigger(&mut c, 100);
     ack(&mut c, 110, id, TaskId::new(0, 0), 0);
     let out = c.handle(120, decline(id, TaskId::new(1, 1), 0, "disk full"));
@@ -489,9 +495,8 @@ fn decline_aborts_and_notifies() {
 
 #[test]
 fn expiry_aborts_with_flinks_message() {
-    let mut cfg = config(100);
+    let mut cfg = tolerating(10);
     cfg.timeout = Duration::from_millis(1_000);
-    cfg.tolerable_failed = Some(10);
     let mut c = started(cfg, pipeline());
     let id = tick_trigger(&mut c, 100);
     assert_eq!(c.next_deadline(), Some(1_100));
@@ -514,9 +519,8 @@ fn expiry_aborts_with_flinks_message() {
 
 #[test]
 fn failures_beyond_the_tolerable_count_fail_the_job() {
-    let mut cfg = config(100);
+    let mut cfg = tolerating(1);
     cfg.timeout = Duration::from_millis(50);
-    cfg.tolerable_failed = Some(1);
     let mut c = started(cfg, pipeline());
     assert_eq!(triggered(&c.handle(100, E::Tick)), vec![1]);
     let out = c.handle(150, E::Tick);
@@ -572,9 +576,7 @@ fn declines_of_tasks_not_ready_are_not_counted() {
 
 #[test]
 fn metadata_failure_aborts_and_counts() {
-    let mut cfg = config(100);
-    cfg.tolerable_failed = Some(3);
-    let mut c = started(cfg, pipeline());
+    let mut c = started(tolerating(3), pipeline());
     let id = tick_trigger(&mut c, 100);
     ack_all(&mut c, 110, id);
     let out = c.handle(
@@ -603,9 +605,8 @@ fn metadata_failure_aborts_and_counts() {
 
 #[test]
 fn late_duplicate_and_stale_acks_are_ignored() {
-    let mut cfg = config(100);
+    let mut cfg = tolerating(10);
     cfg.max_concurrent = 2;
-    cfg.tolerable_failed = Some(10);
     let mut c = started(cfg, pipeline());
     let one = tick_trigger(&mut c, 100);
     // Stale attempt: ignored, its state dropped.
@@ -1052,8 +1053,7 @@ fn metadata_errors_name_the_path() {
 
 #[test]
 fn statistics_use_flinks_field_names() {
-    let mut cfg = config(100);
-    cfg.tolerable_failed = Some(10);
+    let mut cfg = tolerating(10);
     cfg.timeout = Duration::from_millis(50);
     let mut c = started(cfg, pipeline());
     run_checkpoint(&mut c, 100);
