@@ -286,6 +286,10 @@ macro_rules! lifecycle_hooks {
         fn notify_checkpoint_aborted(&mut self, _id: u64) -> Result<(), UserError> {
             Ok(())
         }
+        /// Called once before processing starts.
+        fn open(&mut self, _ctx: &OperatorContext) -> Result<(), UserError> {
+            Ok(())
+        }
         /// Releases resources, after the last record or on failure.
         fn close(&mut self) -> Result<(), UserError> {
             Ok(())
@@ -304,9 +308,6 @@ macro_rules! lifecycle_hooks {
 /// Only the processing method is required.
 pub trait SourceOperator<OUT>: 'static {
     lifecycle_hooks!();
-    fn open(&mut self, _ctx: &OperatorContext) -> Result<(), UserError> {
-        Ok(())
-    }
     fn poll_next(&mut self, out: &mut Collector<'_, OUT>) -> Result<SourceStatus, UserError>;
     /// An event from this source's coordinator (FLIP-27: splits to read).
     fn handle_operator_event(&mut self, _event: &[u8]) -> Result<(), UserError> {
@@ -317,9 +318,6 @@ pub trait SourceOperator<OUT>: 'static {
 /// An operator with one input (lifecycle as [`SourceOperator`]'s).
 pub trait OneInputOperator<IN, OUT>: 'static {
     lifecycle_hooks!(with_input);
-    fn open(&mut self, _ctx: &OperatorContext) -> Result<(), UserError> {
-        Ok(())
-    }
     fn process_element(
         &mut self,
         record: IN,
@@ -335,9 +333,6 @@ pub trait OneInputOperator<IN, OUT>: 'static {
 /// [`SourceOperator`]'s). Its watermark is the minimum of its inputs'.
 pub trait TwoInputOperator<IN1, IN2, OUT>: 'static {
     lifecycle_hooks!(with_input);
-    fn open(&mut self, _ctx: &OperatorContext) -> Result<(), UserError> {
-        Ok(())
-    }
     fn process_element1(
         &mut self,
         record: IN1,

@@ -82,14 +82,10 @@ pub struct StreamInputProcessor {
     records_in: u64,
 }
 
-impl std::fmt::Debug for StreamInputProcessor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StreamInputProcessor")
-            .field("gate", &self.gate)
-            .field("records_in", &self.records_in)
-            .finish()
-    }
-}
+debug_fields!(StreamInputProcessor, |s| {
+    gate: s.gate,
+    records_in: s.records_in,
+});
 
 impl StreamInputProcessor {
     pub fn new(gate: InputGate) -> Self {
