@@ -97,7 +97,6 @@ impl Faults {
                 metadata_fail_pm: rng.range(0, 50) as u32,
                 finish_pm: rng.range(0, 3) as u32,
                 savepoint_pm: rng.range(0, 5) as u32,
-                ..Faults::default()
             },
             _ => Faults {
                 drop_pm: rng.range(0, 150) as u32,
@@ -109,7 +108,6 @@ impl Faults {
                 metadata_fail_pm: rng.range(0, 150) as u32,
                 finish_pm: rng.range(0, 3) as u32,
                 savepoint_pm: rng.range(0, 8) as u32,
-                ..Faults::default()
             },
         }
     }

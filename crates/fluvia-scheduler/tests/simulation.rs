@@ -153,7 +153,6 @@ impl Faults {
                 new_tms: rng.range(0, 3),
                 add_attempts: rng.range(0, 6),
                 cancel_job_pm: 300,
-                ..Faults::default()
             },
         }
     }

@@ -164,10 +164,15 @@ impl StreamInputProcessor {
     }
 
     fn idle_status(&self) -> InputStatus {
+        self.unless_finished(InputStatus::NothingAvailable)
+    }
+
+    /// `EndOfInput` once every channel finished, else `status`.
+    fn unless_finished(&self, status: InputStatus) -> InputStatus {
         if self.gate.is_finished() {
             InputStatus::EndOfInput
         } else {
-            InputStatus::NothingAvailable
+            status
         }
     }
 
@@ -215,11 +220,7 @@ impl StreamInputProcessor {
             }
             GateEvent::Event { channel, event } => self.handle_event(channel, event, out)?,
         }
-        Ok(if self.gate.is_finished() {
-            InputStatus::EndOfInput
-        } else {
-            InputStatus::MoreAvailable
-        })
+        Ok(self.unless_finished(InputStatus::MoreAvailable))
     }
 
     fn handle_event<O: DataOutput + ?Sized>(
