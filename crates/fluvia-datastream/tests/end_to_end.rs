@@ -914,6 +914,33 @@ fn checkpointed_env(dir: &std::path::Path, parallelism: usize) -> StreamExecutio
     env
 }
 
+/// A temporary directory, its "out" directory for a text sink and a
+/// checkpointed environment of parallelism 2 writing its state there.
+fn checkpointed_text_job() -> (tempfile::TempDir, PathBuf, StreamExecutionEnvironment) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let env = checkpointed_env(dir.path(), 2);
+    (dir, out, env)
+}
+
+/// Only finished parts are left in `out` and together they hold each of
+/// the records `0..count` once: their names.
+fn finished_parts_hold_every_record_once(out: &std::path::Path, count: u64) -> Vec<String> {
+    let names = file_names(out);
+    assert!(
+        names.iter().all(|n| n.starts_with("part-")),
+        "only finished parts are left: {names:?}"
+    );
+    let mut lines = Vec::new();
+    for name in &names {
+        let text = std::fs::read_to_string(out.join(name)).unwrap();
+        lines.extend(text.lines().map(|l| l.parse::<u64>().unwrap()));
+    }
+    lines.sort();
+    assert_eq!(lines, (0..count).collect::<Vec<u64>>());
+    names
+}
+
 /// Chained in front of the text sink: until its own chain hears of a
 /// completed checkpoint (it is told before the sink behind it), no
 /// finished part file of its subtask may exist.
@@ -962,9 +989,7 @@ impl OneInputOperator<u64, u64> for CommitWatcher {
 /// finished part and nothing in progress is left.
 #[test]
 fn streaming_text_sink_commits_part_files_only_when_checkpoints_complete() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
-    let env = checkpointed_env(dir.path(), 2);
+    let (_dir, out, env) = checkpointed_text_job();
     let checks_before = Arc::new(AtomicU64::new(0));
     let seen_committed = Arc::new(AtomicU64::new(0));
     let violations = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -991,20 +1016,9 @@ fn streaming_text_sink_commits_part_files_only_when_checkpoints_complete() {
     // Parts were committed at checkpoints while the job ran, not only at
     // its end.
     assert!(seen_committed.load(Ordering::SeqCst) > 0);
-    let names = file_names(&out);
-    assert!(
-        names.iter().all(|n| n.starts_with("part-")),
-        "only finished parts are left: {names:?}"
-    );
+    let names = finished_parts_hold_every_record_once(&out, 3000);
     // Rolled at every checkpoint: more parts than subtasks.
     assert!(names.len() > 2, "{names:?}");
-    let mut lines = Vec::new();
-    for name in &names {
-        let text = std::fs::read_to_string(out.join(name)).unwrap();
-        lines.extend(text.lines().map(|l| l.parse::<u64>().unwrap()));
-    }
-    lines.sort();
-    assert_eq!(lines, (0..3000).collect::<Vec<u64>>());
 }
 
 fn sink_context(subtask: usize, parallelism: usize) -> OperatorContext {
@@ -1340,9 +1354,7 @@ impl OneInputOperator<u64, u64> for FailOnce {
 /// part.
 #[test]
 fn streaming_text_sink_writes_every_record_once_across_a_failover() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
-    let env = checkpointed_env(dir.path(), 2);
+    let (_dir, out, env) = checkpointed_text_job();
     env.set_config("restart-strategy.type", "fixed-delay")
         .set_config("restart-strategy.fixed-delay.attempts", "1")
         .set_config("restart-strategy.fixed-delay.delay", "100 ms");
@@ -1364,15 +1376,7 @@ fn streaming_text_sink_writes_every_record_once_across_a_failover() {
     env.execute("failover").unwrap();
 
     assert!(failed.load(Ordering::SeqCst), "the job failed over");
-    let names = file_names(&out);
-    assert!(names.iter().all(|n| n.starts_with("part-")), "{names:?}");
-    let mut lines = Vec::new();
-    for name in &names {
-        let text = std::fs::read_to_string(out.join(name)).unwrap();
-        lines.extend(text.lines().map(|l| l.parse::<u64>().unwrap()));
-    }
-    lines.sort();
-    assert_eq!(lines, (0..3000).collect::<Vec<u64>>());
+    finished_parts_hold_every_record_once(&out, 3000);
 }
 
 /// The rolling policy and part-file names of the sink's options: a part
