@@ -290,29 +290,25 @@ fn a_savepoint_taken_at_parallelism_2_restores_at_3_and_at_1() {
 fn a_missing_or_mismatched_snapshot_is_refused_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let (input, _) = write_input(dir.path(), 100);
-    let missing = dir.path().join("no-such-savepoint");
-    let o = fluvia()
-        .args(["run", "wordcount", "--input"])
-        .arg(&input)
-        .args(["--mode", "streaming", "-s"])
-        .arg(&missing)
-        .output()
-        .unwrap();
-    assert!(!o.status.success());
-    let err = String::from_utf8_lossy(&o.stderr);
+    // Runs the streaming word count from `snapshot`: it must fail; its
+    // error output.
+    let refused = |snapshot: &std::path::Path| {
+        let o = fluvia()
+            .args(["run", "wordcount", "--input"])
+            .arg(&input)
+            .args(["--mode", "streaming", "-s"])
+            .arg(snapshot)
+            .output()
+            .unwrap();
+        assert!(!o.status.success());
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let err = refused(&dir.path().join("no-such-savepoint"));
     assert!(err.contains("no-such-savepoint"), "{err}");
 
     let corrupt = dir.path().join("corrupt");
     std::fs::create_dir_all(&corrupt).unwrap();
     std::fs::write(corrupt.join("_metadata"), b"not a checkpoint").unwrap();
-    let o = fluvia()
-        .args(["run", "wordcount", "--input"])
-        .arg(&input)
-        .args(["--mode", "streaming", "-s"])
-        .arg(&corrupt)
-        .output()
-        .unwrap();
-    assert!(!o.status.success());
-    let err = String::from_utf8_lossy(&o.stderr);
+    let err = refused(&corrupt);
     assert!(err.contains("_metadata"), "{err}");
 }
