@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{Cluster, fluvia, get, http};
+use common::{Cluster, assert_success, fluvia, get, http};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -201,7 +201,7 @@ fn a_killed_task_manager_leaves_every_running_count_written_exactly_once() {
     let _ = child.wait();
 
     let o = runner.join().unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_success(&o);
     assert_exactly_once(&committed_counts(&[&out]), &truth);
 
     let job = get(&cluster.rest, &format!("/jobs/{id}"));
@@ -252,14 +252,14 @@ fn a_savepoint_taken_at_parallelism_2_restores_at_3_and_at_1() {
         .arg(&id)
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_success(&o);
     let savepoint = String::from_utf8_lossy(&o.stdout).trim().to_string();
     assert!(
         Path::new(&savepoint).join("_metadata").is_file(),
         "{savepoint}"
     );
     let o = runner.join().unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_success(&o);
     let job = get(&cluster.rest, &format!("/jobs/{id}"));
     assert_eq!(
         job["state"], "FINISHED",
@@ -277,7 +277,7 @@ fn a_savepoint_taken_at_parallelism_2_restores_at_3_and_at_1() {
         extra.extend(["-s".to_string(), savepoint.clone()]);
         let (runner, id) = run_word_count(&cluster, &input, &out, p, &extra);
         let o = runner.join().unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert_success(&o);
         assert_exactly_once(&committed_counts(&[&first, &out]), &truth);
         let c = get(&cluster.rest, &format!("/jobs/{id}/checkpoints"));
         assert_eq!(c["latest"]["restored"]["is_savepoint"], true, "{c}");

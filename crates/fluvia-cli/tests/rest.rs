@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{Cluster, fluvia, get, http, job_id};
+use common::{Cluster, assert_success, fluvia, get, http, job_id};
 use serde_json::Value;
 use std::time::Duration;
 
@@ -97,7 +97,7 @@ fn every_endpoint_answers_with_flink_s_field_names_types_and_units() {
     let cluster = Cluster::start(&["-D", "web.refresh-interval=2 s"], 2, &["--slots", "2"]);
     let out = dir.path().join("out.txt");
     let o = cluster.wordcount(&input, &out, &["-p", "2"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_success(&o);
     let id = job_id(&o);
 
     let config = get(&cluster.rest, "/config");

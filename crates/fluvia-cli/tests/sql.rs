@@ -10,7 +10,7 @@ mod common;
 
 use std::process::Output;
 
-use common::{Cluster, fluvia, get, shared, tpcds_data, tpcds_run};
+use common::{Cluster, assert_success, fluvia, get, shared, tpcds_data, tpcds_run};
 
 /// The outcome of a `tpcds run` over all 99 queries: every statement passed.
 fn assert_all_103_statements_pass(ok: bool, out: &str) {
@@ -171,7 +171,7 @@ fn sql(args: &[&str]) -> Output {
 /// `fluvia sql` with `args`, which must succeed; its standard output.
 fn sql_stdout(args: &[&str]) -> String {
     let o = sql(args);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_success(&o);
     String::from_utf8_lossy(&o.stdout).to_string()
 }
 
@@ -256,7 +256,7 @@ fn q96_runs_as_one_multiple_input_task_with_the_fact_scan_chained_in() {
     let args = q96_args(&["--explain"]);
     let o = sql(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let plan = String::from_utf8_lossy(&o.stdout).to_string();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_success(&o);
     println!("{plan}");
     let multi: Vec<&str> = plan
         .lines()
@@ -536,7 +536,7 @@ fn a_semi_join_feeding_only_a_group_by_is_broadcast() {
         a.extend(BROADCAST_DIMENSIONS);
         a.extend(extra);
         let o = sql(&a);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert_success(&o);
         let mut lines: Vec<String> = String::from_utf8_lossy(&o.stdout)
             .lines()
             .map(String::from)
@@ -670,7 +670,7 @@ fn sql_exchanges_are_pipelined_where_blocking_buys_nothing() {
         sql(&a.iter().map(String::as_str).collect::<Vec<_>>())
     };
     let modes = |o: &Output| {
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert_success(&o);
         let plan = String::from_utf8_lossy(&o.stdout).to_string();
         (
             plan.matches("(pipelined_bounded)").count(),
@@ -823,7 +823,7 @@ fn csv_tables_give_the_same_result_as_parquet() {
     let d = dir.path().to_string_lossy().to_string();
     let q = "select k, name, count(*) c, sum(v) s from t group by k, name order by k, name";
     let o = sql(&["--tables", &d, "--format", "csv", "-p", "2", "-e", q]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_success(&o);
     let out = String::from_utf8_lossy(&o.stdout);
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines[0], "k,name,c,s");
@@ -869,7 +869,7 @@ fn an_aggregate_feeding_a_join_on_its_key_is_not_shuffled_again() {
         q,
     ]);
     let plan = String::from_utf8_lossy(&o.stdout).to_string();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_success(&o);
     // a -> final aggregate, b -> join; the join's output is partitioned on
     // s.k already, so the outer group by needs no exchange either.
     assert_eq!(plan.matches("HASH").count(), 2, "{plan}");
@@ -886,11 +886,7 @@ fn an_aggregate_feeding_a_join_on_its_key_is_not_shuffled_again() {
         "-e",
         q,
     ]);
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    assert_success(&run);
     let out = String::from_utf8_lossy(&run.stdout);
     assert_eq!(out.lines().count(), 1 + 97);
 }
@@ -910,7 +906,7 @@ fn a_left_join_with_a_small_preserved_side_is_not_broadcast_and_counts_once() {
     let expected = format!("n,matched\n{},{}\n", 10 * 52 + 10, 10 * 52);
     for p in ["1", "2", "4"] {
         let o = sql(&["--tables", &d, "--format", "csv", "-p", p, "-e", q]);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert_success(&o);
         assert_eq!(String::from_utf8_lossy(&o.stdout), expected, "p={p}");
     }
     let o = sql(&[
@@ -961,7 +957,7 @@ fn copy_to_writes_through_staged_files_renamed_into_place_when_the_job_finishes(
         one.display()
     );
     let o = sql(&["--tables", &data, "-p", "2", "-e", &q]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_success(&o);
     let select = sql(&[
         "--tables",
         &data,
@@ -987,7 +983,7 @@ fn copy_to_writes_through_staged_files_renamed_into_place_when_the_job_finishes(
         parts.display()
     );
     let o = sql(&["--tables", &data, "-p", "2", "-e", &q]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_success(&o);
     let files = files_under(&parts);
     assert_eq!(files.len(), 10, "{files:?}");
     assert!(

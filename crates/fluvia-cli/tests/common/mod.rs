@@ -301,6 +301,12 @@ pub fn corpus(
     counts
 }
 
+/// The command succeeded; its error output otherwise.
+#[track_caller]
+pub fn assert_success(o: &Output) {
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
 /// The job id `fluvia run` printed ("Job <id> submitted ...").
 pub fn job_id(o: &Output) -> String {
     let err = String::from_utf8_lossy(&o.stderr);
