@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{Cluster, assert_success, fluvia, get, http};
+use common::{Cluster, assert_success, fluvia, get, request};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -135,12 +135,7 @@ fn run_word_count(
 fn wait_for_checkpoints(cluster: &Cluster, id: &str, n: u64) -> Value {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let (status, body) = http(
-            &cluster.rest,
-            "GET",
-            &format!("/jobs/{id}/checkpoints"),
-            &[],
-        );
+        let (status, body) = request(&cluster.rest, "GET", &format!("/jobs/{id}/checkpoints"));
         if status == 200 {
             let c: Value = serde_json::from_str(&body).unwrap();
             if c["counts"]["completed"].as_u64().unwrap() >= n {

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Cluster, assert_success, fluvia, get, http, job_id, run_endless_pipeline};
+use common::{Cluster, assert_success, fluvia, get, http, job_id, request, run_endless_pipeline};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -189,7 +189,7 @@ fn rest_endpoints_have_the_documented_shapes() {
         }
     }
 
-    let (status, metrics) = http(&cluster.rest, "GET", "/metrics", &[]);
+    let (status, metrics) = request(&cluster.rest, "GET", "/metrics");
     assert_eq!(status, 200);
     assert!(
         metrics.contains("fluvia_jobmanager_taskmanagers 2"),
@@ -200,11 +200,10 @@ fn rest_endpoints_have_the_documented_shapes() {
         "{metrics}"
     );
 
-    let (status, _) = http(
+    let (status, _) = request(
         &cluster.rest,
         "GET",
         "/jobs/00000000000000000000000000000000",
-        &[],
     );
     assert_eq!(status, 404);
 }
@@ -272,12 +271,7 @@ fn a_wrong_or_missing_secret_is_refused() {
     assert_success(&o);
     // REST reads are open; mutations need the secret.
     let id = job_id(&o);
-    let (status, body) = http(
-        &cluster.rest,
-        "PATCH",
-        &format!("/jobs/{id}?mode=cancel"),
-        &[],
-    );
+    let (status, body) = request(&cluster.rest, "PATCH", &format!("/jobs/{id}?mode=cancel"));
     assert_eq!(status, 401, "{body}");
     let (status, body) = http(
         &cluster.rest,
@@ -324,7 +318,7 @@ fn kill_during(cluster: &mut Cluster, id: &str, ready: impl Fn(&Value) -> bool) 
             Instant::now() < deadline,
             "the job never reached the kill point; its last status: {last}"
         );
-        let (status, body) = http(&cluster.rest, "GET", &format!("/jobs/{id}"), &[]);
+        let (status, body) = request(&cluster.rest, "GET", &format!("/jobs/{id}"));
         if status == 200 {
             let job: Value = serde_json::from_str(&body).unwrap();
             assert_ne!(

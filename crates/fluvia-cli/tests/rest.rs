@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{Cluster, assert_success, fluvia, get, http, job_id};
+use common::{Cluster, assert_success, fluvia, get, job_id, request};
 use serde_json::Value;
 use std::time::Duration;
 
@@ -480,7 +480,7 @@ fn every_endpoint_answers_with_flink_s_field_names_types_and_units() {
     }
 
     // The UI is served from the binary.
-    let (status, page) = http(&cluster.rest, "GET", "/", &[]);
+    let (status, page) = request(&cluster.rest, "GET", "/");
     assert_eq!(status, 200);
     assert!(page.contains("app.js"), "{page}");
 }
@@ -567,12 +567,7 @@ fn a_running_job_shows_running_subtasks_and_live_metrics_at_most_a_second_old() 
     assert_eq!(tasks["running"], tasks["total"], "{overview}");
 
     // Flink's dashboard cancels with GET /jobs/:id/yarn-cancel.
-    let (status, body) = http(
-        &cluster.rest,
-        "GET",
-        &format!("/jobs/{id}/yarn-cancel"),
-        &[],
-    );
+    let (status, body) = request(&cluster.rest, "GET", &format!("/jobs/{id}/yarn-cancel"));
     assert_eq!(status, 202, "{body}");
     let o = runner.join().unwrap();
     assert!(String::from_utf8_lossy(&o.stderr).contains("CANCELED"));
@@ -596,7 +591,7 @@ fn a_running_job_shows_running_subtasks_and_live_metrics_at_most_a_second_old() 
 
 /// `GET path` answers 404 with Flink's error body, `{"errors": ["..."]}`.
 fn assert_json_404(rest: &str, path: &str) {
-    let (status, body) = http(rest, "GET", path, &[]);
+    let (status, body) = request(rest, "GET", path);
     assert_eq!(status, 404, "{path}: {body}");
     let errors: Value = serde_json::from_str(&body).unwrap();
     assert!(errors["errors"][0].is_string(), "{path}: {body}");

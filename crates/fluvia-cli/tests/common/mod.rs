@@ -244,6 +244,11 @@ fn spawn_announcing<const N: usize>(
 }
 
 /// A tiny HTTP client: enough for the REST API's JSON.
+/// [`http`] without extra headers.
+pub fn request(addr: &str, method: &str, path: &str) -> (u16, String) {
+    http(addr, method, path, &[])
+}
+
 pub fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
     let mut s = TcpStream::connect(addr).unwrap();
     let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
