@@ -616,18 +616,7 @@ fn insert_into_on_a_cluster_commits_one_part_file_per_subtask_written_on_several
         sink.display()
     );
     let cluster = Cluster::start(&[], 2, &["--slots", "2"]);
-    let o = fluvia()
-        .args([
-            "sql",
-            "-p",
-            "4",
-            "--jobmanager",
-            &cluster.rpc,
-            "-e",
-            &script,
-        ])
-        .output()
-        .unwrap();
+    let o = cluster.sql("4", &script);
     assert_success(&o);
     assert!(
         String::from_utf8_lossy(&o.stderr)

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{Cluster, assert_success, fluvia, get, job_id, request};
+use common::{Cluster, assert_success, get, job_id, request};
 use serde_json::Value;
 use std::time::Duration;
 
@@ -489,18 +489,7 @@ fn every_endpoint_answers_with_flink_s_field_names_types_and_units() {
 fn a_failed_job_lists_its_exceptions_newest_first() {
     let cluster = Cluster::start(&[], 1, &["--slots", "2"]);
     // Fails in its task, at runtime.
-    let o = fluvia()
-        .args([
-            "sql",
-            "-p",
-            "1",
-            "--jobmanager",
-            &cluster.rpc,
-            "-e",
-            "SELECT 10 / (1 - 1) AS x",
-        ])
-        .output()
-        .unwrap();
+    let o = cluster.sql("1", "SELECT 10 / (1 - 1) AS x");
     assert!(!o.status.success());
     let id = get(&cluster.rest, "/jobs/overview")["jobs"][0]["jid"]
         .as_str()

@@ -159,6 +159,22 @@ impl Cluster {
 
     /// Starts `fluvia shuffle-service` on `dir` and waits until the
     /// JobManager knows it; returns its process id.
+    /// `fluvia sql -p <parallelism>` running `script` on this cluster.
+    pub fn sql(&self, parallelism: &str, script: &str) -> Output {
+        fluvia()
+            .args([
+                "sql",
+                "-p",
+                parallelism,
+                "--jobmanager",
+                &self.rpc,
+                "-e",
+                script,
+            ])
+            .output()
+            .unwrap()
+    }
+
     pub fn add_shuffle_service(&mut self, dir: &Path) -> u32 {
         let mut cmd = fluvia();
         cmd.args(["shuffle-service", "--jobmanager", &self.rpc, "--dir"])
