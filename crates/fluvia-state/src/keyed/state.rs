@@ -235,6 +235,31 @@ impl<IN, ACC, OUT> Clone for AggregatingState<IN, ACC, OUT> {
     }
 }
 
+/// The TTL a read of entries stamped `stamps` must apply at `now` (write
+/// access): `None` when it changes nothing (no TTL, or none expired and
+/// reads do not refresh).
+fn ttl_to_apply(
+    ttl: Option<&StateTtlConfig>,
+    now: u64,
+    mut stamps: impl Iterator<Item = u64>,
+) -> Option<StateTtlConfig> {
+    let ttl = ttl?;
+    (ttl.refreshes_on_read() || stamps.any(|ts| ttl.is_expired(ts, now))).then(|| ttl.clone())
+}
+
+/// A read of one entry of a collection under `ttl` at `now`: whether it
+/// stays and whether the reader sees it (refreshed if the TTL says so).
+fn read_entry<T>(ttl: &StateTtlConfig, now: u64, e: &mut Ttl<T>) -> (bool, bool) {
+    if ttl.is_expired(e.ts, now) {
+        (false, ttl.returns_expired())
+    } else {
+        if ttl.refreshes_on_read() {
+            e.ts = now;
+        }
+        (true, true)
+    }
+}
+
 /// The registration of each state kind: the descriptor's name, kind,
 /// type and TTL go to `register` with the stored form `$stored`, and the
 /// handle takes the index and the fields given.
@@ -388,13 +413,8 @@ impl<K: StateKey> KeyedStateBackend<K> {
             return Ok(Vec::new());
         };
         let now = r.now;
-        let ttl = match r.ttl {
-            Some(ttl)
-                if ttl.refreshes_on_read() || list.iter().any(|e| ttl.is_expired(e.ts, now)) =>
-            {
-                ttl.clone()
-            }
-            _ => return Ok(list.iter().map(|e| e.value.clone()).collect()),
+        let Some(ttl) = ttl_to_apply(r.ttl, now, list.iter().map(|e| e.ts)) else {
+            return Ok(list.iter().map(|e| e.value.clone()).collect());
         };
         let w = self.write::<Vec<Ttl<V>>>(index)?;
         let Some(list) = w.map.get_mut(w.key) else {
@@ -402,18 +422,11 @@ impl<K: StateKey> KeyedStateBackend<K> {
         };
         let mut out = Vec::with_capacity(list.len());
         list.retain_mut(|e| {
-            if ttl.is_expired(e.ts, now) {
-                if ttl.returns_expired() {
-                    out.push(e.value.clone());
-                }
-                false
-            } else {
-                if ttl.refreshes_on_read() {
-                    e.ts = now;
-                }
+            let (keep, seen) = read_entry(&ttl, now, e);
+            if seen {
                 out.push(e.value.clone());
-                true
             }
+            keep
         });
         if list.is_empty() {
             w.map.remove(w.key);
@@ -427,18 +440,11 @@ impl<K: StateKey> KeyedStateBackend<K> {
             return Ok(Vec::new());
         };
         let now = r.now;
-        let ttl = match r.ttl {
-            Some(ttl)
-                if ttl.refreshes_on_read() || map.values().any(|e| ttl.is_expired(e.ts, now)) =>
-            {
-                ttl.clone()
-            }
-            _ => {
-                return Ok(map
-                    .iter()
-                    .map(|(k, e)| (k.clone(), e.value.clone()))
-                    .collect());
-            }
+        let Some(ttl) = ttl_to_apply(r.ttl, now, map.values().map(|e| e.ts)) else {
+            return Ok(map
+                .iter()
+                .map(|(k, e)| (k.clone(), e.value.clone()))
+                .collect());
         };
         let w = self.write::<FxHashMap<UK, Ttl<UV>>>(index)?;
         let Some(map) = w.map.get_mut(w.key) else {
@@ -446,18 +452,11 @@ impl<K: StateKey> KeyedStateBackend<K> {
         };
         let mut out = Vec::with_capacity(map.len());
         map.retain(|k, e| {
-            if ttl.is_expired(e.ts, now) {
-                if ttl.returns_expired() {
-                    out.push((k.clone(), e.value.clone()));
-                }
-                false
-            } else {
-                if ttl.refreshes_on_read() {
-                    e.ts = now;
-                }
+            let (keep, seen) = read_entry(&ttl, now, e);
+            if seen {
                 out.push((k.clone(), e.value.clone()));
-                true
             }
+            keep
         });
         if map.is_empty() {
             w.map.remove(w.key);
