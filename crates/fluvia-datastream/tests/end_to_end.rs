@@ -941,44 +941,69 @@ fn finished_parts_hold_every_record_once(out: &std::path::Path, count: u64) -> V
     names
 }
 
-/// Chained in front of the text sink: until its own chain hears of a
-/// completed checkpoint (it is told before the sink behind it), no
-/// finished part file of its subtask may exist.
-struct CommitWatcher {
-    dir: PathBuf,
-    subtask: usize,
-    completed: bool,
-    checks_before: Arc<AtomicU64>,
-    /// Checks that saw a finished part while the job ran.
-    seen_committed: Arc<AtomicU64>,
-    violations: Arc<std::sync::Mutex<Vec<String>>>,
+/// Looks at each record a [`Checked`] operator passes on, knowing whether
+/// a checkpoint completed in its chain yet.
+trait RecordCheck: 'static {
+    fn check(&mut self, completed: bool, record: u64) -> Result<(), UserError>;
 }
 
-impl OneInputOperator<u64, u64> for CommitWatcher {
+/// Passes `u64` records on after its check accepted them.
+struct Checked<C> {
+    check: C,
+    completed: bool,
+}
+
+fn checked<C: RecordCheck>(check: C) -> Checked<C> {
+    Checked {
+        check,
+        completed: false,
+    }
+}
+
+impl<C: RecordCheck> OneInputOperator<u64, u64> for Checked<C> {
     fn process_element(
         &mut self,
         record: u64,
         out: &mut Collector<'_, u64>,
     ) -> Result<(), UserError> {
-        if record.is_multiple_of(10) {
-            let prefix = format!("part-{}-", self.subtask);
-            let visible: Vec<String> = file_names(&self.dir)
-                .into_iter()
-                .filter(|n| n.starts_with(&prefix))
-                .collect();
-            if !self.completed {
-                self.checks_before.fetch_add(1, Ordering::SeqCst);
-                self.violations.lock().unwrap().extend(visible);
-            } else if !visible.is_empty() {
-                self.seen_committed.fetch_add(1, Ordering::SeqCst);
-            }
-        }
+        self.check.check(self.completed, record)?;
         out.collect(record);
         Ok(())
     }
 
     fn notify_checkpoint_complete(&mut self, _id: u64) -> Result<(), UserError> {
         self.completed = true;
+        Ok(())
+    }
+}
+
+/// Chained in front of the text sink: until its own chain hears of a
+/// completed checkpoint (it is told before the sink behind it), no
+/// finished part file of its subtask may exist.
+struct CommitWatcher {
+    dir: PathBuf,
+    subtask: usize,
+    checks_before: Arc<AtomicU64>,
+    /// Checks that saw a finished part while the job ran.
+    seen_committed: Arc<AtomicU64>,
+    violations: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl RecordCheck for CommitWatcher {
+    fn check(&mut self, completed: bool, record: u64) -> Result<(), UserError> {
+        if record.is_multiple_of(10) {
+            let prefix = format!("part-{}-", self.subtask);
+            let visible: Vec<String> = file_names(&self.dir)
+                .into_iter()
+                .filter(|n| n.starts_with(&prefix))
+                .collect();
+            if !completed {
+                self.checks_before.fetch_add(1, Ordering::SeqCst);
+                self.violations.lock().unwrap().extend(visible);
+            } else if !visible.is_empty() {
+                self.seen_committed.fetch_add(1, Ordering::SeqCst);
+            }
+        }
         Ok(())
     }
 }
@@ -1000,13 +1025,14 @@ fn streaming_text_sink_commits_part_files_only_when_checkpoints_complete() {
     );
     let s = Arc::clone(&seen_committed);
     env.from_generator_with_rate(3000, 2000.0, |i| i)
-        .transform("Watch", move |ctx: &OperatorContext| CommitWatcher {
-            dir: d.clone(),
-            subtask: ctx.subtask_index,
-            completed: false,
-            checks_before: Arc::clone(&c),
-            seen_committed: Arc::clone(&s),
-            violations: Arc::clone(&v),
+        .transform("Watch", move |ctx: &OperatorContext| {
+            checked(CommitWatcher {
+                dir: d.clone(),
+                subtask: ctx.subtask_index,
+                checks_before: Arc::clone(&c),
+                seen_committed: Arc::clone(&s),
+                violations: Arc::clone(&v),
+            })
         })
         .write_as_text(&out);
     env.execute("exactly-once text").unwrap();
@@ -1326,24 +1352,13 @@ impl SourceOperator<u64> for ReplayableSource {
 /// Fails the job once, after a checkpoint completed in its chain.
 struct FailOnce {
     failed: Arc<std::sync::atomic::AtomicBool>,
-    completed: bool,
 }
 
-impl OneInputOperator<u64, u64> for FailOnce {
-    fn process_element(
-        &mut self,
-        record: u64,
-        out: &mut Collector<'_, u64>,
-    ) -> Result<(), UserError> {
-        if self.completed && record >= 1000 && !self.failed.swap(true, Ordering::SeqCst) {
+impl RecordCheck for FailOnce {
+    fn check(&mut self, completed: bool, record: u64) -> Result<(), UserError> {
+        if completed && record >= 1000 && !self.failed.swap(true, Ordering::SeqCst) {
             return Err("failing once on purpose".into());
         }
-        out.collect(record);
-        Ok(())
-    }
-
-    fn notify_checkpoint_complete(&mut self, _id: u64) -> Result<(), UserError> {
-        self.completed = true;
         Ok(())
     }
 }
@@ -1368,9 +1383,10 @@ fn streaming_text_sink_writes_every_record_once_across_a_failover() {
             next: 0,
         }
     })
-    .transform("Fail Once", move |_| FailOnce {
-        failed: Arc::clone(&f),
-        completed: false,
+    .transform("Fail Once", move |_| {
+        checked(FailOnce {
+            failed: Arc::clone(&f),
+        })
     })
     .write_as_text(&out);
     env.execute("failover").unwrap();
