@@ -465,11 +465,13 @@ fn a_side_output_read_as_another_type_fails_naming_the_tag() {
         .name("Split");
     split.get_side_output(&read).discard();
     split.discard();
-    let err = env.execute("mixed types").unwrap_err().to_string();
-    assert!(
-        err.contains("side output 'mixed'") && err.contains("Split"),
-        "{err}"
-    );
+    assert_fails_naming(&env, "mixed types", &["side output 'mixed'", "Split"]);
+}
+
+/// Executing `env` as `job` fails with an error naming every one of `parts`.
+fn assert_fails_naming(env: &StreamExecutionEnvironment, job: &str, parts: &[&str]) {
+    let err = env.execute(job).unwrap_err().to_string();
+    assert!(parts.iter().all(|p| err.contains(p)), "{err}");
 }
 
 #[test]
@@ -632,11 +634,7 @@ fn a_user_error_downstream_cancels_the_whole_job() {
         })
         .name("Check")
         .discard();
-    let err = env.execute("fails").unwrap_err().to_string();
-    assert!(
-        err.contains("operator 'Check'") && err.contains("too large"),
-        "{err}"
-    );
+    assert_fails_naming(&env, "fails", &["operator 'Check'", "too large"]);
 }
 
 #[test]
@@ -679,10 +677,10 @@ fn bad_jobs_are_rejected_before_anything_runs() {
     let env = StreamExecutionEnvironment::new();
     let s = env.from_sequence(1, 10);
     s.union(&[&s]).set_parallelism(2).discard();
-    let err = env.execute("settings on union").unwrap_err().to_string();
-    assert!(
-        err.contains("set_parallelism() applies to an operator"),
-        "{err}"
+    assert_fails_naming(
+        &env,
+        "settings on union",
+        &["set_parallelism() applies to an operator"],
     );
 }
 
@@ -1047,6 +1045,15 @@ fn streaming_text_sink_commits_part_files_only_when_checkpoints_complete() {
     assert!(names.len() > 2, "{names:?}");
 }
 
+/// The part file `name` in `out` holds `text`.
+fn assert_part(out: &std::path::Path, name: &str, text: &str) {
+    assert_eq!(
+        std::fs::read_to_string(out.join(name)).unwrap(),
+        text,
+        "{name}"
+    );
+}
+
 fn sink_context(subtask: usize, parallelism: usize) -> OperatorContext {
     let mut ctx = OperatorContext::new(
         "sink",
@@ -1123,18 +1130,12 @@ fn text_sink_restore_commits_the_checkpoints_parts_once_and_drops_later_ones() {
     ];
     let restored = start_sink(&out, Some(first.clone()));
     assert_eq!(file_names(&out), expected);
-    assert_eq!(
-        std::fs::read_to_string(out.join("part-1-0")).unwrap(),
-        "a1\na2\n"
-    );
+    assert_part(&out, "part-1-0", "a1\na2\n");
     drop(restored);
     // Restoring from the same checkpoint again changes nothing.
     let mut again = start_sink(&out, Some(first));
     assert_eq!(file_names(&out), expected);
-    assert_eq!(
-        std::fs::read_to_string(out.join("part-1-0")).unwrap(),
-        "a1\na2\n"
-    );
+    assert_part(&out, "part-1-0", "a1\na2\n");
     // The restored subtask goes on numbering after its committed parts,
     // and commits on completion, every earlier checkpoint included.
     write_lines(&mut again, &["d1"]);
@@ -1145,14 +1146,8 @@ fn text_sink_restore_commits_the_checkpoints_parts_once_and_drops_later_ones() {
     write_lines(&mut again, &["e1"]);
     snapshot(&mut again, 4);
     OneInputOperator::<String, ()>::notify_checkpoint_complete(&mut again, 4).unwrap();
-    assert_eq!(
-        std::fs::read_to_string(out.join("part-1-1")).unwrap(),
-        "d1\n"
-    );
-    assert_eq!(
-        std::fs::read_to_string(out.join("part-1-2")).unwrap(),
-        "e1\n"
-    );
+    assert_part(&out, "part-1-1", "d1\n");
+    assert_part(&out, "part-1-2", "e1\n");
     assert!(again.pending_part_files().is_empty());
 }
 
@@ -1417,12 +1412,6 @@ fn text_sink_rolls_parts_by_size_and_names_them_as_configured() {
     assert!(file_names(&out).iter().all(|n| n.starts_with(".events-0-")));
     OneInputOperator::<String, ()>::notify_checkpoint_complete(&mut sink, 1).unwrap();
     assert_eq!(file_names(&out), ["events-0-0.txt", "events-0-1.txt"]);
-    assert_eq!(
-        std::fs::read_to_string(out.join("events-0-0.txt")).unwrap(),
-        "aaa\nbbb\n"
-    );
-    assert_eq!(
-        std::fs::read_to_string(out.join("events-0-1.txt")).unwrap(),
-        "ccc\nd\n"
-    );
+    assert_part(&out, "events-0-0.txt", "aaa\nbbb\n");
+    assert_part(&out, "events-0-1.txt", "ccc\nd\n");
 }
