@@ -513,14 +513,28 @@ fn partitioners_route_as_flink_does() {
     }
 }
 
+/// What a [`Tagger`] keeps of a record.
+trait Tagged: 'static {
+    type Value: 'static;
+    fn value(self) -> Self::Value;
+}
+
+impl Tagged for i64 {
+    type Value = i64;
+    fn value(self) -> i64 {
+        self
+    }
+}
+
+/// Tags each record's value with the subtask it reached.
 struct Tagger(usize);
-impl OneInputOperator<i64, (i64, usize)> for Tagger {
+impl<T: Tagged> OneInputOperator<T, (T::Value, usize)> for Tagger {
     fn process_element(
         &mut self,
-        r: i64,
-        out: &mut Collector<'_, (i64, usize)>,
+        r: T,
+        out: &mut Collector<'_, (T::Value, usize)>,
     ) -> Result<(), UserError> {
-        out.collect((r, self.0));
+        out.collect((r.value(), self.0));
         Ok(())
     }
 }
@@ -850,9 +864,7 @@ fn broadcast_encodes_each_record_once_and_delivers_it_to_every_consumer() {
         let (_, handle) = env
             .from_generator(N, Counted)
             .broadcast()
-            .transform("Tag", |ctx: &OperatorContext| {
-                CountedTagger(ctx.subtask_index)
-            })
+            .transform("Tag", |ctx: &OperatorContext| Tagger(ctx.subtask_index))
             .set_parallelism(3)
             .collect();
         let result = env.execute("broadcast").unwrap();
@@ -875,15 +887,10 @@ fn broadcast_encodes_each_record_once_and_delivers_it_to_every_consumer() {
     }
 }
 
-struct CountedTagger(usize);
-impl OneInputOperator<Counted, (u64, usize)> for CountedTagger {
-    fn process_element(
-        &mut self,
-        r: Counted,
-        out: &mut Collector<'_, (u64, usize)>,
-    ) -> Result<(), UserError> {
-        out.collect((r.0, self.0));
-        Ok(())
+impl Tagged for Counted {
+    type Value = u64;
+    fn value(self) -> u64 {
+        self.0
     }
 }
 
