@@ -680,7 +680,7 @@ fn sql_exchanges_are_pipelined_where_blocking_buys_nothing() {
         sql(&a.iter().map(String::as_str).collect::<Vec<_>>())
     };
     let modes = |o: &Output| {
-        assert_success(&o);
+        assert_success(o);
         let plan = String::from_utf8_lossy(&o.stdout).to_string();
         (
             plan.matches("(pipelined_bounded)").count(),
