@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{Cluster, corpus, get, job_id};
+use common::{Cluster, assert_success, corpus, get, job_id};
 use fluvia_scheduler::adaptive::{self, BlockingResultInfo, DeciderConfig};
 use serde_json::Value;
 use std::fmt::Write as _;
@@ -37,7 +37,7 @@ fn run_wordcount(hot_percent: u64) -> Value {
     let cluster = two_task_managers();
     let avg = format!("execution.batch.adaptive.auto-parallelism.avg-data-volume-per-task={AVG}");
     let o = cluster.wordcount(&input, &out, &["-D", &avg]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_success(&o);
     let mut want = String::new();
     for (w, n) in &expected {
         writeln!(want, "{w},{n}").unwrap();
@@ -174,7 +174,7 @@ fn a_sql_query_without_p_gets_the_parallelism_of_its_hash_stages_from_the_data()
             .args(extra)
             .output()
             .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert_success(&o);
         String::from_utf8_lossy(&o.stdout).to_string()
     };
     // `store_sales` at SF 0.1 is one row group: on DataFusion's byte
@@ -293,7 +293,7 @@ fn run_join(cluster: &Cluster, tables: &Path, extra: &[&str]) -> String {
         cmd.args(["-D", kv]);
     }
     let o = cmd.output().unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_success(&o);
     String::from_utf8_lossy(&o.stdout).to_string()
 }
 

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{Cluster, fluvia, get, http};
+use common::{Cluster, assert_success, fluvia, get, request};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -135,12 +135,7 @@ fn run_word_count(
 fn wait_for_checkpoints(cluster: &Cluster, id: &str, n: u64) -> Value {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let (status, body) = http(
-            &cluster.rest,
-            "GET",
-            &format!("/jobs/{id}/checkpoints"),
-            &[],
-        );
+        let (status, body) = request(&cluster.rest, "GET", &format!("/jobs/{id}/checkpoints"));
         if status == 200 {
             let c: Value = serde_json::from_str(&body).unwrap();
             if c["counts"]["completed"].as_u64().unwrap() >= n {
@@ -201,7 +196,7 @@ fn a_killed_task_manager_leaves_every_running_count_written_exactly_once() {
     let _ = child.wait();
 
     let o = runner.join().unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_success(&o);
     assert_exactly_once(&committed_counts(&[&out]), &truth);
 
     let job = get(&cluster.rest, &format!("/jobs/{id}"));
@@ -263,14 +258,14 @@ fn a_savepoint_taken_at_parallelism_2_restores_at_3_and_at_1() {
         .arg(&id)
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_success(&o);
     let savepoint = String::from_utf8_lossy(&o.stdout).trim().to_string();
     assert!(
         Path::new(&savepoint).join("_metadata").is_file(),
         "{savepoint}"
     );
     let o = runner.join().unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_success(&o);
     let job = get(&cluster.rest, &format!("/jobs/{id}"));
     assert_eq!(
         job["state"], "FINISHED",
@@ -288,7 +283,7 @@ fn a_savepoint_taken_at_parallelism_2_restores_at_3_and_at_1() {
         extra.extend(["-s".to_string(), savepoint.clone()]);
         let (runner, id) = run_word_count(&cluster, &input, &out, p, &extra);
         let o = runner.join().unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert_success(&o);
         assert_exactly_once(&committed_counts(&[&first, &out]), &truth);
         let c = get(&cluster.rest, &format!("/jobs/{id}/checkpoints"));
         assert_eq!(c["latest"]["restored"]["is_savepoint"], true, "{c}");
@@ -301,29 +296,25 @@ fn a_savepoint_taken_at_parallelism_2_restores_at_3_and_at_1() {
 fn a_missing_or_mismatched_snapshot_is_refused_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let (input, _) = write_input(dir.path(), 100);
-    let missing = dir.path().join("no-such-savepoint");
-    let o = fluvia()
-        .args(["run", "wordcount", "--input"])
-        .arg(&input)
-        .args(["--mode", "streaming", "-s"])
-        .arg(&missing)
-        .output()
-        .unwrap();
-    assert!(!o.status.success());
-    let err = String::from_utf8_lossy(&o.stderr);
+    // Runs the streaming word count from `snapshot`: it must fail; its
+    // error output.
+    let refused = |snapshot: &std::path::Path| {
+        let o = fluvia()
+            .args(["run", "wordcount", "--input"])
+            .arg(&input)
+            .args(["--mode", "streaming", "-s"])
+            .arg(snapshot)
+            .output()
+            .unwrap();
+        assert!(!o.status.success());
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let err = refused(&dir.path().join("no-such-savepoint"));
     assert!(err.contains("no-such-savepoint"), "{err}");
 
     let corrupt = dir.path().join("corrupt");
     std::fs::create_dir_all(&corrupt).unwrap();
     std::fs::write(corrupt.join("_metadata"), b"not a checkpoint").unwrap();
-    let o = fluvia()
-        .args(["run", "wordcount", "--input"])
-        .arg(&input)
-        .args(["--mode", "streaming", "-s"])
-        .arg(&corrupt)
-        .output()
-        .unwrap();
-    assert!(!o.status.success());
-    let err = String::from_utf8_lossy(&o.stderr);
+    let err = refused(&corrupt);
     assert!(err.contains("_metadata"), "{err}");
 }

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Cluster, fluvia, get, http, job_id, run_endless_pipeline};
+use common::{Cluster, assert_success, fluvia, get, http, job_id, request, run_endless_pipeline};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -36,7 +36,7 @@ fn embedded_counts(input: &Path, out: &Path) -> String {
         .arg(out)
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_success(&o);
     std::fs::read_to_string(out).unwrap()
 }
 
@@ -69,7 +69,7 @@ fn rest_endpoints_have_the_documented_shapes() {
     let cluster = Cluster::start(&[], 2, &["--slots", "2"]);
     let out = dir.path().join("out.txt");
     let o = cluster.wordcount(&input, &out, &["-p", "2"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_success(&o);
     let id = job_id(&o);
 
     let overview = get(&cluster.rest, "/overview");
@@ -189,7 +189,7 @@ fn rest_endpoints_have_the_documented_shapes() {
         }
     }
 
-    let (status, metrics) = http(&cluster.rest, "GET", "/metrics", &[]);
+    let (status, metrics) = request(&cluster.rest, "GET", "/metrics");
     assert_eq!(status, 200);
     assert!(
         metrics.contains("fluvia_jobmanager_taskmanagers 2"),
@@ -200,11 +200,10 @@ fn rest_endpoints_have_the_documented_shapes() {
         "{metrics}"
     );
 
-    let (status, _) = http(
+    let (status, _) = request(
         &cluster.rest,
         "GET",
         "/jobs/00000000000000000000000000000000",
-        &[],
     );
     assert_eq!(status, 404);
 }
@@ -231,7 +230,7 @@ fn a_streaming_job_without_enough_slots_fails_after_the_timeout_and_a_batch_job_
     let out_arg = out.to_str().unwrap().to_string();
     batch.extend(["--mode", "batch", "--output", &out_arg]);
     let o = cluster.run(&batch);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_success(&o);
     let expected = embedded_counts(&input, &dir.path().join("embedded.txt"));
     assert_eq!(std::fs::read_to_string(&out).unwrap(), expected);
 }
@@ -269,15 +268,10 @@ fn a_wrong_or_missing_secret_is_refused() {
     // With it, the job runs.
     let out = dir.path().join("out.txt");
     let o = cluster.wordcount(&input, &out, &["-D", "security.cluster-secret=right"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_success(&o);
     // REST reads are open; mutations need the secret.
     let id = job_id(&o);
-    let (status, body) = http(
-        &cluster.rest,
-        "PATCH",
-        &format!("/jobs/{id}?mode=cancel"),
-        &[],
-    );
+    let (status, body) = request(&cluster.rest, "PATCH", &format!("/jobs/{id}?mode=cancel"));
     assert_eq!(status, 401, "{body}");
     let (status, body) = http(
         &cluster.rest,
@@ -324,7 +318,7 @@ fn kill_during(cluster: &mut Cluster, id: &str, ready: impl Fn(&Value) -> bool) 
             Instant::now() < deadline,
             "the job never reached the kill point; its last status: {last}"
         );
-        let (status, body) = http(&cluster.rest, "GET", &format!("/jobs/{id}"), &[]);
+        let (status, body) = request(&cluster.rest, "GET", &format!("/jobs/{id}"));
         if status == 200 {
             let job: Value = serde_json::from_str(&body).unwrap();
             assert_ne!(
@@ -421,7 +415,7 @@ fn kill_a_task_manager_during(
     let (runner, id) = submit_in_background(&cluster, &input, &out, mode);
     let victim = kill_during(&mut cluster, &id, when);
     let o = runner.join().unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_success(&o);
     assert_eq!(
         std::fs::read_to_string(&out).unwrap(),
         expected,
@@ -439,14 +433,7 @@ fn killing_a_task_manager_during_a_batch_job_reruns_only_the_affected_subtasks()
     let (job, victim) = kill_a_task_manager_during("batch", &restart_args, |job| {
         job["vertices"][0]["status"] == "FINISHED" && job["vertices"][1]["status"] == "RUNNING"
     });
-    let attempts = |v: usize| -> Vec<u64> {
-        job["vertices"][v]["subtasks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|s| s["attempt"].as_u64().unwrap())
-            .collect()
-    };
+    let attempts = |v: usize| attempts_of(&job, v);
     // Source subtasks re-ran only where their results were lost with the
     // TaskManager; aggregation subtasks (running at the time) re-ran where
     // they ran on it or were reading from it, once at most; the sink had not
@@ -500,11 +487,7 @@ fn list_and_cancel_a_running_job() {
         .args(["cancel", "--jobmanager", &cluster.rpc, &id])
         .output()
         .unwrap();
-    assert!(
-        cancel.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cancel.stderr)
-    );
+    assert_success(&cancel);
     let o = runner.join().unwrap();
     assert!(!o.status.success(), "a cancelled job is not a success");
     assert!(String::from_utf8_lossy(&o.stderr).contains("CANCELED"));
@@ -524,7 +507,7 @@ fn list_and_cancel_a_running_job() {
     let dir = tempfile::tempdir().unwrap();
     let input = write_input(dir.path(), 100);
     let o = cluster.run(&["wordcount", "--input", input.to_str().unwrap(), "-p", "2"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_success(&o);
 }
 
 /// Two CSV tables: `sales(item, qty)` and `items(id, name)`.
@@ -584,11 +567,7 @@ fn sql_on_a_cluster_matches_the_embedded_run_and_spans_task_managers() {
         v
     };
     let embedded = fluvia().args(args(&[])).output().unwrap();
-    assert!(
-        embedded.status.success(),
-        "{}",
-        String::from_utf8_lossy(&embedded.stderr)
-    );
+    assert_success(&embedded);
     let mut reference = String::from("name,total\n");
     for (name, total) in &expected {
         reference.push_str(&format!("{name},{total}\n"));
@@ -600,7 +579,7 @@ fn sql_on_a_cluster_matches_the_embedded_run_and_spans_task_managers() {
         .args(args(&["--jobmanager", &cluster.rpc, "--stats"]))
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_success(&o);
     assert_eq!(o.stdout, embedded.stdout);
     let stats = String::from_utf8_lossy(&o.stderr);
     assert!(stats.contains("HASH"), "{stats}");
@@ -637,19 +616,8 @@ fn insert_into_on_a_cluster_commits_one_part_file_per_subtask_written_on_several
         sink.display()
     );
     let cluster = Cluster::start(&[], 2, &["--slots", "2"]);
-    let o = fluvia()
-        .args([
-            "sql",
-            "-p",
-            "4",
-            "--jobmanager",
-            &cluster.rpc,
-            "-e",
-            &script,
-        ])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = cluster.sql("4", &script);
+    assert_success(&o);
     assert!(
         String::from_utf8_lossy(&o.stderr)
             .contains(&format!("{} rows written into 'doubled'", expected.len())),
@@ -762,23 +730,52 @@ fn a_shuffle_service_outlives_a_closed_standard_output() {
     assert!(exited.is_none(), "the shuffle service exited: {exited:?}");
 }
 
+/// A 600 000-line input and its word counts run embedded, and a cluster
+/// (two slots per TaskManager, restarts on) with an external shuffle
+/// service over `<dir>/shuffle`; the job's output is to go to `out`.
+struct ExternalShuffle {
+    input: PathBuf,
+    expected: String,
+    cluster: Cluster,
+    shuffle_dir: PathBuf,
+    service: u32,
+    out: PathBuf,
+    /// Last: removed once the cluster is gone.
+    _dir: tempfile::TempDir,
+}
+
+impl ExternalShuffle {
+    fn start(task_managers: usize) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let input = write_input(dir.path(), 600_000);
+        let expected = embedded_counts(&input, &dir.path().join("embedded.txt"));
+        let mut cluster = Cluster::start(&EXTERNAL_WITH_RESTARTS, task_managers, &["--slots", "2"]);
+        let shuffle_dir = dir.path().join("shuffle");
+        let service = cluster.add_shuffle_service(&shuffle_dir);
+        let out = dir.path().join("out.txt");
+        ExternalShuffle {
+            input,
+            expected,
+            cluster,
+            shuffle_dir,
+            service,
+            out,
+            _dir: dir,
+        }
+    }
+}
+
 #[test]
 fn with_an_external_shuffle_service_a_killed_task_manager_reruns_no_producer() {
-    let dir = tempfile::tempdir().unwrap();
-    let input = write_input(dir.path(), 600_000);
-    let expected = embedded_counts(&input, &dir.path().join("embedded.txt"));
-    let mut cluster = Cluster::start(&EXTERNAL_WITH_RESTARTS, 3, &["--slots", "2"]);
-    let shuffle_dir = dir.path().join("shuffle");
-    cluster.add_shuffle_service(&shuffle_dir);
-    let out = dir.path().join("out.txt");
-    let (runner, id) = submit_in_background(&cluster, &input, &out, "batch");
-    let victim = kill_during(&mut cluster, &id, |job| {
+    let mut run = ExternalShuffle::start(3);
+    let (runner, id) = submit_in_background(&run.cluster, &run.input, &run.out, "batch");
+    let victim = kill_during(&mut run.cluster, &id, |job| {
         job["vertices"][0]["status"] == "FINISHED" && job["vertices"][1]["status"] == "RUNNING"
     });
     let o = runner.join().unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert_eq!(std::fs::read_to_string(&out).unwrap(), expected);
-    let job = get(&cluster.rest, &format!("/jobs/{id}"));
+    assert_success(&o);
+    assert_eq!(std::fs::read_to_string(&run.out).unwrap(), run.expected);
+    let job = get(&run.cluster.rest, &format!("/jobs/{id}"));
     assert_eq!(job["shuffle-service-type"], "external");
     assert_eq!(
         attempts_of(&job, 0),
@@ -791,11 +788,11 @@ fn with_an_external_shuffle_service_a_killed_task_manager_reruns_no_producer() {
     );
     // The job's files go once it ended.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !job_dirs(&shuffle_dir).is_empty() {
+    while !job_dirs(&run.shuffle_dir).is_empty() {
         assert!(
             Instant::now() < deadline,
             "{:?} left",
-            job_dirs(&shuffle_dir)
+            job_dirs(&run.shuffle_dir)
         );
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -803,40 +800,35 @@ fn with_an_external_shuffle_service_a_killed_task_manager_reruns_no_producer() {
 
 #[test]
 fn killing_the_shuffle_service_mid_job_reruns_the_producers_to_a_correct_result() {
-    let dir = tempfile::tempdir().unwrap();
-    let input = write_input(dir.path(), 600_000);
-    let expected = embedded_counts(&input, &dir.path().join("embedded.txt"));
-    let mut cluster = Cluster::start(&EXTERNAL_WITH_RESTARTS, 2, &["--slots", "2"]);
-    let shuffle_dir = dir.path().join("shuffle");
-    let first = cluster.add_shuffle_service(&shuffle_dir);
-    let out = dir.path().join("out.txt");
-    let (runner, id) = submit_in_background(&cluster, &input, &out, "batch");
+    let mut run = ExternalShuffle::start(2);
+    let (runner, id) = submit_in_background(&run.cluster, &run.input, &run.out, "batch");
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         assert!(
             Instant::now() < deadline,
             "the job never reached the kill point"
         );
-        let job = get(&cluster.rest, &format!("/jobs/{id}"));
+        let job = get(&run.cluster.rest, &format!("/jobs/{id}"));
         assert_ne!(job["state"], "FINISHED", "finished before the kill");
         if job["vertices"][0]["status"] == "FINISHED" && job["vertices"][1]["status"] == "RUNNING" {
             break;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let service = cluster
+    let service = run
+        .cluster
         .shuffle_services
         .iter_mut()
-        .find(|c| c.id() == first)
+        .find(|c| c.id() == run.service)
         .unwrap();
     service.kill().unwrap(); // SIGKILL
     let _ = service.wait();
     // Restarted on the same directory, as a supervisor would.
-    cluster.add_shuffle_service(&shuffle_dir);
+    run.cluster.add_shuffle_service(&run.shuffle_dir);
     let o = runner.join().unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert_eq!(std::fs::read_to_string(&out).unwrap(), expected);
-    let job = get(&cluster.rest, &format!("/jobs/{id}"));
+    assert_success(&o);
+    assert_eq!(std::fs::read_to_string(&run.out).unwrap(), run.expected);
+    let job = get(&run.cluster.rest, &format!("/jobs/{id}"));
     assert!(
         attempts_of(&job, 0).iter().any(|&a| a >= 1),
         "the producers whose data the service held ran again: {:?}",
@@ -871,7 +863,7 @@ fn final_reports_reach_the_job_manager_without_waiting_for_a_heartbeat() {
         "--mode",
         "batch",
     ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_success(&o);
     assert!(
         started.elapsed() < Duration::from_secs(30),
         "the job took {:?}: its stages waited for heartbeats",

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{Cluster, fluvia, get, http, job_id};
+use common::{Cluster, assert_success, get, job_id, request};
 use serde_json::Value;
 use std::time::Duration;
 
@@ -97,7 +97,7 @@ fn every_endpoint_answers_with_flink_s_field_names_types_and_units() {
     let cluster = Cluster::start(&["-D", "web.refresh-interval=2 s"], 2, &["--slots", "2"]);
     let out = dir.path().join("out.txt");
     let o = cluster.wordcount(&input, &out, &["-p", "2"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_success(&o);
     let id = job_id(&o);
 
     let config = get(&cluster.rest, "/config");
@@ -480,7 +480,7 @@ fn every_endpoint_answers_with_flink_s_field_names_types_and_units() {
     }
 
     // The UI is served from the binary.
-    let (status, page) = http(&cluster.rest, "GET", "/", &[]);
+    let (status, page) = request(&cluster.rest, "GET", "/");
     assert_eq!(status, 200);
     assert!(page.contains("app.js"), "{page}");
 }
@@ -489,18 +489,7 @@ fn every_endpoint_answers_with_flink_s_field_names_types_and_units() {
 fn a_failed_job_lists_its_exceptions_newest_first() {
     let cluster = Cluster::start(&[], 1, &["--slots", "2"]);
     // Fails in its task, at runtime.
-    let o = fluvia()
-        .args([
-            "sql",
-            "-p",
-            "1",
-            "--jobmanager",
-            &cluster.rpc,
-            "-e",
-            "SELECT 10 / (1 - 1) AS x",
-        ])
-        .output()
-        .unwrap();
+    let o = cluster.sql("1", "SELECT 10 / (1 - 1) AS x");
     assert!(!o.status.success());
     let id = get(&cluster.rest, "/jobs/overview")["jobs"][0]["jid"]
         .as_str()
@@ -567,12 +556,7 @@ fn a_running_job_shows_running_subtasks_and_live_metrics_at_most_a_second_old() 
     assert_eq!(tasks["running"], tasks["total"], "{overview}");
 
     // Flink's dashboard cancels with GET /jobs/:id/yarn-cancel.
-    let (status, body) = http(
-        &cluster.rest,
-        "GET",
-        &format!("/jobs/{id}/yarn-cancel"),
-        &[],
-    );
+    let (status, body) = request(&cluster.rest, "GET", &format!("/jobs/{id}/yarn-cancel"));
     assert_eq!(status, 202, "{body}");
     let o = runner.join().unwrap();
     assert!(String::from_utf8_lossy(&o.stderr).contains("CANCELED"));
@@ -596,7 +580,7 @@ fn a_running_job_shows_running_subtasks_and_live_metrics_at_most_a_second_old() 
 
 /// `GET path` answers 404 with Flink's error body, `{"errors": ["..."]}`.
 fn assert_json_404(rest: &str, path: &str) {
-    let (status, body) = http(rest, "GET", path, &[]);
+    let (status, body) = request(rest, "GET", path);
     assert_eq!(status, 404, "{path}: {body}");
     let errors: Value = serde_json::from_str(&body).unwrap();
     assert!(errors["errors"][0].is_string(), "{path}: {body}");

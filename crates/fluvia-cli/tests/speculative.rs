@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{Cluster, corpus, get};
+use common::{Cluster, corpus, get, request};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -224,7 +224,7 @@ fn a_slowed_task_manager_gets_a_twin_of_its_subtask_elsewhere_and_is_blocked() {
             >= 1
     );
     // The same counters in Prometheus form.
-    let (status, metrics) = common::http(&cluster.rest, "GET", "/metrics", &[]);
+    let (status, metrics) = request(&cluster.rest, "GET", "/metrics");
     assert_eq!(status, 200);
     let effective = metrics
         .lines()

@@ -10,7 +10,7 @@ mod common;
 
 use std::process::Output;
 
-use common::{Cluster, fluvia, get, shared, tpcds_data, tpcds_run};
+use common::{Cluster, assert_success, fluvia, get, shared, tpcds_data, tpcds_run};
 
 /// The outcome of a `tpcds run` over all 99 queries: every statement passed.
 fn assert_all_103_statements_pass(ok: bool, out: &str) {
@@ -168,10 +168,20 @@ fn sql(args: &[&str]) -> Output {
     fluvia().arg("sql").args(args).output().unwrap()
 }
 
+/// `fluvia sql` over the CSV tables of `dir` at `parallelism`, then `args`.
+fn csv_sql_p(dir: &str, parallelism: &str, args: &[&str]) -> Output {
+    fluvia()
+        .arg("sql")
+        .args(["--tables", dir, "--format", "csv", "-p", parallelism])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
 /// `fluvia sql` with `args`, which must succeed; its standard output.
 fn sql_stdout(args: &[&str]) -> String {
     let o = sql(args);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_success(&o);
     String::from_utf8_lossy(&o.stdout).to_string()
 }
 
@@ -256,7 +266,7 @@ fn q96_runs_as_one_multiple_input_task_with_the_fact_scan_chained_in() {
     let args = q96_args(&["--explain"]);
     let o = sql(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let plan = String::from_utf8_lossy(&o.stdout).to_string();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_success(&o);
     println!("{plan}");
     let multi: Vec<&str> = plan
         .lines()
@@ -536,7 +546,7 @@ fn a_semi_join_feeding_only_a_group_by_is_broadcast() {
         a.extend(BROADCAST_DIMENSIONS);
         a.extend(extra);
         let o = sql(&a);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert_success(&o);
         let mut lines: Vec<String> = String::from_utf8_lossy(&o.stdout)
             .lines()
             .map(String::from)
@@ -670,7 +680,7 @@ fn sql_exchanges_are_pipelined_where_blocking_buys_nothing() {
         sql(&a.iter().map(String::as_str).collect::<Vec<_>>())
     };
     let modes = |o: &Output| {
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert_success(o);
         let plan = String::from_utf8_lossy(&o.stdout).to_string();
         (
             plan.matches("(pipelined_bounded)").count(),
@@ -708,6 +718,23 @@ fn sql_exchanges_are_pipelined_where_blocking_buys_nothing() {
 
 /// Runs `fluvia sql` with `args` (which include `--stats`): its result rows
 /// and the bytes its tasks exchanged.
+/// The run of `early` (inputs ended early) gives the rows, a zero among
+/// them, of the run of `full` (everything read), which sends more than
+/// `full_at_least` bytes over the network, over twice what `early` sends:
+/// the rows and bytes of `full`.
+fn ending_early_sends_less(early: &[String], full: &[String], full_at_least: u64) -> (String, u64) {
+    let (early_rows, early_bytes) = rows_and_network_bytes(early);
+    let (full_rows, full_bytes) = rows_and_network_bytes(full);
+    assert_eq!(early_rows, full_rows);
+    assert!(early_rows.contains("\n0,"), "{early_rows}");
+    assert!(full_bytes > full_at_least, "{full_bytes}");
+    assert!(
+        early_bytes * 2 < full_bytes,
+        "ended early {early_bytes} bytes, read to the end {full_bytes}"
+    );
+    (full_rows, full_bytes)
+}
+
 fn rows_and_network_bytes(args: &[String]) -> (String, u64) {
     let o = sql(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let err = String::from_utf8_lossy(&o.stderr).to_string();
@@ -822,8 +849,8 @@ fn csv_tables_give_the_same_result_as_parquet() {
     std::fs::write(dir.path().join("t/t.csv"), text).unwrap();
     let d = dir.path().to_string_lossy().to_string();
     let q = "select k, name, count(*) c, sum(v) s from t group by k, name order by k, name";
-    let o = sql(&["--tables", &d, "--format", "csv", "-p", "2", "-e", q]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = csv_sql_p(&d, "2", &["-e", q]);
+    assert_success(&o);
     let out = String::from_utf8_lossy(&o.stdout);
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines[0], "k,name,c,s");
@@ -855,42 +882,23 @@ fn an_aggregate_feeding_a_join_on_its_key_is_not_shuffled_again() {
     // already partitioned on k, so only b is shuffled for the join.
     let q = "select s.k, s.total, count(*) from (select k, sum(v) total from a group by k) s \
              join b on s.k = b.k group by s.k, s.total";
-    let o = sql(&[
-        "--tables",
-        &d,
-        "--format",
-        "csv",
-        "-p",
-        "2",
-        "-D",
-        "table.optimizer.join.broadcast-threshold=0",
-        "--explain",
-        "-e",
-        q,
-    ]);
+    // Over the CSV tables at parallelism 2, never broadcasting; `extra`
+    // before the query.
+    let run_q = |extra: &[&str]| {
+        let mut args = vec!["-D", "table.optimizer.join.broadcast-threshold=0"];
+        args.extend_from_slice(extra);
+        args.extend(["-e", q]);
+        csv_sql_p(&d, "2", &args)
+    };
+    let o = run_q(&["--explain"]);
     let plan = String::from_utf8_lossy(&o.stdout).to_string();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_success(&o);
     // a -> final aggregate, b -> join; the join's output is partitioned on
     // s.k already, so the outer group by needs no exchange either.
     assert_eq!(plan.matches("HASH").count(), 2, "{plan}");
     assert_eq!(plan.matches("BROADCAST").count(), 0, "{plan}");
-    let run = sql(&[
-        "--tables",
-        &d,
-        "--format",
-        "csv",
-        "-p",
-        "2",
-        "-D",
-        "table.optimizer.join.broadcast-threshold=0",
-        "-e",
-        q,
-    ]);
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    let run = run_q(&[]);
+    assert_success(&run);
     let out = String::from_utf8_lossy(&run.stdout);
     assert_eq!(out.lines().count(), 1 + 97);
 }
@@ -909,21 +917,11 @@ fn a_left_join_with_a_small_preserved_side_is_not_broadcast_and_counts_once() {
     // Keys 0..9 match 52 rows of a each (i % 97 over 0..5000); 200..209 match none.
     let expected = format!("n,matched\n{},{}\n", 10 * 52 + 10, 10 * 52);
     for p in ["1", "2", "4"] {
-        let o = sql(&["--tables", &d, "--format", "csv", "-p", p, "-e", q]);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let o = csv_sql_p(&d, p, &["-e", q]);
+        assert_success(&o);
         assert_eq!(String::from_utf8_lossy(&o.stdout), expected, "p={p}");
     }
-    let o = sql(&[
-        "--tables",
-        &d,
-        "--format",
-        "csv",
-        "-p",
-        "2",
-        "--explain",
-        "-e",
-        q,
-    ]);
+    let o = csv_sql_p(&d, "2", &["--explain", "-e", q]);
     let plan = String::from_utf8_lossy(&o.stdout);
     assert!(plan.contains("HashJoin[Left, Partitioned]"), "{plan}");
     assert!(!plan.contains("BROADCAST"), "{plan}");
@@ -961,7 +959,7 @@ fn copy_to_writes_through_staged_files_renamed_into_place_when_the_job_finishes(
         one.display()
     );
     let o = sql(&["--tables", &data, "-p", "2", "-e", &q]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_success(&o);
     let select = sql(&[
         "--tables",
         &data,
@@ -987,7 +985,7 @@ fn copy_to_writes_through_staged_files_renamed_into_place_when_the_job_finishes(
         parts.display()
     );
     let o = sql(&["--tables", &data, "-p", "2", "-e", &q]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_success(&o);
     let files = files_under(&parts);
     assert_eq!(files.len(), 10, "{files:?}");
     assert!(
@@ -1095,19 +1093,14 @@ fn a_join_whose_build_side_is_empty_releases_its_probe_input_and_the_scan_ends_e
         "{plan}"
     );
 
-    let (released_rows, released_bytes) = rows_and_network_bytes(&args(&[]));
-    let (drained_rows, drained_bytes) =
-        rows_and_network_bytes(&args(&["-D", "table.exec.release-unread-inputs=false"]));
-    assert_eq!(released_rows, drained_rows);
-    assert!(released_rows.contains("\n0,"), "{released_rows}");
     // Read to the end, the probe side is the projected fact table (about
     // 4.9 MB at SF 0.1); released, at most what the scan wrote before the
     // join gave up: its output pool (12 buffers of 32 KiB) and a batch, per
     // subtask, about 1 MB in all.
-    assert!(drained_bytes > 4_000_000, "{drained_bytes}");
-    assert!(
-        released_bytes * 2 < drained_bytes,
-        "released {released_bytes} bytes, drained {drained_bytes}"
+    let (drained_rows, drained_bytes) = ending_early_sends_less(
+        &args(&[]),
+        &args(&["-D", "table.exec.release-unread-inputs=false"]),
+        4_000_000,
     );
 
     let cluster = Cluster::start(&[], 2, &["--slots", "4"]);
@@ -1221,20 +1214,13 @@ fn a_join_whose_probe_side_is_empty_stops_reading_its_build_side() {
         "{plan}"
     );
 
-    let (stopped_rows, stopped_bytes) = rows_and_network_bytes(&args(&[]));
-    let (read_rows, read_bytes) = rows_and_network_bytes(&args(&[
-        "-D",
-        "table.exec.hash-join.end-on-empty-probe=false",
-    ]));
-    assert_eq!(stopped_rows, read_rows);
-    assert!(stopped_rows.contains("\n0,"), "{stopped_rows}");
     // Read to the end, the build side is the projected fact table (about
     // 20 MB at SF 0.1); stopped, what the scans wrote before the item
     // aggregate ended (about 3 MB).
-    assert!(read_bytes > 15_000_000, "{read_bytes}");
-    assert!(
-        stopped_bytes * 2 < read_bytes,
-        "stopped {stopped_bytes} bytes, read {read_bytes}"
+    ending_early_sends_less(
+        &args(&[]),
+        &args(&["-D", "table.exec.hash-join.end-on-empty-probe=false"]),
+        15_000_000,
     );
 }
 

@@ -22,6 +22,13 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).to_string()
 }
 
+/// A temporary directory with [`orders`] in it.
+fn orders_in_temp(files: usize, rows: usize) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = orders(dir.path(), files, rows);
+    (dir, path)
+}
+
 /// `n` header-less CSV files of `rows` lines each: `id,zip,qty` with zip
 /// codes that keep their leading zeros only as strings.
 fn orders(dir: &Path, files: usize, rows: usize) -> PathBuf {
@@ -67,8 +74,7 @@ fn sorted_lines(text: &str) -> Vec<String> {
 
 #[test]
 fn ddl_declares_tables_and_views_that_the_statements_after_it_see() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = orders(dir.path(), 2, 50);
+    let (_dir, path) = orders_in_temp(2, 50);
     let script = format!(
         "{};
          SHOW TABLES;
@@ -168,8 +174,7 @@ fn ddl_declares_tables_and_views_that_the_statements_after_it_see() {
 
 #[test]
 fn ddl_errors_name_the_option_the_type_the_path_or_the_row() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = orders(dir.path(), 1, 5);
+    let (dir, path) = orders_in_temp(1, 5);
     let p = path.display().to_string();
     let cases = [
         (
@@ -231,8 +236,7 @@ fn ddl_errors_name_the_option_the_type_the_path_or_the_row() {
 
 #[test]
 fn insert_into_at_parallelism_4_writes_4_part_files_whose_union_is_the_query_result() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = orders(dir.path(), 4, 2_000);
+    let (dir, path) = orders_in_temp(4, 2_000);
     let sink = dir.path().join("big");
     let select = "SELECT id, zip, qty * 10 AS qty10 FROM orders WHERE qty > 2";
     let script = format!(
@@ -293,8 +297,7 @@ fn insert_into_at_parallelism_4_writes_4_part_files_whose_union_is_the_query_res
 
 #[test]
 fn parquet_and_json_tables_round_trip_through_insert() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = orders(dir.path(), 2, 500);
+    let (dir, path) = orders_in_temp(2, 500);
     for format in ["parquet", "json"] {
         let sink = dir.path().join(format);
         let script = format!(
@@ -371,8 +374,7 @@ fn csv_options_round_trip_through_insert_and_unwritable_ones_are_refused() {
 
 #[test]
 fn a_failed_insert_leaves_the_target_folder_as_it_was() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = orders(dir.path(), 4, 5_000);
+    let (dir, path) = orders_in_temp(4, 5_000);
     // The last file ends in a row that fails the job after the other
     // subtasks had written their part files.
     let mut last = std::fs::read_to_string(path.join("orders-3.csv")).unwrap();
@@ -406,8 +408,7 @@ fn a_failed_insert_leaves_the_target_folder_as_it_was() {
 
 #[test]
 fn set_and_reset_change_what_the_next_statements_plan_with() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = orders(dir.path(), 4, 100);
+    let (_dir, path) = orders_in_temp(4, 100);
     let script = format!(
         "{};
          SET 'parallelism.default' = '4';
@@ -461,8 +462,7 @@ fn set_and_reset_change_what_the_next_statements_plan_with() {
 
 #[test]
 fn explain_of_an_insert_shows_its_part_file_sink_and_writes_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = orders(dir.path(), 2, 10);
+    let (dir, path) = orders_in_temp(2, 10);
     let sink = dir.path().join("out");
     let script = format!(
         "{};
@@ -484,8 +484,7 @@ fn explain_of_an_insert_shows_its_part_file_sink_and_writes_nothing() {
 #[test]
 fn statements_from_standard_input_run_as_one_session() {
     use std::io::Write;
-    let dir = tempfile::tempdir().unwrap();
-    let path = orders(dir.path(), 1, 10);
+    let (_dir, path) = orders_in_temp(1, 10);
     let mut child = fluvia()
         .arg("sql")
         .stdin(std::process::Stdio::piped())
@@ -534,8 +533,7 @@ fn on_a_terminal(cmd: std::process::Command, timeout_ms: u64) -> rexpect::sessio
 /// The interactive client in a pseudo-terminal, as a user types.
 #[test]
 fn the_interactive_client_runs_a_session_and_ctrl_c_cancels_only_the_running_query() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = orders(dir.path(), 1, 20);
+    let (dir, path) = orders_in_temp(1, 20);
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fluvia"));
     cmd.arg("sql")
         .env("FLUVIA_SQL_HISTORY", dir.path().join("history"));

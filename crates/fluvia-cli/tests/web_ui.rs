@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{Cluster, fluvia, get, shared, tpcds_data};
+use common::{Cluster, assert_success, fluvia, get, request, shared, tpcds_data};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -269,12 +269,7 @@ fn the_job_page_of_a_running_batch_job_shows_its_dag_and_every_attempt() {
         "ui-taskmanagers.png",
     );
 
-    let (status, _) = common::http(
-        &cluster.rest,
-        "GET",
-        &format!("/jobs/{id}/yarn-cancel"),
-        &[],
-    );
+    let (status, _) = request(&cluster.rest, "GET", &format!("/jobs/{id}/yarn-cancel"));
     assert_eq!(status, 202);
     let _ = runner.join().unwrap();
 }
@@ -299,7 +294,7 @@ fn a_tpcds_q96_job_page_shows_its_multiple_input_vertex_and_broadcast_edges() {
         .args(["-D", "table.optimizer.small-build-side-in-task.max-size=0"])
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_success(&o);
     let err = String::from_utf8_lossy(&o.stderr);
     let url = err
         .split_whitespace()

@@ -12,6 +12,19 @@ use fluvia_runtime::JobExecutionResult;
 use std::time::Duration;
 use tonic::transport::Channel;
 
+/// Calls the JobManager's RPC `$method` with `$req` and the cluster
+/// secret; its reply, or the RPC error naming the address.
+macro_rules! call {
+    ($client:ident, $method:ident, $req:expr) => {
+        $client
+            .client
+            .$method(security::authorize($req, &$client.secret))
+            .await
+            .map_err(|e| rpc_error(&$client.address, e))?
+            .into_inner()
+    };
+}
+
 #[derive(Clone)]
 pub struct ClusterClient {
     client: JobManagerClient<Channel>,
@@ -77,12 +90,7 @@ impl ClusterClient {
                 .map_err(|e| FluviaError::Serialization(e.to_string()))?,
             program_fingerprint: fingerprint.to_string(),
         };
-        let r = self
-            .client
-            .submit_job(security::authorize(req, &self.secret))
-            .await
-            .map_err(|e| rpc_error(&self.address, e))?
-            .into_inner();
+        let r = call!(self, submit_job, req);
         if !r.rest_address.is_empty() {
             self.rest_address = Some(r.rest_address);
         }
@@ -122,12 +130,7 @@ impl ClusterClient {
             wait_ms: wait.as_millis() as u64,
             omit_details: !details,
         };
-        Ok(self
-            .client
-            .get_job(security::authorize(req, &self.secret))
-            .await
-            .map_err(|e| rpc_error(&self.address, e))?
-            .into_inner())
+        Ok(call!(self, get_job, req))
     }
 
     /// Waits until the job is FINISHED, FAILED or CANCELED. The JobManager
@@ -189,13 +192,7 @@ impl ClusterClient {
     }
 
     pub async fn list(&mut self) -> Result<Vec<JobStatus>> {
-        Ok(self
-            .client
-            .list_jobs(security::authorize(Empty {}, &self.secret))
-            .await
-            .map_err(|e| rpc_error(&self.address, e))?
-            .into_inner()
-            .jobs)
+        Ok(call!(self, list_jobs, Empty {}).jobs)
     }
 
     /// Triggers a savepoint of `job_id` (into a new directory under
@@ -214,24 +211,13 @@ impl ClusterClient {
             stop,
             drain,
         };
-        let request_id = self
-            .client
-            .trigger_savepoint(security::authorize(req, &self.secret))
-            .await
-            .map_err(|e| rpc_error(&self.address, e))?
-            .into_inner()
-            .request_id;
+        let request_id = call!(self, trigger_savepoint, req).request_id;
         loop {
             let req = crate::rpc::SavepointStatusRequest {
                 job_id: job_id.into(),
                 request_id: request_id.clone(),
             };
-            let status = self
-                .client
-                .get_savepoint(security::authorize(req, &self.secret))
-                .await
-                .map_err(|e| rpc_error(&self.address, e))?
-                .into_inner();
+            let status = call!(self, get_savepoint, req);
             if status.completed {
                 if status.failure.is_empty() {
                     return Ok(status.location);
@@ -250,10 +236,7 @@ impl ClusterClient {
             job_id: job_id.into(),
             ..Default::default()
         };
-        self.client
-            .cancel_job(security::authorize(req, &self.secret))
-            .await
-            .map_err(|e| rpc_error(&self.address, e))?;
+        call!(self, cancel_job, req);
         Ok(())
     }
 }

@@ -399,6 +399,21 @@ impl JmShared {
                 };
                 let mut client = client.clone();
                 let secret = &shared.secret;
+                // Calls the TaskManager's RPC `$method` with `$req`, waiting
+                // at most 5 s: the error it answered with, if any.
+                macro_rules! tm_rpc {
+                    ($method:ident, $req:expr) => {
+                        match tokio::time::timeout(
+                            Duration::from_secs(5),
+                            client.$method(security::authorize($req, secret)),
+                        )
+                        .await
+                        {
+                            Ok(Err(status)) => Some(status),
+                            _ => None,
+                        }
+                    };
+                }
                 match call {
                     TmCall::Deploy(mut batch) => {
                         // The deployments queued behind these go in the
@@ -424,30 +439,17 @@ impl JmShared {
                         }
                     }
                     TmCall::Cancel(a) => {
-                        let req = security::authorize(a, secret);
-                        let _ =
-                            tokio::time::timeout(Duration::from_secs(5), client.cancel_task(req))
-                                .await;
+                        let _ = tm_rpc!(cancel_task, a);
                     }
                     TmCall::ReleasePartitions(r) => {
-                        let req = security::authorize(r, secret);
-                        let _ = tokio::time::timeout(
-                            Duration::from_secs(5),
-                            client.release_partitions(req),
-                        )
-                        .await;
+                        let _ = tm_rpc!(release_partitions, r);
                     }
                     TmCall::ReleaseJob(job) => {
-                        let req = security::authorize(
-                            JobRequest {
-                                job_id: job,
-                                ..Default::default()
-                            },
-                            secret,
-                        );
-                        let _ =
-                            tokio::time::timeout(Duration::from_secs(5), client.release_job(req))
-                                .await;
+                        let req = JobRequest {
+                            job_id: job,
+                            ..Default::default()
+                        };
+                        let _ = tm_rpc!(release_job, req);
                     }
                     TmCall::CommitFiles(job, r) => {
                         // Renames may take a while on a slow disk: the
@@ -476,24 +478,12 @@ impl JmShared {
                         });
                     }
                     TmCall::OperatorEvent(e) => {
-                        let req = security::authorize(e, secret);
-                        if let Ok(Err(status)) = tokio::time::timeout(
-                            Duration::from_secs(5),
-                            client.send_operator_event(req),
-                        )
-                        .await
-                        {
+                        if let Some(status) = tm_rpc!(send_operator_event, e) {
                             tracing::debug!("operator event to {tm}: {}", status.message());
                         }
                     }
                     TmCall::TriggerCheckpoint(r) => {
-                        let req = security::authorize(r, secret);
-                        if let Ok(Err(status)) = tokio::time::timeout(
-                            Duration::from_secs(5),
-                            client.trigger_checkpoint(req),
-                        )
-                        .await
-                        {
+                        if let Some(status) = tm_rpc!(trigger_checkpoint, r) {
                             tracing::debug!(
                                 "triggering a checkpoint on {tm}: {}",
                                 status.message()
@@ -501,13 +491,7 @@ impl JmShared {
                         }
                     }
                     TmCall::NotifyCheckpoint(r) => {
-                        let req = security::authorize(r, secret);
-                        if let Ok(Err(status)) = tokio::time::timeout(
-                            Duration::from_secs(5),
-                            client.notify_checkpoint(req),
-                        )
-                        .await
-                        {
+                        if let Some(status) = tm_rpc!(notify_checkpoint, r) {
                             tracing::debug!("notifying a checkpoint on {tm}: {}", status.message());
                         }
                     }
@@ -854,8 +838,7 @@ impl JobManager for JmService {
         &self,
         req: Request<crate::rpc::SavepointRequest>,
     ) -> RpcResult<crate::rpc::SavepointResponse> {
-        security::check_request(&self.shared.secret, &req, "TriggerSavepoint")?;
-        let r = req.into_inner();
+        let r = security::authorized(&self.shared.secret, req, "TriggerSavepoint")?;
         let target = (!r.target_directory.is_empty()).then_some(r.target_directory);
         let request_id = self
             .shared
@@ -899,8 +882,7 @@ impl JobManager for JmService {
         &self,
         req: Request<crate::rpc::CheckpointReport>,
     ) -> RpcResult<Ack> {
-        security::check_request(&self.shared.secret, &req, "ReportCheckpoint")?;
-        let r = req.into_inner();
+        let r = security::authorized(&self.shared.secret, req, "ReportCheckpoint")?;
         let mut st = self.shared.state();
         let st = &mut *st;
         let outcome = st
@@ -915,10 +897,9 @@ impl JobManager for JmService {
         &self,
         req: Request<crate::rpc::OperatorEventRequest>,
     ) -> RpcResult<Ack> {
-        security::check_request(&self.shared.secret, &req, "SendOperatorEvent")?;
+        let msg = security::authorized(&self.shared.secret, req, "SendOperatorEvent")?;
         Ok(Response::new(Ack::from_result(
-            self.operator_event(req.into_inner())
-                .map_err(|e| e.to_string()),
+            self.operator_event(msg).map_err(|e| e.to_string()),
         )))
     }
 
@@ -926,10 +907,8 @@ impl JobManager for JmService {
         &self,
         req: Request<RegisterTaskManagerRequest>,
     ) -> RpcResult<RegisterTaskManagerResponse> {
-        security::check_request(&self.shared.secret, &req, "RegisterTaskManager")?;
-        let r = req.into_inner();
-        let channel = crate::lazy_channel(&r.rpc_address)
-            .map_err(|e| Status::invalid_argument(format!("bad RPC address: {e}")))?;
+        let r = security::authorized(&self.shared.secret, req, "RegisterTaskManager")?;
+        let channel = registered_channel(&r.rpc_address)?;
         let client = TaskManagerClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE_SIZE)
             .max_encoding_message_size(MAX_MESSAGE_SIZE);
@@ -972,8 +951,7 @@ impl JobManager for JmService {
     }
 
     async fn heartbeat(&self, req: Request<TaskManagerHeartbeat>) -> RpcResult<HeartbeatResponse> {
-        security::check_request(&self.shared.secret, &req, "Heartbeat")?;
-        let hb = req.into_inner();
+        let hb = security::authorized(&self.shared.secret, req, "Heartbeat")?;
         let mut st = self.shared.state();
         if !st.scheduler.is_registered(&hb.task_manager_id) {
             return Ok(Response::new(HeartbeatResponse { known: false }));
@@ -1002,23 +980,21 @@ impl JobManager for JmService {
     }
 
     async fn update_task_state(&self, req: Request<TaskStateUpdate>) -> RpcResult<Ack> {
-        security::check_request(&self.shared.secret, &req, "UpdateTaskState")?;
-        Ok(Response::new(self.apply_updates(vec![req.into_inner()])))
+        let msg = security::authorized(&self.shared.secret, req, "UpdateTaskState")?;
+        Ok(Response::new(self.apply_updates(vec![msg])))
     }
 
     async fn update_task_states(&self, req: Request<TaskStateUpdates>) -> RpcResult<Ack> {
-        security::check_request(&self.shared.secret, &req, "UpdateTaskStates")?;
-        Ok(Response::new(self.apply_updates(req.into_inner().updates)))
+        let msg = security::authorized(&self.shared.secret, req, "UpdateTaskStates")?;
+        Ok(Response::new(self.apply_updates(msg.updates)))
     }
 
     async fn register_shuffle_service(
         &self,
         req: Request<RegisterShuffleServiceRequest>,
     ) -> RpcResult<Ack> {
-        security::check_request(&self.shared.secret, &req, "RegisterShuffleService")?;
-        let r = req.into_inner();
-        let channel = crate::lazy_channel(&r.rpc_address)
-            .map_err(|e| Status::invalid_argument(format!("bad RPC address: {e}")))?;
+        let r = security::authorized(&self.shared.secret, req, "RegisterShuffleService")?;
+        let channel = registered_channel(&r.rpc_address)?;
         tracing::info!(
             "shuffle service {} registered: host {}, data {}, RPC {}, directory {}",
             r.service_id,
@@ -1047,8 +1023,8 @@ impl JobManager for JmService {
         &self,
         req: Request<ShuffleServiceHeartbeatRequest>,
     ) -> RpcResult<HeartbeatResponse> {
-        security::check_request(&self.shared.secret, &req, "ShuffleServiceHeartbeat")?;
-        let service = req.into_inner().service_id;
+        let msg = security::authorized(&self.shared.secret, req, "ShuffleServiceHeartbeat")?;
+        let service = msg.service_id;
         let mut st = self.shared.state();
         let known = self
             .shared
@@ -1058,8 +1034,7 @@ impl JobManager for JmService {
     }
 
     async fn submit_job(&self, req: Request<SubmitJobRequest>) -> RpcResult<SubmitJobResponse> {
-        security::check_request(&self.shared.secret, &req, "SubmitJob")?;
-        let r = req.into_inner();
+        let r = security::authorized(&self.shared.secret, req, "SubmitJob")?;
         let program: ProgramSpec = serde_json::from_str(&r.program_json)
             .map_err(|e| Status::invalid_argument(format!("bad program: {e}")))?;
         let graph: JobGraph = serde_json::from_str(&r.job_graph_json)
@@ -1319,4 +1294,11 @@ async fn deploy_batch(
     };
     failed.extend(attempts.into_iter().zip(outcomes));
     failed
+}
+
+/// A lazy channel to the RPC address a TaskManager or shuffle service
+/// registered with; a malformed address is the caller's error.
+fn registered_channel(address: &str) -> std::result::Result<Channel, Status> {
+    crate::lazy_channel(address)
+        .map_err(|e| Status::invalid_argument(format!("bad RPC address: {e}")))
 }

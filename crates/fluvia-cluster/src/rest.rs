@@ -206,24 +206,16 @@ fn savepoint_triggered(outcome: fluvia_core::Result<String>) -> Response {
     }
 }
 
-/// `POST /jobs/:id/savepoints` {target-directory, cancel-job}.
-async fn trigger_savepoint(
+/// `POST /jobs/:id/savepoints` {target-directory, cancel-job} (`STOP`
+/// false), or `POST /jobs/:id/stop` {targetDirectory, drain}:
+/// stop-with-savepoint (`STOP` true).
+async fn savepoint<const STOP: bool>(
     State(s): State<Shared>,
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Option<Json<Value>>,
 ) -> Response {
-    savepoint_request(&s, &id, &headers, body, false)
-}
-
-/// `POST /jobs/:id/stop` {targetDirectory, drain}: stop-with-savepoint.
-async fn stop_with_savepoint(
-    State(s): State<Shared>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Option<Json<Value>>,
-) -> Response {
-    savepoint_request(&s, &id, &headers, body, true)
+    savepoint_request(&s, &id, &headers, body, STOP)
 }
 
 /// A savepoint request, as Flink's two endpoints spell their bodies.
@@ -900,10 +892,10 @@ fn api() -> Router<Shared> {
         .route("/jobs/{id}/metrics", get(job_metrics))
         .route(
             "/jobs/{id}/savepoints",
-            axum::routing::post(trigger_savepoint),
+            axum::routing::post(savepoint::<false>),
         )
         .route("/jobs/{id}/savepoints/{trigger}", get(savepoint_status))
-        .route("/jobs/{id}/stop", axum::routing::post(stop_with_savepoint))
+        .route("/jobs/{id}/stop", axum::routing::post(savepoint::<true>))
         .route("/jobs/{id}/checkpoints/config", get(checkpoints_config))
         .route(
             "/jobs/{id}/checkpoints/details/{cid}",

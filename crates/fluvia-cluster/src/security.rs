@@ -51,6 +51,12 @@ pub fn check_request<T>(
     check(expected, presented, what).map_err(Status::unauthenticated)
 }
 
+/// [`check_request`], then the request's message.
+pub fn authorized<T>(expected: &Option<String>, req: Request<T>, what: &str) -> Result<T, Status> {
+    check_request(expected, &req, what)?;
+    Ok(req.into_inner())
+}
+
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

@@ -146,8 +146,7 @@ impl ShuffleService for Service {
     }
 
     async fn release_partitions(&self, req: Request<ReleasePartitionsRequest>) -> RpcResult<Ack> {
-        security::check_request(&self.shared.secret, &req, "ReleasePartitions")?;
-        let r = req.into_inner();
+        let r = security::authorized(&self.shared.secret, req, "ReleasePartitions")?;
         let ids: Vec<ResultPartitionId> = r
             .partitions
             .iter()

@@ -840,9 +840,9 @@ struct TmService {
 #[tonic::async_trait]
 impl TaskManager for TmService {
     async fn deploy_tasks(&self, req: Request<TaskDeploymentsMsg>) -> RpcResult<Acks> {
-        security::check_request(&self.shared.secret, &req, "DeployTasks")?;
+        let msg = security::authorized(&self.shared.secret, req, "DeployTasks")?;
         let shared = Arc::clone(&self.shared);
-        let deployments = req.into_inner().deployments;
+        let deployments = msg.deployments;
         // In order, on one blocking thread: a later task's local channels
         // find the partitions of the earlier ones registered.
         let acks = tokio::task::spawn_blocking(move || {
@@ -860,8 +860,8 @@ impl TaskManager for TmService {
     }
 
     async fn send_operator_event(&self, req: Request<OperatorEventRequest>) -> RpcResult<Ack> {
-        security::check_request(&self.shared.secret, &req, "SendOperatorEvent")?;
-        self.shared.deliver_operator_event(req.into_inner());
+        let msg = security::authorized(&self.shared.secret, req, "SendOperatorEvent")?;
+        self.shared.deliver_operator_event(msg);
         Ok(Response::new(Ack::success()))
     }
 
@@ -869,8 +869,7 @@ impl TaskManager for TmService {
         &self,
         req: Request<crate::rpc::TriggerCheckpointRequest>,
     ) -> RpcResult<Ack> {
-        security::check_request(&self.shared.secret, &req, "TriggerCheckpoint")?;
-        let r = req.into_inner();
+        let r = security::authorized(&self.shared.secret, req, "TriggerCheckpoint")?;
         let a = r.attempt.unwrap_or_default();
         let options = fluvia_network::CheckpointOptions {
             snapshot_type: if r.snapshot_type == 0 {
@@ -908,8 +907,7 @@ impl TaskManager for TmService {
         &self,
         req: Request<crate::rpc::NotifyCheckpointRequest>,
     ) -> RpcResult<Ack> {
-        security::check_request(&self.shared.secret, &req, "NotifyCheckpoint")?;
-        let r = req.into_inner();
+        let r = security::authorized(&self.shared.secret, req, "NotifyCheckpoint")?;
         for a in &r.attempts {
             self.shared.send_task_mail(
                 &r.job_id,
@@ -924,26 +922,25 @@ impl TaskManager for TmService {
     }
 
     async fn cancel_task(&self, req: Request<AttemptRef>) -> RpcResult<Ack> {
-        security::check_request(&self.shared.secret, &req, "CancelTask")?;
-        self.shared.cancel_attempt(&req.into_inner());
+        let msg = security::authorized(&self.shared.secret, req, "CancelTask")?;
+        self.shared.cancel_attempt(&msg);
         Ok(Response::new(Ack::success()))
     }
 
     async fn release_partitions(&self, req: Request<ReleasePartitionsRequest>) -> RpcResult<Ack> {
-        security::check_request(&self.shared.secret, &req, "ReleasePartitions")?;
-        self.shared.release_partitions(&req.into_inner());
+        let msg = security::authorized(&self.shared.secret, req, "ReleasePartitions")?;
+        self.shared.release_partitions(&msg);
         Ok(Response::new(Ack::success()))
     }
 
     async fn release_job(&self, req: Request<JobRequest>) -> RpcResult<Ack> {
-        security::check_request(&self.shared.secret, &req, "ReleaseJob")?;
-        self.shared.release_job(&req.into_inner().job_id);
+        let msg = security::authorized(&self.shared.secret, req, "ReleaseJob")?;
+        self.shared.release_job(&msg.job_id);
         Ok(Response::new(Ack::success()))
     }
 
     async fn commit_files(&self, req: Request<CommitFilesRequest>) -> RpcResult<Ack> {
-        security::check_request(&self.shared.secret, &req, "CommitFiles")?;
-        let r = req.into_inner();
+        let r = security::authorized(&self.shared.secret, req, "CommitFiles")?;
         let shared = Arc::clone(&self.shared);
         let outcome = tokio::task::spawn_blocking(move || shared.commit_files(&r))
             .await

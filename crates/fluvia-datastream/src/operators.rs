@@ -23,81 +23,73 @@ pub use crate::sinks::{
     TwoPhaseCommitSink, TwoPhaseCommitSinkOp,
 };
 
-pub struct MapOp<F>(pub Arc<F>);
+/// The stateless operators wrapping one user function `F`: each
+/// `$record` goes to the function `$f` and its results to `$out` as
+/// `$body` says.
+macro_rules! fn_operators {
+    ($(
+        $(#[$attr:meta])*
+        $name:ident<$($g:ident),+>: OneInputOperator<$t:ident, $o:ident>,
+        F: ($($bound:tt)+),
+        |$f:ident, $record:ident, $out:ident| $body:block
+    )*) => {$(
+        $(#[$attr])*
+        pub struct $name<F>(pub Arc<F>);
 
-impl<T, O, F> OneInputOperator<T, O> for MapOp<F>
-where
-    T: 'static,
-    O: 'static,
-    F: Fn(T) -> O + Send + Sync + 'static,
-{
-    #[inline]
-    fn process_element(&mut self, record: T, out: &mut Collector<'_, O>) -> Result<(), UserError> {
-        out.collect((self.0)(record));
-        Ok(())
-    }
+        impl<$($g,)+ F> OneInputOperator<$t, $o> for $name<F>
+        where
+            $($g: 'static,)+
+            F: $($bound)+ + Send + Sync + 'static,
+        {
+            #[inline]
+            fn process_element(
+                &mut self,
+                $record: $t,
+                $out: &mut Collector<'_, $o>,
+            ) -> Result<(), UserError> {
+                let $f = &*self.0;
+                $body
+            }
+        }
+    )*};
 }
 
-pub struct TryMapOp<F>(pub Arc<F>);
-
-impl<T, O, F> OneInputOperator<T, O> for TryMapOp<F>
-where
-    T: 'static,
-    O: 'static,
-    F: Fn(T) -> Result<O, UserError> + Send + Sync + 'static,
-{
-    #[inline]
-    fn process_element(&mut self, record: T, out: &mut Collector<'_, O>) -> Result<(), UserError> {
-        out.collect((self.0)(record)?);
+fn_operators! {
+    MapOp<T, O>: OneInputOperator<T, O>,
+    F: (Fn(T) -> O),
+    |f, record, out| {
+        out.collect(f(record));
         Ok(())
     }
-}
 
-pub struct FilterOp<F>(pub Arc<F>);
+    TryMapOp<T, O>: OneInputOperator<T, O>,
+    F: (Fn(T) -> Result<O, UserError>),
+    |f, record, out| {
+        out.collect(f(record)?);
+        Ok(())
+    }
 
-impl<T, F> OneInputOperator<T, T> for FilterOp<F>
-where
-    T: 'static,
-    F: Fn(&T) -> bool + Send + Sync + 'static,
-{
-    #[inline]
-    fn process_element(&mut self, record: T, out: &mut Collector<'_, T>) -> Result<(), UserError> {
-        if (self.0)(&record) {
+    FilterOp<T>: OneInputOperator<T, T>,
+    F: (Fn(&T) -> bool),
+    |f, record, out| {
+        if f(&record) {
             out.collect(record);
         }
         Ok(())
     }
-}
 
-pub struct FlatMapOp<F>(pub Arc<F>);
-
-impl<T, O, F> OneInputOperator<T, O> for FlatMapOp<F>
-where
-    T: 'static,
-    O: 'static,
-    F: Fn(T, &mut Collector<'_, O>) + Send + Sync + 'static,
-{
-    #[inline]
-    fn process_element(&mut self, record: T, out: &mut Collector<'_, O>) -> Result<(), UserError> {
-        (self.0)(record, out);
+    FlatMapOp<T, O>: OneInputOperator<T, O>,
+    F: (Fn(T, &mut Collector<'_, O>)),
+    |f, record, out| {
+        f(record, out);
         Ok(())
     }
-}
 
-/// Flink's `ProcessFunction`: each record with a collector that reaches
-/// the main output and the side outputs; an error fails the task.
-pub struct ProcessOp<F>(pub Arc<F>);
-
-impl<T, O, F> OneInputOperator<T, O> for ProcessOp<F>
-where
-    T: 'static,
-    O: 'static,
-    F: Fn(T, &mut Collector<'_, O>) -> Result<(), UserError> + Send + Sync + 'static,
-{
-    #[inline]
-    fn process_element(&mut self, record: T, out: &mut Collector<'_, O>) -> Result<(), UserError> {
-        (self.0)(record, out)
-    }
+    /// Flink's `ProcessFunction`: each record with a collector that reaches
+    /// the main output and the side outputs; an error fails the task.
+    ProcessOp<T, O>: OneInputOperator<T, O>,
+    F: (Fn(T, &mut Collector<'_, O>) -> Result<(), UserError>),
+    |f, record, out| { f(record, out) }
 }
 
 /// The value of each key of a built-in keyed operator (reduce, sum,
@@ -170,6 +162,24 @@ impl<K: StateKey + KeyHash, V: StateData> KeyedValues<K, V> {
     }
 }
 
+/// The state hooks of a keyed operator whose per-key values are its
+/// `values` ([`KeyedValues`]): restored and snapshotted with them.
+macro_rules! keyed_values_state {
+    () => {
+        fn initialize_state(
+            &mut self,
+            ctx: &mut StateInitializationContext,
+        ) -> Result<(), UserError> {
+            self.values.restore(ctx)
+        }
+
+        fn snapshot_state(&mut self, ctx: &mut StateSnapshotContext) -> Result<(), UserError> {
+            self.values.snapshot(ctx);
+            Ok(())
+        }
+    };
+}
+
 /// Keyed reduce. Streaming: emits the new aggregate after every record.
 /// Batch: emits each key's final aggregate once, at the end of input (what
 /// Flink's BATCH mode produces).
@@ -187,14 +197,7 @@ where
     KF: Fn(&T) -> K + Send + Sync + ?Sized + 'static,
     F: Fn(T, T) -> T + Send + Sync + 'static,
 {
-    fn initialize_state(&mut self, ctx: &mut StateInitializationContext) -> Result<(), UserError> {
-        self.values.restore(ctx)
-    }
-
-    fn snapshot_state(&mut self, ctx: &mut StateSnapshotContext) -> Result<(), UserError> {
-        self.values.snapshot(ctx);
-        Ok(())
-    }
+    keyed_values_state!();
 
     fn open(&mut self, ctx: &OperatorContext) -> Result<(), UserError> {
         self.batch = ctx.batch;
@@ -267,14 +270,7 @@ where
         + Sync
         + 'static,
 {
-    fn initialize_state(&mut self, ctx: &mut StateInitializationContext) -> Result<(), UserError> {
-        self.values.restore(ctx)
-    }
-
-    fn snapshot_state(&mut self, ctx: &mut StateSnapshotContext) -> Result<(), UserError> {
-        self.values.snapshot(ctx);
-        Ok(())
-    }
+    keyed_values_state!();
 
     fn open(&mut self, ctx: &OperatorContext) -> Result<(), UserError> {
         self.max_parallelism = ctx.max_parallelism;
@@ -367,42 +363,52 @@ where
     }
 }
 
-pub struct CoMapOp<F1, F2>(pub Arc<F1>, pub Arc<F2>);
+/// The co-operators of connected streams wrapping one user function per
+/// input: a record of input 1 (`A`) goes to the first as `$f`, one of
+/// input 2 (`B`) to the second, each as `$body` says.
+macro_rules! co_fn_operators {
+    ($(
+        $name:ident,
+        F1: ($($bound1:tt)+),
+        F2: ($($bound2:tt)+),
+        |$f:ident, $record:ident, $out:ident| $body:block
+    )*) => {$(
+        pub struct $name<F1, F2>(pub Arc<F1>, pub Arc<F2>);
 
-impl<A, B, O, F1, F2> TwoInputOperator<A, B, O> for CoMapOp<F1, F2>
-where
-    A: 'static,
-    B: 'static,
-    O: 'static,
-    F1: Fn(A) -> O + Send + Sync + 'static,
-    F2: Fn(B) -> O + Send + Sync + 'static,
-{
-    fn process_element1(&mut self, record: A, out: &mut Collector<'_, O>) -> Result<(), UserError> {
-        out.collect((self.0)(record));
-        Ok(())
-    }
-    fn process_element2(&mut self, record: B, out: &mut Collector<'_, O>) -> Result<(), UserError> {
-        out.collect((self.1)(record));
-        Ok(())
-    }
+        impl<A, B, O, F1, F2> TwoInputOperator<A, B, O> for $name<F1, F2>
+        where
+            A: 'static,
+            B: 'static,
+            O: 'static,
+            F1: $($bound1)+ + Send + Sync + 'static,
+            F2: $($bound2)+ + Send + Sync + 'static,
+        {
+            co_fn_operators!(@input process_element1, A, 0, |$f, $record, $out| $body);
+            co_fn_operators!(@input process_element2, B, 1, |$f, $record, $out| $body);
+        }
+    )*};
+    (@input $method:ident, $in:ident, $index:tt, |$f:ident, $record:ident, $out:ident| $body:block) => {
+        fn $method(&mut self, $record: $in, $out: &mut Collector<'_, O>) -> Result<(), UserError> {
+            let $f = &*self.$index;
+            $body
+        }
+    };
 }
 
-pub struct CoFlatMapOp<F1, F2>(pub Arc<F1>, pub Arc<F2>);
-
-impl<A, B, O, F1, F2> TwoInputOperator<A, B, O> for CoFlatMapOp<F1, F2>
-where
-    A: 'static,
-    B: 'static,
-    O: 'static,
-    F1: Fn(A, &mut Collector<'_, O>) + Send + Sync + 'static,
-    F2: Fn(B, &mut Collector<'_, O>) + Send + Sync + 'static,
-{
-    fn process_element1(&mut self, record: A, out: &mut Collector<'_, O>) -> Result<(), UserError> {
-        (self.0)(record, out);
+co_fn_operators! {
+    CoMapOp,
+    F1: (Fn(A) -> O),
+    F2: (Fn(B) -> O),
+    |f, record, out| {
+        out.collect(f(record));
         Ok(())
     }
-    fn process_element2(&mut self, record: B, out: &mut Collector<'_, O>) -> Result<(), UserError> {
-        (self.1)(record, out);
+
+    CoFlatMapOp,
+    F1: (Fn(A, &mut Collector<'_, O>)),
+    F2: (Fn(B, &mut Collector<'_, O>)),
+    |f, record, out| {
+        f(record, out);
         Ok(())
     }
 }

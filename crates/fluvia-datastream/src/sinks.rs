@@ -7,6 +7,19 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+/// A sink's `process_element`: each record goes to the body given, and
+/// nothing is emitted.
+macro_rules! sink_invoke {
+    (|$this:ident, $record:ident: $t:ty| $body:block) => {
+        #[inline]
+        fn process_element(
+            &mut $this,
+            $record: $t,
+            _out: &mut Collector<'_, ()>,
+        ) -> Result<(), UserError> $body
+    };
+}
+
 /// Prints records with `Debug`, prefixed by `subtask> ` when parallel (as
 /// Flink's print sink does).
 pub struct PrintSink {
@@ -21,15 +34,11 @@ impl<T: std::fmt::Debug + 'static> OneInputOperator<T, ()> for PrintSink {
         Ok(())
     }
 
-    fn process_element(
-        &mut self,
-        record: T,
-        _out: &mut Collector<'_, ()>,
-    ) -> Result<(), UserError> {
+    sink_invoke!(|self, record: T| {
         let mut stdout = std::io::stdout().lock();
         writeln!(stdout, "{}{:?}", self.prefix, record)?;
         Ok(())
-    }
+    });
 }
 
 /// Gathers a subtask's records and hands them to the client in the
@@ -47,15 +56,10 @@ impl<T: Data> OneInputOperator<T, ()> for CollectSink<T> {
         Ok(())
     }
 
-    #[inline]
-    fn process_element(
-        &mut self,
-        record: T,
-        _out: &mut Collector<'_, ()>,
-    ) -> Result<(), UserError> {
+    sink_invoke!(|self, record: T| {
         self.local.push(record);
         Ok(())
-    }
+    });
 
     fn end_input(&mut self, _out: &mut Collector<'_, ()>) -> Result<(), UserError> {
         let bytes = bincode::serialize(&self.local)
@@ -549,12 +553,7 @@ impl<T: std::fmt::Display + 'static> OneInputOperator<T, ()> for TextFileSink {
         Ok(())
     }
 
-    #[inline]
-    fn process_element(
-        &mut self,
-        record: T,
-        _out: &mut Collector<'_, ()>,
-    ) -> Result<(), UserError> {
+    sink_invoke!(|self, record: T| {
         if let Some(parts) = &mut self.parts {
             return parts.write(&record);
         }
@@ -563,7 +562,7 @@ impl<T: std::fmt::Display + 'static> OneInputOperator<T, ()> for TextFileSink {
                 .map_err(|e| format!("writing '{}': {e}", self.file.display()))?;
         }
         Ok(())
-    }
+    });
 
     fn snapshot_state(&mut self, ctx: &mut StateSnapshotContext) -> Result<(), UserError> {
         match &mut self.parts {
@@ -598,15 +597,10 @@ impl<T: std::fmt::Display + 'static> OneInputOperator<T, ()> for TextFileSink {
 pub struct DiscardSink;
 
 impl<T: 'static> OneInputOperator<T, ()> for DiscardSink {
-    #[inline]
-    fn process_element(
-        &mut self,
-        record: T,
-        _out: &mut Collector<'_, ()>,
-    ) -> Result<(), UserError> {
+    sink_invoke!(|self, record: T| {
         std::hint::black_box(record);
         Ok(())
-    }
+    });
 }
 
 /// Calls a function per record.
@@ -617,13 +611,7 @@ where
     T: 'static,
     F: Fn(T) -> Result<(), UserError> + Send + Sync + 'static,
 {
-    fn process_element(
-        &mut self,
-        record: T,
-        _out: &mut Collector<'_, ()>,
-    ) -> Result<(), UserError> {
-        (self.0)(record)
-    }
+    sink_invoke!(|self, record: T| { (self.0)(record) });
 }
 
 // ------------------------------------------------------ two-phase commit
@@ -746,17 +734,13 @@ impl<T: 'static, S: TwoPhaseCommitSink<T>> OneInputOperator<T, ()> for TwoPhaseC
         Ok(())
     }
 
-    fn process_element(
-        &mut self,
-        record: T,
-        _out: &mut Collector<'_, ()>,
-    ) -> Result<(), UserError> {
+    sink_invoke!(|self, record: T| {
         self.current()?;
         match &mut self.current {
             Some(txn) => self.sink.write(txn, record),
             None => Err("no transaction to write into".into()),
         }
-    }
+    });
 
     fn snapshot_state(&mut self, ctx: &mut StateSnapshotContext) -> Result<(), UserError> {
         if let Some(mut txn) = self.current.take() {

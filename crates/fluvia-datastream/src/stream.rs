@@ -156,6 +156,15 @@ impl<T> OperatorSettings for DataStream<T> {
     }
 }
 
+/// The methods that send a stream's records on by one partitioner each.
+macro_rules! partitioners {
+    ($($method:ident => $kind:ident),* $(,)?) => {$(
+        pub fn $method(&self) -> DataStream<T> {
+            self.clone().with_partitioner(PartitionerKind::$kind)
+        }
+    )*};
+}
+
 impl<T: Data> DataStream<T> {
     pub(crate) fn from_node(env: StreamExecutionEnvironment, node: StreamNodeId) -> Self {
         DataStream {
@@ -220,9 +229,20 @@ impl<T: Data> DataStream<T> {
         self.one_input(name, Arc::new(factory), None)
     }
 
-    pub fn map<O: Data>(&self, f: impl Fn(T) -> O + Send + Sync + 'static) -> DataStream<O> {
+    /// [`transform`](Self::transform) with the operator `op` makes of the
+    /// user function `f`, which every subtask shares.
+    fn transform_fn<O: Data, F: Send + Sync + 'static, Op: OneInputOperator<T, O>>(
+        &self,
+        name: &str,
+        f: F,
+        op: fn(Arc<F>) -> Op,
+    ) -> DataStream<O> {
         let f = Arc::new(f);
-        self.transform("Map", move |_| MapOp(Arc::clone(&f)))
+        self.transform(name, move |_| op(Arc::clone(&f)))
+    }
+
+    pub fn map<O: Data>(&self, f: impl Fn(T) -> O + Send + Sync + 'static) -> DataStream<O> {
+        self.transform_fn("Map", f, MapOp)
     }
 
     /// Like `map`, but the function may fail; an error fails the job and
@@ -231,21 +251,18 @@ impl<T: Data> DataStream<T> {
         &self,
         f: impl Fn(T) -> Result<O, UserError> + Send + Sync + 'static,
     ) -> DataStream<O> {
-        let f = Arc::new(f);
-        self.transform("Map", move |_| TryMapOp(Arc::clone(&f)))
+        self.transform_fn("Map", f, TryMapOp)
     }
 
     pub fn filter(&self, f: impl Fn(&T) -> bool + Send + Sync + 'static) -> DataStream<T> {
-        let f = Arc::new(f);
-        self.transform("Filter", move |_| FilterOp(Arc::clone(&f)))
+        self.transform_fn("Filter", f, FilterOp)
     }
 
     pub fn flat_map<O: Data>(
         &self,
         f: impl Fn(T, &mut Collector<'_, O>) + Send + Sync + 'static,
     ) -> DataStream<O> {
-        let f = Arc::new(f);
-        self.transform("Flat Map", move |_| FlatMapOp(Arc::clone(&f)))
+        self.transform_fn("Flat Map", f, FlatMapOp)
     }
 
     /// Processes each record (Flink's `ProcessFunction`): emit any number
@@ -255,8 +272,7 @@ impl<T: Data> DataStream<T> {
         &self,
         f: impl Fn(T, &mut Collector<'_, O>) -> Result<(), UserError> + Send + Sync + 'static,
     ) -> DataStream<O> {
-        let f = Arc::new(f);
-        self.transform("Process", move |_| ProcessOp(Arc::clone(&f)))
+        self.transform_fn("Process", f, ProcessOp)
     }
 
     /// Partitions by key: records with equal keys go to the same subtask
@@ -319,23 +335,13 @@ impl<T: Data> DataStream<T> {
         }
     }
 
-    pub fn forward(&self) -> DataStream<T> {
-        self.clone().with_partitioner(PartitionerKind::Forward)
-    }
-    pub fn rebalance(&self) -> DataStream<T> {
-        self.clone().with_partitioner(PartitionerKind::Rebalance)
-    }
-    pub fn rescale(&self) -> DataStream<T> {
-        self.clone().with_partitioner(PartitionerKind::Rescale)
-    }
-    pub fn shuffle(&self) -> DataStream<T> {
-        self.clone().with_partitioner(PartitionerKind::Shuffle)
-    }
-    pub fn broadcast(&self) -> DataStream<T> {
-        self.clone().with_partitioner(PartitionerKind::Broadcast)
-    }
-    pub fn global(&self) -> DataStream<T> {
-        self.clone().with_partitioner(PartitionerKind::Global)
+    partitioners! {
+        forward => Forward,
+        rebalance => Rebalance,
+        rescale => Rescale,
+        shuffle => Shuffle,
+        broadcast => Broadcast,
+        global => Global,
     }
 
     /// `concurrent`: the sink's effects are attempt-private (Flink's
@@ -497,6 +503,22 @@ where
             .one_input(name, factory, Some(self.key_hasher()))
     }
 
+    /// A keyed operator that `make` builds for each subtask, given the
+    /// stream's key function.
+    fn keyed_op<O: Data, Op: OneInputOperator<T, O>>(
+        &self,
+        name: &str,
+        make: impl Fn(&OperatorContext, Arc<dyn Fn(&T) -> K + Send + Sync>) -> Result<Op, UserError>
+        + Send
+        + Sync
+        + 'static,
+    ) -> DataStream<O> {
+        let key = Arc::clone(&self.key);
+        let factory =
+            OneInputFactory::<T, O>::new(move |ctx| Ok(Box::new(make(ctx, Arc::clone(&key))?)));
+        self.keyed(name, Arc::new(factory))
+    }
+
     /// Combines the records of each key. Streaming: emits each new
     /// aggregate; batch: each key's final aggregate at the end.
     pub fn reduce(&self, f: impl Fn(T, T) -> T + Send + Sync + 'static) -> DataStream<T> {
@@ -509,16 +531,15 @@ where
         f: impl Fn(T, T) -> T + Send + Sync + 'static,
     ) -> DataStream<T> {
         let f = Arc::new(f);
-        let key = Arc::clone(&self.key);
-        let factory = OneInputFactory::<T, T>::new(move |ctx| {
-            Ok(Box::new(ReduceOp {
-                key: Arc::clone(&key),
+        self.keyed_op("Keyed Reduce", move |ctx, key| {
+            Ok(ReduceOp {
+                key,
                 reduce: Arc::clone(&f),
                 values: KeyedValues::new(ctx, "reduce")?,
                 batch: false,
-            }))
-        });
-        self.keyed("Keyed Reduce", Arc::new(factory)).name(name)
+            })
+        })
+        .name(name)
     }
 
     /// Running sum of one field per key (Flink's `sum(pos)`): `field` points
@@ -565,18 +586,16 @@ where
         + 'static,
     ) -> DataStream<O> {
         let f = Arc::new(f);
-        let key = Arc::clone(&self.key);
-        let factory = OneInputFactory::<T, O>::new(move |ctx| {
-            Ok(Box::new(KeyedProcessOp {
-                key: Arc::clone(&key),
+        self.keyed_op("KeyedProcess", move |ctx, key| {
+            Ok(KeyedProcessOp {
+                key,
                 f: Arc::clone(&f),
                 values: KeyedValues::<K, S>::new(ctx, "process")?,
                 max_parallelism: 1,
                 subtask_index: 0,
                 key_group_range: (0, 0),
-            }))
-        });
-        self.keyed("KeyedProcess", Arc::new(factory))
+            })
+        })
     }
 }
 

@@ -679,11 +679,13 @@ fn a_side_output_read_as_another_type_fails_naming_the_tag() {
         .name("Split");
     split.get_side_output(&read).discard();
     split.discard();
-    let err = env.execute("mixed types").unwrap_err().to_string();
-    assert!(
-        err.contains("side output 'mixed'") && err.contains("Split"),
-        "{err}"
-    );
+    assert_fails_naming(&env, "mixed types", &["side output 'mixed'", "Split"]);
+}
+
+/// Executing `env` as `job` fails with an error naming every one of `parts`.
+fn assert_fails_naming(env: &StreamExecutionEnvironment, job: &str, parts: &[&str]) {
+    let err = env.execute(job).unwrap_err().to_string();
+    assert!(parts.iter().all(|p| err.contains(p)), "{err}");
 }
 
 #[test]
@@ -725,14 +727,28 @@ fn partitioners_route_as_flink_does() {
     }
 }
 
+/// What a [`Tagger`] keeps of a record.
+trait Tagged: 'static {
+    type Value: 'static;
+    fn value(self) -> Self::Value;
+}
+
+impl Tagged for i64 {
+    type Value = i64;
+    fn value(self) -> i64 {
+        self
+    }
+}
+
+/// Tags each record's value with the subtask it reached.
 struct Tagger(usize);
-impl OneInputOperator<i64, (i64, usize)> for Tagger {
+impl<T: Tagged> OneInputOperator<T, (T::Value, usize)> for Tagger {
     fn process_element(
         &mut self,
-        r: i64,
-        out: &mut Collector<'_, (i64, usize)>,
+        r: T,
+        out: &mut Collector<'_, (T::Value, usize)>,
     ) -> Result<(), UserError> {
-        out.collect((r, self.0));
+        out.collect((r.value(), self.0));
         Ok(())
     }
 }
@@ -846,11 +862,7 @@ fn a_user_error_downstream_cancels_the_whole_job() {
         })
         .name("Check")
         .discard();
-    let err = env.execute("fails").unwrap_err().to_string();
-    assert!(
-        err.contains("operator 'Check'") && err.contains("too large"),
-        "{err}"
-    );
+    assert_fails_naming(&env, "fails", &["operator 'Check'", "too large"]);
 }
 
 #[test]
@@ -893,10 +905,10 @@ fn bad_jobs_are_rejected_before_anything_runs() {
     let env = StreamExecutionEnvironment::new();
     let s = env.from_sequence(1, 10);
     s.union(&[&s]).set_parallelism(2).discard();
-    let err = env.execute("settings on union").unwrap_err().to_string();
-    assert!(
-        err.contains("set_parallelism() applies to an operator"),
-        "{err}"
+    assert_fails_naming(
+        &env,
+        "settings on union",
+        &["set_parallelism() applies to an operator"],
     );
 }
 
@@ -1066,9 +1078,7 @@ fn broadcast_encodes_each_record_once_and_delivers_it_to_every_consumer() {
         let (_, handle) = env
             .from_generator(N, Counted)
             .broadcast()
-            .transform("Tag", |ctx: &OperatorContext| {
-                CountedTagger(ctx.subtask_index)
-            })
+            .transform("Tag", |ctx: &OperatorContext| Tagger(ctx.subtask_index))
             .set_parallelism(3)
             .collect();
         let result = env.execute("broadcast").unwrap();
@@ -1091,15 +1101,10 @@ fn broadcast_encodes_each_record_once_and_delivers_it_to_every_consumer() {
     }
 }
 
-struct CountedTagger(usize);
-impl OneInputOperator<Counted, (u64, usize)> for CountedTagger {
-    fn process_element(
-        &mut self,
-        r: Counted,
-        out: &mut Collector<'_, (u64, usize)>,
-    ) -> Result<(), UserError> {
-        out.collect((r.0, self.0));
-        Ok(())
+impl Tagged for Counted {
+    type Value = u64;
+    fn value(self) -> u64 {
+        self.0
     }
 }
 
@@ -1128,38 +1133,59 @@ fn checkpointed_env(dir: &std::path::Path, parallelism: usize) -> StreamExecutio
     env
 }
 
-/// Chained in front of the text sink: until its own chain hears of a
-/// completed checkpoint (it is told before the sink behind it), no
-/// finished part file of its subtask may exist.
-struct CommitWatcher {
-    dir: PathBuf,
-    subtask: usize,
-    completed: bool,
-    checks_before: Arc<AtomicU64>,
-    /// Checks that saw a finished part while the job ran.
-    seen_committed: Arc<AtomicU64>,
-    violations: Arc<std::sync::Mutex<Vec<String>>>,
+/// A temporary directory, its "out" directory for a text sink and a
+/// checkpointed environment of parallelism 2 writing its state there.
+fn checkpointed_text_job() -> (tempfile::TempDir, PathBuf, StreamExecutionEnvironment) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let env = checkpointed_env(dir.path(), 2);
+    (dir, out, env)
 }
 
-impl OneInputOperator<u64, u64> for CommitWatcher {
+/// Only finished parts are left in `out` and together they hold each of
+/// the records `0..count` once: their names.
+fn finished_parts_hold_every_record_once(out: &std::path::Path, count: u64) -> Vec<String> {
+    let names = file_names(out);
+    assert!(
+        names.iter().all(|n| n.starts_with("part-")),
+        "only finished parts are left: {names:?}"
+    );
+    let mut lines = Vec::new();
+    for name in &names {
+        let text = std::fs::read_to_string(out.join(name)).unwrap();
+        lines.extend(text.lines().map(|l| l.parse::<u64>().unwrap()));
+    }
+    lines.sort();
+    assert_eq!(lines, (0..count).collect::<Vec<u64>>());
+    names
+}
+
+/// Looks at each record a [`Checked`] operator passes on, knowing whether
+/// a checkpoint completed in its chain yet.
+trait RecordCheck: 'static {
+    fn check(&mut self, completed: bool, record: u64) -> Result<(), UserError>;
+}
+
+/// Passes `u64` records on after its check accepted them.
+struct Checked<C> {
+    check: C,
+    completed: bool,
+}
+
+fn checked<C: RecordCheck>(check: C) -> Checked<C> {
+    Checked {
+        check,
+        completed: false,
+    }
+}
+
+impl<C: RecordCheck> OneInputOperator<u64, u64> for Checked<C> {
     fn process_element(
         &mut self,
         record: u64,
         out: &mut Collector<'_, u64>,
     ) -> Result<(), UserError> {
-        if record.is_multiple_of(10) {
-            let prefix = format!("part-{}-", self.subtask);
-            let visible: Vec<String> = file_names(&self.dir)
-                .into_iter()
-                .filter(|n| n.starts_with(&prefix))
-                .collect();
-            if !self.completed {
-                self.checks_before.fetch_add(1, Ordering::SeqCst);
-                self.violations.lock().unwrap().extend(visible);
-            } else if !visible.is_empty() {
-                self.seen_committed.fetch_add(1, Ordering::SeqCst);
-            }
-        }
+        self.check.check(self.completed, record)?;
         out.collect(record);
         Ok(())
     }
@@ -1170,15 +1196,44 @@ impl OneInputOperator<u64, u64> for CommitWatcher {
     }
 }
 
+/// Chained in front of the text sink: until its own chain hears of a
+/// completed checkpoint (it is told before the sink behind it), no
+/// finished part file of its subtask may exist.
+struct CommitWatcher {
+    dir: PathBuf,
+    subtask: usize,
+    checks_before: Arc<AtomicU64>,
+    /// Checks that saw a finished part while the job ran.
+    seen_committed: Arc<AtomicU64>,
+    violations: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl RecordCheck for CommitWatcher {
+    fn check(&mut self, completed: bool, record: u64) -> Result<(), UserError> {
+        if record.is_multiple_of(10) {
+            let prefix = format!("part-{}-", self.subtask);
+            let visible: Vec<String> = file_names(&self.dir)
+                .into_iter()
+                .filter(|n| n.starts_with(&prefix))
+                .collect();
+            if !completed {
+                self.checks_before.fetch_add(1, Ordering::SeqCst);
+                self.violations.lock().unwrap().extend(visible);
+            } else if !visible.is_empty() {
+                self.seen_committed.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        Ok(())
+    }
+}
+
 /// STREAMING with checkpointing: the text sink writes hidden in-progress
 /// part files, and a part gets its final name only when a checkpoint that
 /// recorded it completes; at the end every record is in exactly one
 /// finished part and nothing in progress is left.
 #[test]
 fn streaming_text_sink_commits_part_files_only_when_checkpoints_complete() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
-    let env = checkpointed_env(dir.path(), 2);
+    let (_dir, out, env) = checkpointed_text_job();
     let checks_before = Arc::new(AtomicU64::new(0));
     let seen_committed = Arc::new(AtomicU64::new(0));
     let violations = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -1189,13 +1244,14 @@ fn streaming_text_sink_commits_part_files_only_when_checkpoints_complete() {
     );
     let s = Arc::clone(&seen_committed);
     env.from_generator_with_rate(3000, 2000.0, |i| i)
-        .transform("Watch", move |ctx: &OperatorContext| CommitWatcher {
-            dir: d.clone(),
-            subtask: ctx.subtask_index,
-            completed: false,
-            checks_before: Arc::clone(&c),
-            seen_committed: Arc::clone(&s),
-            violations: Arc::clone(&v),
+        .transform("Watch", move |ctx: &OperatorContext| {
+            checked(CommitWatcher {
+                dir: d.clone(),
+                subtask: ctx.subtask_index,
+                checks_before: Arc::clone(&c),
+                seen_committed: Arc::clone(&s),
+                violations: Arc::clone(&v),
+            })
         })
         .write_as_text(&out);
     env.execute("exactly-once text").unwrap();
@@ -1205,20 +1261,18 @@ fn streaming_text_sink_commits_part_files_only_when_checkpoints_complete() {
     // Parts were committed at checkpoints while the job ran, not only at
     // its end.
     assert!(seen_committed.load(Ordering::SeqCst) > 0);
-    let names = file_names(&out);
-    assert!(
-        names.iter().all(|n| n.starts_with("part-")),
-        "only finished parts are left: {names:?}"
-    );
+    let names = finished_parts_hold_every_record_once(&out, 3000);
     // Rolled at every checkpoint: more parts than subtasks.
     assert!(names.len() > 2, "{names:?}");
-    let mut lines = Vec::new();
-    for name in &names {
-        let text = std::fs::read_to_string(out.join(name)).unwrap();
-        lines.extend(text.lines().map(|l| l.parse::<u64>().unwrap()));
-    }
-    lines.sort();
-    assert_eq!(lines, (0..3000).collect::<Vec<u64>>());
+}
+
+/// The part file `name` in `out` holds `text`.
+fn assert_part(out: &std::path::Path, name: &str, text: &str) {
+    assert_eq!(
+        std::fs::read_to_string(out.join(name)).unwrap(),
+        text,
+        "{name}"
+    );
 }
 
 fn sink_context(subtask: usize, parallelism: usize) -> OperatorContext {
@@ -1297,18 +1351,12 @@ fn text_sink_restore_commits_the_checkpoints_parts_once_and_drops_later_ones() {
     ];
     let restored = start_sink(&out, Some(first.clone()));
     assert_eq!(file_names(&out), expected);
-    assert_eq!(
-        std::fs::read_to_string(out.join("part-1-0")).unwrap(),
-        "a1\na2\n"
-    );
+    assert_part(&out, "part-1-0", "a1\na2\n");
     drop(restored);
     // Restoring from the same checkpoint again changes nothing.
     let mut again = start_sink(&out, Some(first));
     assert_eq!(file_names(&out), expected);
-    assert_eq!(
-        std::fs::read_to_string(out.join("part-1-0")).unwrap(),
-        "a1\na2\n"
-    );
+    assert_part(&out, "part-1-0", "a1\na2\n");
     // The restored subtask goes on numbering after its committed parts,
     // and commits on completion, every earlier checkpoint included.
     write_lines(&mut again, &["d1"]);
@@ -1319,14 +1367,8 @@ fn text_sink_restore_commits_the_checkpoints_parts_once_and_drops_later_ones() {
     write_lines(&mut again, &["e1"]);
     snapshot(&mut again, 4);
     OneInputOperator::<String, ()>::notify_checkpoint_complete(&mut again, 4).unwrap();
-    assert_eq!(
-        std::fs::read_to_string(out.join("part-1-1")).unwrap(),
-        "d1\n"
-    );
-    assert_eq!(
-        std::fs::read_to_string(out.join("part-1-2")).unwrap(),
-        "e1\n"
-    );
+    assert_part(&out, "part-1-1", "d1\n");
+    assert_part(&out, "part-1-2", "e1\n");
     assert!(again.pending_part_files().is_empty());
 }
 
@@ -1526,24 +1568,13 @@ impl SourceOperator<u64> for ReplayableSource {
 /// Fails the job once, after a checkpoint completed in its chain.
 struct FailOnce {
     failed: Arc<std::sync::atomic::AtomicBool>,
-    completed: bool,
 }
 
-impl OneInputOperator<u64, u64> for FailOnce {
-    fn process_element(
-        &mut self,
-        record: u64,
-        out: &mut Collector<'_, u64>,
-    ) -> Result<(), UserError> {
-        if self.completed && record >= 1000 && !self.failed.swap(true, Ordering::SeqCst) {
+impl RecordCheck for FailOnce {
+    fn check(&mut self, completed: bool, record: u64) -> Result<(), UserError> {
+        if completed && record >= 1000 && !self.failed.swap(true, Ordering::SeqCst) {
             return Err("failing once on purpose".into());
         }
-        out.collect(record);
-        Ok(())
-    }
-
-    fn notify_checkpoint_complete(&mut self, _id: u64) -> Result<(), UserError> {
-        self.completed = true;
         Ok(())
     }
 }
@@ -1554,9 +1585,7 @@ impl OneInputOperator<u64, u64> for FailOnce {
 /// part.
 #[test]
 fn streaming_text_sink_writes_every_record_once_across_a_failover() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
-    let env = checkpointed_env(dir.path(), 2);
+    let (_dir, out, env) = checkpointed_text_job();
     env.set_config("restart-strategy.type", "fixed-delay")
         .set_config("restart-strategy.fixed-delay.attempts", "1")
         .set_config("restart-strategy.fixed-delay.delay", "100 ms");
@@ -1570,23 +1599,16 @@ fn streaming_text_sink_writes_every_record_once_across_a_failover() {
             next: 0,
         }
     })
-    .transform("Fail Once", move |_| FailOnce {
-        failed: Arc::clone(&f),
-        completed: false,
+    .transform("Fail Once", move |_| {
+        checked(FailOnce {
+            failed: Arc::clone(&f),
+        })
     })
     .write_as_text(&out);
     env.execute("failover").unwrap();
 
     assert!(failed.load(Ordering::SeqCst), "the job failed over");
-    let names = file_names(&out);
-    assert!(names.iter().all(|n| n.starts_with("part-")), "{names:?}");
-    let mut lines = Vec::new();
-    for name in &names {
-        let text = std::fs::read_to_string(out.join(name)).unwrap();
-        lines.extend(text.lines().map(|l| l.parse::<u64>().unwrap()));
-    }
-    lines.sort();
-    assert_eq!(lines, (0..3000).collect::<Vec<u64>>());
+    finished_parts_hold_every_record_once(&out, 3000);
 }
 
 /// The rolling policy and part-file names of the sink's options: a part
@@ -1611,12 +1633,6 @@ fn text_sink_rolls_parts_by_size_and_names_them_as_configured() {
     assert!(file_names(&out).iter().all(|n| n.starts_with(".events-0-")));
     OneInputOperator::<String, ()>::notify_checkpoint_complete(&mut sink, 1).unwrap();
     assert_eq!(file_names(&out), ["events-0-0.txt", "events-0-1.txt"]);
-    assert_eq!(
-        std::fs::read_to_string(out.join("events-0-0.txt")).unwrap(),
-        "aaa\nbbb\n"
-    );
-    assert_eq!(
-        std::fs::read_to_string(out.join("events-0-1.txt")).unwrap(),
-        "ccc\nd\n"
-    );
+    assert_part(&out, "events-0-0.txt", "aaa\nbbb\n");
+    assert_part(&out, "events-0-1.txt", "ccc\nd\n");
 }

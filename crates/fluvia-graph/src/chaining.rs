@@ -311,10 +311,33 @@ mod tests {
         let a = b.add_operator("A", 1);
         let c = b.add_operator("B", 1);
         let mut edges = [0, 0];
-        edges[0] = b.add_edge(s, a, None, ExchangeMode::Undefined, 0);
-        edges[1] = b.add_edge(a, c, None, ExchangeMode::Undefined, 0);
+        edges[0] = forward(&mut b, s, a);
+        edges[1] = forward(&mut b, a, c);
         tweak(&mut b, [s, a, c], &mut edges);
         b.build().unwrap()
+    }
+
+    /// A builder with a bounded source "Source: s" and operators named
+    /// `names`, of parallelism 1, not connected yet.
+    fn source_and<const N: usize>(
+        names: [&str; N],
+    ) -> (StreamGraphBuilder, StreamNodeId, [StreamNodeId; N]) {
+        let mut b = StreamGraphBuilder::new("job");
+        let s = b.add_source("Source: s", true);
+        let ops = names.map(|name| b.add_operator(name, 1));
+        (b, s, ops)
+    }
+
+    /// An edge of the default partitioner and exchange mode.
+    fn forward(b: &mut StreamGraphBuilder, from: StreamNodeId, to: StreamNodeId) -> usize {
+        b.add_edge(from, to, None, ExchangeMode::Undefined, 0)
+    }
+
+    /// The streaming JobGraph of `g` with the default configuration.
+    fn job_graph(g: &StreamGraph) -> JobGraph {
+        JobGraphGenerator::new(g)
+            .create_job_graph(Configuration::new(), false)
+            .unwrap()
     }
 
     fn first_edge_chainable(g: &StreamGraph) -> bool {
@@ -325,9 +348,7 @@ mod tests {
     fn baseline_is_chainable_and_named_like_flink() {
         let g = line(|_, _, _| {});
         assert!(first_edge_chainable(&g));
-        let jg = JobGraphGenerator::new(&g)
-            .create_job_graph(Configuration::new(), false)
-            .unwrap();
+        let jg = job_graph(&g);
         assert_eq!(jg.vertices.len(), 1);
         assert_eq!(jg.vertices[0].name, "Source: s -> A -> B");
         assert_eq!(jg.vertices[0].operators.len(), 3);
@@ -417,14 +438,12 @@ mod tests {
         let s1 = b.add_source("Source: 1", true);
         let s2 = b.add_source("Source: 2", true);
         let u = b.add_operator("Map", 1);
-        b.add_edge(s1, u, None, ExchangeMode::Undefined, 0);
-        b.add_edge(s2, u, None, ExchangeMode::Undefined, 0);
+        forward(&mut b, s1, u);
+        forward(&mut b, s2, u);
         let g = b.build().unwrap();
         assert!(is_chainable_input(&g.edges[0], &g));
         assert!(!is_chainable(&g.edges[0], &g));
-        let jg = JobGraphGenerator::new(&g)
-            .create_job_graph(Configuration::new(), false)
-            .unwrap();
+        let jg = job_graph(&g);
         assert_eq!(jg.vertices.len(), 3);
         let map = jg.vertices.iter().find(|v| v.name == "Map").unwrap();
         assert_eq!(map.inputs.len(), 2);
@@ -433,35 +452,23 @@ mod tests {
 
     #[test]
     fn several_chained_outputs_are_named_in_parentheses() {
-        let mut b = StreamGraphBuilder::new("job");
-        let s = b.add_source("Source: s", true);
-        let a = b.add_operator("A", 1);
-        let x = b.add_operator("B", 1);
-        let y = b.add_operator("C", 1);
-        let z = b.add_operator("D", 1);
-        b.add_edge(s, a, None, ExchangeMode::Undefined, 0);
-        b.add_edge(a, x, None, ExchangeMode::Undefined, 0);
-        b.add_edge(a, y, None, ExchangeMode::Undefined, 0);
-        b.add_edge(y, z, None, ExchangeMode::Undefined, 0);
+        let (mut b, s, [a, x, y, z]) = source_and(["A", "B", "C", "D"]);
+        forward(&mut b, s, a);
+        forward(&mut b, a, x);
+        forward(&mut b, a, y);
+        forward(&mut b, y, z);
         let g = b.build().unwrap();
-        let jg = JobGraphGenerator::new(&g)
-            .create_job_graph(Configuration::new(), false)
-            .unwrap();
+        let jg = job_graph(&g);
         assert_eq!(jg.vertices.len(), 1);
         assert_eq!(jg.vertices[0].name, "Source: s -> A -> (B, C -> D)");
     }
 
     #[test]
     fn side_output_edges_are_wired_under_their_tag_chained_or_not() {
-        let mut b = StreamGraphBuilder::new("job");
-        let s = b.add_source("Source: s", true);
-        let p = b.add_operator("Process", 1);
-        let main = b.add_operator("Main", 1);
-        let late = b.add_operator("Late", 1);
-        let keyed = b.add_operator("Keyed", 1);
-        b.add_edge(s, p, None, ExchangeMode::Undefined, 0);
-        b.add_edge(p, main, None, ExchangeMode::Undefined, 0);
-        let e = b.add_edge(p, late, None, ExchangeMode::Undefined, 0);
+        let (mut b, s, [p, main, late, keyed]) = source_and(["Process", "Main", "Late", "Keyed"]);
+        forward(&mut b, s, p);
+        forward(&mut b, p, main);
+        let e = forward(&mut b, p, late);
         b.set_output_tag(e, "late");
         let e = b.add_edge(
             p,
@@ -472,9 +479,7 @@ mod tests {
         );
         b.set_output_tag(e, "late");
         let g = b.build().unwrap();
-        let jg = JobGraphGenerator::new(&g)
-            .create_job_graph(Configuration::new(), false)
-            .unwrap();
+        let jg = job_graph(&g);
         let head = &jg.vertices[0];
         let process = &head.operators[1];
         assert_eq!(process.name, "Process");
@@ -506,7 +511,7 @@ mod tests {
         for n in [s, a, r, k] {
             b.set_parallelism(n, 2);
         }
-        b.add_edge(s, a, None, ExchangeMode::Undefined, 0);
+        forward(&mut b, s, a);
         b.add_edge(
             a,
             r,
@@ -514,11 +519,9 @@ mod tests {
             ExchangeMode::Undefined,
             0,
         );
-        b.add_edge(r, k, None, ExchangeMode::Undefined, 0);
+        forward(&mut b, r, k);
         let g = b.build().unwrap();
-        let jg = JobGraphGenerator::new(&g)
-            .create_job_graph(Configuration::new(), false)
-            .unwrap();
+        let jg = job_graph(&g);
         assert_eq!(jg.job_type, JobType::Batch);
         assert_eq!(
             jg.vertices

@@ -36,15 +36,11 @@ pub struct ChainSnapshot {
     deferred: Vec<(usize, crate::state::DeferredKeyedState)>,
 }
 
-impl std::fmt::Debug for ChainSnapshot {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChainSnapshot")
-            .field("checkpoint_id", &self.checkpoint_id)
-            .field("operators", &self.operators)
-            .field("deferred", &self.deferred.len())
-            .finish()
-    }
-}
+debug_fields!(ChainSnapshot, |s| {
+    checkpoint_id: s.checkpoint_id,
+    operators: s.operators,
+    deferred: s.deferred.len(),
+});
 
 impl ChainSnapshot {
     pub fn new(checkpoint_id: u64) -> Self {
@@ -151,13 +147,9 @@ pub struct SubtaskCheckpointCoordinator {
     worker: Option<std::thread::JoinHandle<()>>,
 }
 
-impl std::fmt::Debug for SubtaskCheckpointCoordinator {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SubtaskCheckpointCoordinator")
-            .field("attempt", &self.attempt)
-            .finish()
-    }
-}
+debug_fields!(SubtaskCheckpointCoordinator, |s| {
+    attempt: s.attempt,
+});
 
 impl SubtaskCheckpointCoordinator {
     pub fn new(

@@ -20,6 +20,24 @@
 //! Record types are known only to [`operator`] factories and [`output`]s;
 //! everything below (network, scheduler, graph) sees bytes and ids.
 
+/// `Debug` for a type whose fields are not all `Debug`: its name and the
+/// fields listed, each shown as the value given (of `self`, bound to `$s`).
+macro_rules! debug_fields {
+    ($ty:ident) => {
+        debug_fields!($ty, |_s| {});
+    };
+    ($ty:ident, |$s:ident| { $($field:ident: $value:expr),* $(,)? }) => {
+        impl std::fmt::Debug for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                let $s = self;
+                f.debug_struct(stringify!($ty))
+                    $(.field(stringify!($field), &$value))*
+                    .finish()
+            }
+        }
+    };
+}
+
 pub mod checkpoint;
 pub mod coordinator;
 pub mod input;

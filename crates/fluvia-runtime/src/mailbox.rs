@@ -124,13 +124,9 @@ pub struct Mail {
     kind: MailKind,
 }
 
-impl std::fmt::Debug for Mail {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Mail")
-            .field("description", &self.description)
-            .finish()
-    }
-}
+debug_fields!(Mail, |s| {
+    description: s.description,
+});
 
 impl Mail {
     pub fn new(
@@ -193,13 +189,9 @@ pub struct Mailbox {
     inner: Arc<Inner>,
 }
 
-impl std::fmt::Debug for Mailbox {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Mailbox")
-            .field("pending", &self.inner.pending.load(Ordering::Relaxed))
-            .finish()
-    }
-}
+debug_fields!(Mailbox, |s| {
+    pending: s.inner.pending.load(Ordering::Relaxed),
+});
 
 /// Puts mail into a task's mailbox from any thread.
 #[derive(Clone)]
@@ -207,11 +199,7 @@ pub struct MailboxSender {
     inner: Arc<Inner>,
 }
 
-impl std::fmt::Debug for MailboxSender {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MailboxSender").finish()
-    }
-}
+debug_fields!(MailboxSender);
 
 impl MailboxSender {
     /// Queues `mail` for the task thread. Fails once the task ended (its

@@ -170,11 +170,7 @@ pub struct MetricRegistry {
     groups: Mutex<Vec<Arc<TaskMetricGroup>>>,
 }
 
-impl std::fmt::Debug for MetricRegistry {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MetricRegistry").finish()
-    }
-}
+debug_fields!(MetricRegistry);
 
 impl MetricRegistry {
     pub fn new() -> Self {

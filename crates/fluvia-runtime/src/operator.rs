@@ -286,6 +286,10 @@ macro_rules! lifecycle_hooks {
         fn notify_checkpoint_aborted(&mut self, _id: u64) -> Result<(), UserError> {
             Ok(())
         }
+        /// Called once before processing starts.
+        fn open(&mut self, _ctx: &OperatorContext) -> Result<(), UserError> {
+            Ok(())
+        }
         /// Releases resources, after the last record or on failure.
         fn close(&mut self) -> Result<(), UserError> {
             Ok(())
@@ -304,9 +308,6 @@ macro_rules! lifecycle_hooks {
 /// Only the processing method is required.
 pub trait SourceOperator<OUT>: 'static {
     lifecycle_hooks!();
-    fn open(&mut self, _ctx: &OperatorContext) -> Result<(), UserError> {
-        Ok(())
-    }
     fn poll_next(&mut self, out: &mut Collector<'_, OUT>) -> Result<SourceStatus, UserError>;
     /// An event from this source's coordinator (FLIP-27: splits to read).
     fn handle_operator_event(&mut self, _event: &[u8]) -> Result<(), UserError> {
@@ -317,9 +318,6 @@ pub trait SourceOperator<OUT>: 'static {
 /// An operator with one input (lifecycle as [`SourceOperator`]'s).
 pub trait OneInputOperator<IN, OUT>: 'static {
     lifecycle_hooks!(with_input);
-    fn open(&mut self, _ctx: &OperatorContext) -> Result<(), UserError> {
-        Ok(())
-    }
     fn process_element(
         &mut self,
         record: IN,
@@ -335,9 +333,6 @@ pub trait OneInputOperator<IN, OUT>: 'static {
 /// [`SourceOperator`]'s). Its watermark is the minimum of its inputs'.
 pub trait TwoInputOperator<IN1, IN2, OUT>: 'static {
     lifecycle_hooks!(with_input);
-    fn open(&mut self, _ctx: &OperatorContext) -> Result<(), UserError> {
-        Ok(())
-    }
     fn process_element1(
         &mut self,
         record: IN1,
@@ -921,6 +916,41 @@ macro_rules! start_operator {
     }};
 }
 
+/// The [`OperatorFactory`] of a typed factory: `create` without side
+/// outputs, `output_type` from `OUT`, and `create_with_side_outputs` making
+/// the operator and wrapping it, with its output, side outputs and context,
+/// into the instance `$instance` builds.
+macro_rules! typed_factory {
+    (
+        impl<$($g:ident),+> $factory:ty => $out_ty:ident;
+        |$op:ident, $out:ident, $side:ident, $ctx:ident| $instance:expr
+        $(; $extra:item)*
+    ) => {
+        impl<$($g: Data),+> OperatorFactory for $factory {
+            fn create(&self, ctx: &OperatorContext, output: AnyOutput) -> Result<OperatorInstance> {
+                self.create_with_side_outputs(ctx, output, SideOutputs::default())
+            }
+
+            fn create_with_side_outputs(
+                &self,
+                $ctx: &OperatorContext,
+                output: AnyOutput,
+                $side: SideOutputs,
+            ) -> Result<OperatorInstance> {
+                let $out = downcast_output::<$out_ty>(output)?;
+                let $op = start_operator!(self.make, $ctx);
+                Ok($instance)
+            }
+
+            fn output_type(&self) -> Arc<dyn RecordType> {
+                record_type::<$out_ty>()
+            }
+
+            $($extra)*
+        }
+    };
+}
+
 /// Factory of a source emitting `OUT`.
 pub struct SourceFactory<OUT> {
     make: MakeSource<OUT>,
@@ -946,33 +976,16 @@ impl<OUT: Data> SourceFactory<OUT> {
     }
 }
 
-impl<OUT: Data> OperatorFactory for SourceFactory<OUT> {
-    fn create(&self, ctx: &OperatorContext, output: AnyOutput) -> Result<OperatorInstance> {
-        self.create_with_side_outputs(ctx, output, SideOutputs::default())
-    }
-
-    fn create_with_side_outputs(
-        &self,
-        ctx: &OperatorContext,
-        output: AnyOutput,
-        side: SideOutputs,
-    ) -> Result<OperatorInstance> {
-        let out = downcast_output::<OUT>(output)?;
-        let op = start_operator!(self.make, ctx);
-        Ok(OperatorInstance::Source(Box::new(SourceDriverImpl {
-            op,
-            out,
-            side,
-            ctx: ctx.clone(),
-            stopping_at: None,
-            stopped: false,
-        })))
-    }
-
-    fn output_type(&self) -> Arc<dyn RecordType> {
-        record_type::<OUT>()
-    }
-
+typed_factory! {
+    impl<OUT> SourceFactory<OUT> => OUT;
+    |op, out, side, ctx| OperatorInstance::Source(Box::new(SourceDriverImpl {
+        op,
+        out,
+        side,
+        ctx: ctx.clone(),
+        stopping_at: None,
+        stopped: false,
+    }));
     fn validate(&self) -> Result<()> {
         self.validate.as_ref().map_or(Ok(()), |v| v())
     }
@@ -996,33 +1009,19 @@ impl<IN: Data, OUT: Data> OneInputFactory<IN, OUT> {
     }
 }
 
-impl<IN: Data, OUT: Data> OperatorFactory for OneInputFactory<IN, OUT> {
-    fn create(&self, ctx: &OperatorContext, output: AnyOutput) -> Result<OperatorInstance> {
-        self.create_with_side_outputs(ctx, output, SideOutputs::default())
-    }
-
-    fn create_with_side_outputs(
-        &self,
-        ctx: &OperatorContext,
-        output: AnyOutput,
-        side: SideOutputs,
-    ) -> Result<OperatorInstance> {
-        let out = downcast_output::<OUT>(output)?;
-        let op = start_operator!(self.make, ctx);
+typed_factory! {
+    impl<IN, OUT> OneInputFactory<IN, OUT> => OUT;
+    |op, out, side, ctx| {
         let driver: Box<dyn Output<IN>> = Box::new(OneInputDriver {
             op,
             out,
             side,
             ctx: ctx.clone(),
         });
-        Ok(OperatorInstance::OneInput {
+        OperatorInstance::OneInput {
             input: Box::new(driver),
             input_type: record_type::<IN>(),
-        })
-    }
-
-    fn output_type(&self) -> Arc<dyn RecordType> {
-        record_type::<OUT>()
+        }
     }
 }
 
@@ -1044,31 +1043,15 @@ impl<IN1: Data, IN2: Data, OUT: Data> TwoInputFactory<IN1, IN2, OUT> {
     }
 }
 
-impl<IN1: Data, IN2: Data, OUT: Data> OperatorFactory for TwoInputFactory<IN1, IN2, OUT> {
-    fn create(&self, ctx: &OperatorContext, output: AnyOutput) -> Result<OperatorInstance> {
-        self.create_with_side_outputs(ctx, output, SideOutputs::default())
-    }
-
-    fn create_with_side_outputs(
-        &self,
-        ctx: &OperatorContext,
-        output: AnyOutput,
-        side: SideOutputs,
-    ) -> Result<OperatorInstance> {
-        let out = downcast_output::<OUT>(output)?;
-        let op = start_operator!(self.make, ctx);
-        Ok(OperatorInstance::TwoInput(Box::new(TwoInputDriver {
-            op,
-            out,
-            side,
-            ctx: ctx.clone(),
-            ended: [false, false],
-        })))
-    }
-
-    fn output_type(&self) -> Arc<dyn RecordType> {
-        record_type::<OUT>()
-    }
+typed_factory! {
+    impl<IN1, IN2, OUT> TwoInputFactory<IN1, IN2, OUT> => OUT;
+    |op, out, side, ctx| OperatorInstance::TwoInput(Box::new(TwoInputDriver {
+        op,
+        out,
+        side,
+        ctx: ctx.clone(),
+        ended: [false, false],
+    }))
 }
 
 #[cfg(test)]

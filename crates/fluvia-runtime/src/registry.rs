@@ -21,14 +21,10 @@ pub struct OperatorRegistry {
     side_output_types: BTreeMap<(StreamNodeId, String), Arc<dyn RecordType>>,
 }
 
-impl std::fmt::Debug for OperatorRegistry {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OperatorRegistry")
-            .field("operators", &self.factories.len())
-            .field("edge_data", &self.edge_data.len())
-            .finish()
-    }
-}
+debug_fields!(OperatorRegistry, |s| {
+    operators: s.factories.len(),
+    edge_data: s.edge_data.len(),
+});
 
 impl OperatorRegistry {
     pub fn new() -> Self {

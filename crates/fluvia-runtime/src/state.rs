@@ -68,15 +68,11 @@ pub struct StateSnapshotContext {
     pub(crate) deferred_keyed: Option<DeferredKeyedState>,
 }
 
-impl std::fmt::Debug for StateSnapshotContext {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StateSnapshotContext")
-            .field("checkpoint_id", &self.checkpoint_id)
-            .field("snapshot", &self.snapshot)
-            .field("deferred_keyed", &self.deferred_keyed.is_some())
-            .finish()
-    }
-}
+debug_fields!(StateSnapshotContext, |s| {
+    checkpoint_id: s.checkpoint_id,
+    snapshot: s.snapshot,
+    deferred_keyed: s.deferred_keyed.is_some(),
+});
 
 impl StateSnapshotContext {
     /// Writes the keyed state of a backend: `snapshot` is frozen now (the

@@ -344,19 +344,11 @@ fn run_task(d: &TaskDeployment, staged: &crate::operator::StagedFiles) -> Result
         }
         OperatorInstance::OneInput { input, input_type } => {
             let mut head = input_type.network_input(input)?;
-            let mut input = ChainInput {
-                head: &mut *head,
-                writers: &builder.writers,
-                checkpoints: checkpoints.as_mut(),
-            };
+            let mut input = ChainInput::new(&mut *head, &builder.writers, checkpoints.as_mut());
             run_input_loop(d, &mut input, &mut metrics)?;
         }
         OperatorInstance::TwoInput(mut head) => {
-            let mut input = ChainInput {
-                head: &mut *head,
-                writers: &builder.writers,
-                checkpoints: checkpoints.as_mut(),
-            };
+            let mut input = ChainInput::new(&mut *head, &builder.writers, checkpoints.as_mut());
             run_input_loop(d, &mut input, &mut metrics)?;
         }
         OperatorInstance::Driver(mut driver) => {
@@ -477,7 +469,19 @@ struct ChainInput<'a> {
     checkpoints: Option<&'a mut SubtaskCheckpointCoordinator>,
 }
 
-impl ChainInput<'_> {
+impl<'a> ChainInput<'a> {
+    fn new(
+        head: &'a mut dyn NetworkInput,
+        writers: &'a [Rc<RefCell<PartitionWriter>>],
+        checkpoints: Option<&'a mut SubtaskCheckpointCoordinator>,
+    ) -> Self {
+        ChainInput {
+            head,
+            writers,
+            checkpoints,
+        }
+    }
+
     fn on_mail(&mut self, mail: TaskMail) -> Result<()> {
         match mail {
             TaskMail::NotifyCheckpoint { id, complete } => {

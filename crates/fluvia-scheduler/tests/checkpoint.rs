@@ -49,6 +49,14 @@ fn config(interval_ms: u64) -> CheckpointConfig {
     }
 }
 
+/// `config(100)` tolerating `n` continuous checkpoint failures.
+fn tolerating(n: u32) -> CheckpointConfig {
+    CheckpointConfig {
+        tolerable_failed: Some(n),
+        ..config(100)
+    }
+}
+
 fn coordinator(config: CheckpointConfig, plan: TasksPlan) -> CheckpointCoordinator {
     CheckpointCoordinator::new(config, JOB, plan).unwrap()
 }
@@ -58,6 +66,72 @@ fn start_all(c: &mut CheckpointCoordinator, now: u64, attempt: u32) {
     for task in tasks {
         c.handle(now, E::TaskRunning { task, attempt });
     }
+}
+
+/// The coordinator of `config` and `plan` with every task running (attempt 0).
+fn started(config: CheckpointConfig, plan: TasksPlan) -> CheckpointCoordinator {
+    let mut c = coordinator(config, plan);
+    start_all(&mut c, 0, 0);
+    c
+}
+
+/// A task declines `checkpoint_id` (`CheckpointDeclined`).
+fn decline(checkpoint_id: u64, task: TaskId, attempt: u32, message: &str) -> E {
+    decline_for(
+        CheckpointFailureReason::CheckpointDeclined,
+        checkpoint_id,
+        task,
+        attempt,
+        message,
+    )
+}
+
+fn decline_for(
+    reason: CheckpointFailureReason,
+    checkpoint_id: u64,
+    task: TaskId,
+    attempt: u32,
+    message: &str,
+) -> E {
+    E::Decline {
+        checkpoint_id,
+        task,
+        attempt,
+        reason,
+        message: message.into(),
+    }
+}
+
+fn savepoint(request_id: &str, target_dir: Option<&str>, kind: SavepointKind) -> E {
+    E::TriggerSavepoint {
+        request_id: request_id.into(),
+        target_dir: target_dir.map(Into::into),
+        kind,
+    }
+}
+
+fn finished(task: TaskId) -> E {
+    E::TaskFinished { task, attempt: 0 }
+}
+
+fn failed(task: TaskId, attempt: u32, reason: &str) -> E {
+    E::TaskFailed {
+        task,
+        attempt,
+        reason: reason.into(),
+    }
+}
+
+fn attempt0(task: TaskId) -> TaskAttempt {
+    TaskAttempt { task, attempt: 0 }
+}
+
+/// The checkpoint of the one `WriteMetadata` action `out` must be.
+fn write_metadata(out: &[A]) -> &CompletedCheckpoint {
+    let [A::WriteMetadata { checkpoint }] = out else {
+        panic!("{out:?}")
+    };
+    checkpoint
 }
 
 fn snapshot(id: u64, task: TaskId) -> TaskStateSnapshot {
@@ -88,14 +162,21 @@ fn snapshot(id: u64, task: TaskId) -> TaskStateSnapshot {
     }
 }
 
+/// The checkpoint ids of the `$variant` actions among `$actions`.
+macro_rules! checkpoint_ids {
+    ($actions:expr, $variant:ident) => {
+        $actions
+            .iter()
+            .filter_map(|a| match a {
+                A::$variant { checkpoint_id, .. } => Some(*checkpoint_id),
+                _ => None,
+            })
+            .collect()
+    };
+}
+
 fn triggered(actions: &[A]) -> Vec<u64> {
-    actions
-        .iter()
-        .filter_map(|a| match a {
-            A::TriggerCheckpoint { checkpoint_id, .. } => Some(*checkpoint_id),
-            _ => None,
-        })
-        .collect()
+    checkpoint_ids!(actions, TriggerCheckpoint)
 }
 
 fn ack(c: &mut CheckpointCoordinator, now: u64, id: u64, task: TaskId, attempt: u32) -> Vec<A> {
@@ -137,22 +218,21 @@ fn written(c: &mut CheckpointCoordinator, now: u64, id: u64) -> Vec<A> {
     )
 }
 
+/// The id of the checkpoint a tick at `now` triggers (one must be).
+fn tick_trigger(c: &mut CheckpointCoordinator, now: u64) -> u64 {
+    *triggered(&c.handle(now, E::Tick)).first().unwrap()
+}
+
 /// Trigger on a tick, ack, write: the id.
 fn run_checkpoint(c: &mut CheckpointCoordinator, now: u64) -> u64 {
-    let id = *triggered(&c.handle(now, E::Tick)).first().unwrap();
+    let id = tick_trigger(c, now);
     ack_all(c, now, id);
     written(c, now, id);
     id
 }
 
 fn discarded_checkpoints(actions: &[A]) -> Vec<u64> {
-    actions
-        .iter()
-        .filter_map(|a| match a {
-            A::DiscardCheckpoint { checkpoint_id, .. } => Some(*checkpoint_id),
-            _ => None,
-        })
-        .collect()
+    checkpoint_ids!(actions, DiscardCheckpoint)
 }
 
 fn fail_job(actions: &[A]) -> bool {
@@ -203,16 +283,7 @@ fn triggers_on_the_interval_only_when_every_task_runs() {
     // Only the sources are triggered.
     assert_eq!(
         tasks,
-        &vec![
-            TaskAttempt {
-                task: TaskId::new(0, 0),
-                attempt: 0
-            },
-            TaskAttempt {
-                task: TaskId::new(0, 1),
-                attempt: 0
-            },
-        ]
+        &vec![attempt0(TaskId::new(0, 0)), attempt0(TaskId::new(0, 1)),]
     );
     assert_eq!(c.num_pending(), 1);
 }
@@ -221,8 +292,7 @@ fn triggers_on_the_interval_only_when_every_task_runs() {
 fn barrier_options_follow_the_mode() {
     let mut cfg = config(100);
     cfg.mode = CheckpointingMode::AtLeastOnce;
-    let mut c = coordinator(cfg, pipeline());
-    start_all(&mut c, 0, 0);
+    let mut c = started(cfg, pipeline());
     let out = c.handle(100, E::Tick);
     assert!(matches!(&out[0], A::TriggerCheckpoint { options, .. }
         if options.alignment == AlignmentType::AtLeastOnce));
@@ -230,8 +300,7 @@ fn barrier_options_follow_the_mode() {
     let mut cfg = config(100);
     cfg.unaligned = true;
     cfg.aligned_checkpoint_timeout = Duration::from_millis(30);
-    let mut c = coordinator(cfg, pipeline());
-    start_all(&mut c, 0, 0);
+    let mut c = started(cfg, pipeline());
     let out = c.handle(100, E::Tick);
     assert!(matches!(&out[0], A::TriggerCheckpoint { options, .. }
         if options.alignment == AlignmentType::Aligned
@@ -240,8 +309,7 @@ fn barrier_options_follow_the_mode() {
 
 #[test]
 fn no_interval_means_no_periodic_checkpoints() {
-    let mut c = coordinator(CheckpointConfig::default(), pipeline());
-    start_all(&mut c, 0, 0);
+    let mut c = started(CheckpointConfig::default(), pipeline());
     assert!(triggered(&c.handle(1_000_000, E::Tick)).is_empty());
     assert_eq!(c.next_deadline(), None);
 }
@@ -250,9 +318,8 @@ fn no_interval_means_no_periodic_checkpoints() {
 fn min_pause_counts_from_the_last_completion() {
     let mut cfg = config(100);
     cfg.min_pause = Duration::from_millis(250);
-    let mut c = coordinator(cfg, pipeline());
-    start_all(&mut c, 0, 0);
-    let id = *triggered(&c.handle(100, E::Tick)).first().unwrap();
+    let mut c = started(cfg, pipeline());
+    let id = tick_trigger(&mut c, 100);
     ack_all(&mut c, 180, id);
     written(&mut c, 190, id);
     // Due at 200, but the pause lasts until 440.
@@ -267,8 +334,7 @@ fn min_pause_implies_one_checkpoint_at_a_time() {
     let mut cfg = config(100);
     cfg.min_pause = Duration::from_millis(10);
     cfg.max_concurrent = 3;
-    let mut c = coordinator(cfg, pipeline());
-    start_all(&mut c, 0, 0);
+    let mut c = started(cfg, pipeline());
     assert_eq!(triggered(&c.handle(100, E::Tick)), vec![1]);
     assert!(triggered(&c.handle(200, E::Tick)).is_empty());
 }
@@ -277,8 +343,7 @@ fn min_pause_implies_one_checkpoint_at_a_time() {
 fn max_concurrent_holds_the_periodic_trigger_back() {
     let mut cfg = config(100);
     cfg.max_concurrent = 2;
-    let mut c = coordinator(cfg, pipeline());
-    start_all(&mut c, 0, 0);
+    let mut c = started(cfg, pipeline());
     assert_eq!(triggered(&c.handle(100, E::Tick)), vec![1]);
     assert_eq!(triggered(&c.handle(200, E::Tick)), vec![2]);
     assert!(triggered(&c.handle(300, E::Tick)).is_empty());
@@ -302,17 +367,14 @@ fn max_concurrent_holds_the_periodic_trigger_back() {
 
 #[test]
 fn completes_only_after_every_ack_and_the_metadata() {
-    let mut c = coordinator(config(100), pipeline());
-    start_all(&mut c, 0, 0);
-    let id = *triggered(&c.handle(100, E::Tick)).first().unwrap();
+    let mut c = started(config(100), pipeline());
+    let id = tick_trigger(&mut c, 100);
     let tasks: Vec<TaskId> = c.plan().tasks().collect();
     for t in &tasks[..4] {
         assert!(ack(&mut c, 110, id, *t, 0).is_empty());
     }
     let out = ack(&mut c, 120, id, tasks[4], 0);
-    let [A::WriteMetadata { checkpoint }] = out.as_slice() else {
-        panic!("{out:?}")
-    };
+    let checkpoint = write_metadata(&out);
     assert_eq!(checkpoint.checkpoint_id, id);
     assert_eq!(
         checkpoint.external_path.as_deref(),
@@ -372,12 +434,11 @@ fn completes_only_after_every_ack_and_the_metadata() {
 fn num_retained_subsumes_the_oldest_and_discards_it_once() {
     let mut cfg = config(100);
     cfg.num_retained = 2;
-    let mut c = coordinator(cfg, pipeline());
-    start_all(&mut c, 0, 0);
+    let mut c = started(cfg, pipeline());
     let mut discarded = Vec::new();
     for round in 1..=4u64 {
         let now = round * 100;
-        let id = *triggered(&c.handle(now, E::Tick)).first().unwrap();
+        let id = tick_trigger(&mut c, now);
         ack_all(&mut c, now + 10, id);
         let out = written(&mut c, now + 20, id);
         discarded.extend(discarded_checkpoints(&out));
@@ -406,22 +467,10 @@ fn num_retained_subsumes_the_oldest_and_discards_it_once() {
 
 #[test]
 fn decline_aborts_and_notifies() {
-    let mut cfg = config(100);
-    cfg.tolerable_failed = Some(5);
-    let mut c = coordinator(cfg, pipeline());
-    start_all(&mut c, 0, 0);
-    let id = *triggered(&c.handle(100, E::Tick)).first().unwrap();
+    let mut c = started(tolerating(5), pipeline());
+    let id = tick_trigger(&mut c, 100);
     ack(&mut c, 110, id, TaskId::new(0, 0), 0);
-    let out = c.handle(
-        120,
-        E::Decline {
-            checkpoint_id: id,
-            task: TaskId::new(1, 1),
-            attempt: 0,
-            reason: CheckpointFailureReason::CheckpointDeclined,
-            message: "disk full".into(),
-        },
-    );
+    let out = c.handle(120, decline(id, TaskId::new(1, 1), 0, "disk full"));
     assert_eq!(c.num_pending(), 0);
     let notified = out.iter().find_map(|a| match a {
         A::NotifyCheckpointAborted {
@@ -446,12 +495,10 @@ fn decline_aborts_and_notifies() {
 
 #[test]
 fn expiry_aborts_with_flinks_message() {
-    let mut cfg = config(100);
+    let mut cfg = tolerating(10);
     cfg.timeout = Duration::from_millis(1_000);
-    cfg.tolerable_failed = Some(10);
-    let mut c = coordinator(cfg, pipeline());
-    start_all(&mut c, 0, 0);
-    let id = *triggered(&c.handle(100, E::Tick)).first().unwrap();
+    let mut c = started(cfg, pipeline());
+    let id = tick_trigger(&mut c, 100);
     assert_eq!(c.next_deadline(), Some(1_100));
     assert!(c.handle(1_099, E::Tick).is_empty());
     let out = c.handle(1_100, E::Tick);
@@ -472,11 +519,9 @@ fn expiry_aborts_with_flinks_message() {
 
 #[test]
 fn failures_beyond_the_tolerable_count_fail_the_job() {
-    let mut cfg = config(100);
+    let mut cfg = tolerating(1);
     cfg.timeout = Duration::from_millis(50);
-    cfg.tolerable_failed = Some(1);
-    let mut c = coordinator(cfg, pipeline());
-    start_all(&mut c, 0, 0);
+    let mut c = started(cfg, pipeline());
     assert_eq!(triggered(&c.handle(100, E::Tick)), vec![1]);
     let out = c.handle(150, E::Tick);
     assert!(!fail_job(&out));
@@ -504,27 +549,25 @@ fn failures_beyond_the_tolerable_count_fail_the_job() {
 fn default_tolerates_no_failure() {
     let mut cfg = config(100);
     cfg.timeout = Duration::from_millis(50);
-    let mut c = coordinator(cfg, pipeline());
-    start_all(&mut c, 0, 0);
+    let mut c = started(cfg, pipeline());
     c.handle(100, E::Tick);
     assert!(fail_job(&c.handle(150, E::Tick)));
 }
 
 #[test]
 fn declines_of_tasks_not_ready_are_not_counted() {
-    let mut c = coordinator(config(100), pipeline());
-    start_all(&mut c, 0, 0);
+    let mut c = started(config(100), pipeline());
     for round in 1..=3u64 {
         let id = *triggered(&c.handle(round * 100, E::Tick)).first().unwrap();
         let out = c.handle(
             round * 100 + 1,
-            E::Decline {
-                checkpoint_id: id,
-                task: TaskId::new(0, 0),
-                attempt: 0,
-                reason: CheckpointFailureReason::CheckpointDeclinedTaskNotReady,
-                message: "restoring".into(),
-            },
+            decline_for(
+                CheckpointFailureReason::CheckpointDeclinedTaskNotReady,
+                id,
+                TaskId::new(0, 0),
+                0,
+                "restoring",
+            ),
         );
         assert!(!fail_job(&out));
     }
@@ -533,11 +576,8 @@ fn declines_of_tasks_not_ready_are_not_counted() {
 
 #[test]
 fn metadata_failure_aborts_and_counts() {
-    let mut cfg = config(100);
-    cfg.tolerable_failed = Some(3);
-    let mut c = coordinator(cfg, pipeline());
-    start_all(&mut c, 0, 0);
-    let id = *triggered(&c.handle(100, E::Tick)).first().unwrap();
+    let mut c = started(tolerating(3), pipeline());
+    let id = tick_trigger(&mut c, 100);
     ack_all(&mut c, 110, id);
     let out = c.handle(
         120,
@@ -565,12 +605,10 @@ fn metadata_failure_aborts_and_counts() {
 
 #[test]
 fn late_duplicate_and_stale_acks_are_ignored() {
-    let mut cfg = config(100);
+    let mut cfg = tolerating(10);
     cfg.max_concurrent = 2;
-    cfg.tolerable_failed = Some(10);
-    let mut c = coordinator(cfg, pipeline());
-    start_all(&mut c, 0, 0);
-    let one = *triggered(&c.handle(100, E::Tick)).first().unwrap();
+    let mut c = started(cfg, pipeline());
+    let one = tick_trigger(&mut c, 100);
     // Stale attempt: ignored, its state dropped.
     let out = ack(&mut c, 110, one, TaskId::new(0, 0), 7);
     assert!(matches!(out.as_slice(), [A::DiscardState { .. }]));
@@ -579,28 +617,10 @@ fn late_duplicate_and_stale_acks_are_ignored() {
     assert!(ack(&mut c, 112, one, TaskId::new(0, 1), 0).is_empty());
     assert_eq!(c.pending().next().unwrap().num_acknowledged(), 1);
     // Declined by a stale attempt: ignored.
-    c.handle(
-        113,
-        E::Decline {
-            checkpoint_id: one,
-            task: TaskId::new(1, 0),
-            attempt: 3,
-            reason: CheckpointFailureReason::CheckpointDeclined,
-            message: "old".into(),
-        },
-    );
+    c.handle(113, decline(one, TaskId::new(1, 0), 3, "old"));
     assert_eq!(c.num_pending(), 1);
     // Aborted, then acknowledged late: the state is discarded.
-    c.handle(
-        120,
-        E::Decline {
-            checkpoint_id: one,
-            task: TaskId::new(1, 0),
-            attempt: 0,
-            reason: CheckpointFailureReason::CheckpointDeclined,
-            message: "x".into(),
-        },
-    );
+    c.handle(120, decline(one, TaskId::new(1, 0), 0, "x"));
     let out = ack(&mut c, 130, one, TaskId::new(2, 0), 0);
     assert!(
         matches!(out.as_slice(), [A::DiscardState { checkpoint_id, .. }] if *checkpoint_id == one)
@@ -619,21 +639,13 @@ fn late_duplicate_and_stale_acks_are_ignored() {
 fn task_failure_aborts_pending_and_recovery_uses_the_latest_completed() {
     let mut cfg = config(100);
     cfg.max_concurrent = 2;
-    let mut c = coordinator(cfg, pipeline());
-    start_all(&mut c, 0, 0);
+    let mut c = started(cfg, pipeline());
     let first = run_checkpoint(&mut c, 100);
-    let p1 = *triggered(&c.handle(200, E::Tick)).first().unwrap();
-    let p2 = *triggered(&c.handle(300, E::Tick)).first().unwrap();
+    let p1 = tick_trigger(&mut c, 200);
+    let p2 = tick_trigger(&mut c, 300);
     ack_all(&mut c, 310, p2); // finalizing: aborted too
     ack(&mut c, 210, p1, TaskId::new(0, 0), 0);
-    let out = c.handle(
-        320,
-        E::TaskFailed {
-            task: TaskId::new(1, 0),
-            attempt: 0,
-            reason: "boom".into(),
-        },
-    );
+    let out = c.handle(320, failed(TaskId::new(1, 0), 0, "boom"));
     assert_eq!(c.num_pending(), 0);
     // Not counted, nobody notified (the tasks restart anyway).
     assert!(!fail_job(&out));
@@ -660,19 +672,12 @@ fn task_failure_aborts_pending_and_recovery_uses_the_latest_completed() {
             attempt: 1,
         },
     );
-    c.handle(
-        1_001,
-        E::TaskFailed {
-            task: TaskId::new(1, 0),
-            attempt: 0,
-            reason: "late".into(),
-        },
-    );
+    c.handle(1_001, failed(TaskId::new(1, 0), 0, "late"));
     assert_eq!(
         c.task_status(TaskId::new(1, 0)),
         Some(TaskStatus::Running { attempt: 1 })
     );
-    let id = *triggered(&c.handle(1_100, E::Tick)).first().unwrap();
+    let id = tick_trigger(&mut c, 1_100);
     assert!(id > p2);
     ack_all(&mut c, 1_110, id);
     written(&mut c, 1_120, id);
@@ -681,8 +686,7 @@ fn task_failure_aborts_pending_and_recovery_uses_the_latest_completed() {
 
 #[test]
 fn job_restart_aborts_everything_and_stops_triggering() {
-    let mut c = coordinator(config(100), pipeline());
-    start_all(&mut c, 0, 0);
+    let mut c = started(config(100), pipeline());
     c.handle(100, E::Tick);
     c.handle(
         110,
@@ -702,17 +706,12 @@ fn job_restart_aborts_everything_and_stops_triggering() {
 
 #[test]
 fn savepoints_are_forced_answered_and_never_subsumed() {
-    let mut c = coordinator(config(100), pipeline());
-    start_all(&mut c, 0, 0);
-    let cp = *triggered(&c.handle(100, E::Tick)).first().unwrap();
+    let mut c = started(config(100), pipeline());
+    let cp = tick_trigger(&mut c, 100);
     // max-concurrent 1 is reached, the savepoint goes anyway.
     let out = c.handle(
         110,
-        E::TriggerSavepoint {
-            request_id: "req-1".into(),
-            target_dir: Some("/sp".into()),
-            kind: SavepointKind::Savepoint,
-        },
+        savepoint("req-1", Some("/sp"), SavepointKind::Savepoint),
     );
     let A::TriggerCheckpoint {
         checkpoint_id: sp,
@@ -734,9 +733,7 @@ fn savepoints_are_forced_answered_and_never_subsumed() {
     written(&mut c, 130, cp);
     assert_eq!(c.num_pending(), 1);
     let out = ack_all(&mut c, 140, sp);
-    let [A::WriteMetadata { checkpoint }] = out.as_slice() else {
-        panic!("{out:?}")
-    };
+    let checkpoint = write_metadata(&out);
     let path = checkpoint.external_path.clone().unwrap();
     assert!(path.starts_with("/sp/savepoint-"), "{path}");
     let out = c.handle(
@@ -759,7 +756,7 @@ fn savepoints_are_forced_answered_and_never_subsumed() {
     assert_eq!(c.latest_completed().unwrap().checkpoint_id, cp);
     assert_eq!(c.latest_savepoint().unwrap().checkpoint_id, sp);
     for now in [200, 300, 400] {
-        let id = *triggered(&c.handle(now, E::Tick)).first().unwrap();
+        let id = tick_trigger(&mut c, now);
         ack_all(&mut c, now + 1, id);
         let out = written(&mut c, now + 2, id);
         assert!(!discarded_checkpoints(&out).contains(&sp));
@@ -776,51 +773,21 @@ fn savepoints_are_forced_answered_and_never_subsumed() {
 fn savepoint_failures_answer_the_request_and_are_not_counted() {
     let mut c = coordinator(config(100), pipeline());
     // No directory anywhere.
-    let out = c.handle(
-        0,
-        E::TriggerSavepoint {
-            request_id: "a".into(),
-            target_dir: None,
-            kind: SavepointKind::Savepoint,
-        },
-    );
+    let out = c.handle(0, savepoint("a", None, SavepointKind::Savepoint));
     assert!(
         matches!(&out[..], [A::SavepointFailed { request_id, reason }]
         if request_id == "a" && reason.contains("savepoint-dir"))
     );
     // Tasks not running.
-    let out = c.handle(
-        0,
-        E::TriggerSavepoint {
-            request_id: "b".into(),
-            target_dir: Some("/sp".into()),
-            kind: SavepointKind::Savepoint,
-        },
-    );
+    let out = c.handle(0, savepoint("b", Some("/sp"), SavepointKind::Savepoint));
     assert!(matches!(&out[..], [A::SavepointFailed { reason, .. }]
         if reason.contains("Not all required tasks")));
     start_all(&mut c, 0, 0);
-    let out = c.handle(
-        10,
-        E::TriggerSavepoint {
-            request_id: "c".into(),
-            target_dir: Some("/sp".into()),
-            kind: SavepointKind::Terminate,
-        },
-    );
+    let out = c.handle(10, savepoint("c", Some("/sp"), SavepointKind::Terminate));
     let sp = triggered(&out)[0];
     // A stop-with-savepoint holds periodic checkpoints back.
     assert!(triggered(&c.handle(500, E::Tick)).is_empty());
-    let out = c.handle(
-        510,
-        E::Decline {
-            checkpoint_id: sp,
-            task: TaskId::new(0, 0),
-            attempt: 0,
-            reason: CheckpointFailureReason::CheckpointDeclined,
-            message: "no".into(),
-        },
-    );
+    let out = c.handle(510, decline(sp, TaskId::new(0, 0), 0, "no"));
     assert!(
         out.iter()
             .any(|a| matches!(a, A::SavepointFailed { request_id, .. } if request_id == "c"))
@@ -832,79 +799,50 @@ fn savepoint_failures_answer_the_request_and_are_not_counted() {
 
 // ---------------------------------------------------------------- FLIP-147
 
-#[test]
-fn finished_tasks_are_neither_triggered_nor_awaited() {
-    let mut c = coordinator(config(100), pipeline());
-    start_all(&mut c, 0, 0);
-    // One source finished: the other source is still the trigger target.
-    c.handle(
-        50,
-        E::TaskFinished {
-            task: TaskId::new(0, 0),
-            attempt: 0,
-        },
-    );
-    let out = c.handle(100, E::Tick);
+/// `task` finishes at `now`; the tick 50 later triggers exactly `expected`
+/// (attempt 0), which acknowledge 10 after: the id and the checkpoint to
+/// write.
+fn finish_and_checkpoint(
+    c: &mut CheckpointCoordinator,
+    now: u64,
+    task: TaskId,
+    expected: &[TaskId],
+) -> (u64, CompletedCheckpoint) {
+    c.handle(now, finished(task));
+    let out = c.handle(now + 50, E::Tick);
     let A::TriggerCheckpoint {
         tasks,
         checkpoint_id,
         ..
     } = &out[0]
     else {
-        panic!()
-    };
-    assert_eq!(
-        tasks,
-        &vec![TaskAttempt {
-            task: TaskId::new(0, 1),
-            attempt: 0
-        }]
-    );
-    let id = *checkpoint_id;
-    let out = ack_all(&mut c, 110, id);
-    let [A::WriteMetadata { checkpoint }] = out.as_slice() else {
         panic!("{out:?}")
     };
+    let expected: Vec<TaskAttempt> = expected.iter().copied().map(attempt0).collect();
+    assert_eq!(tasks, &expected);
+    let id = *checkpoint_id;
+    let out = ack_all(c, now + 60, id);
+    (id, write_metadata(&out).clone())
+}
+
+#[test]
+fn finished_tasks_are_neither_triggered_nor_awaited() {
+    let mut c = started(config(100), pipeline());
+    // One source finished: the other source is still the trigger target.
+    let (id, checkpoint) =
+        finish_and_checkpoint(&mut c, 50, TaskId::new(0, 0), &[TaskId::new(0, 1)]);
     let src = &checkpoint.operators[&OperatorId::new("op-0")];
     assert_eq!(src.subtasks.keys().copied().collect::<Vec<_>>(), vec![1]);
     assert!(!src.fully_finished);
     written(&mut c, 120, id);
 
     // Both sources finished: the map tasks below them are triggered.
-    c.handle(
+    let (id, checkpoint) = finish_and_checkpoint(
+        &mut c,
         150,
-        E::TaskFinished {
-            task: TaskId::new(0, 1),
-            attempt: 0,
-        },
+        TaskId::new(0, 1),
+        &[TaskId::new(1, 0), TaskId::new(1, 1)],
     );
-    let out = c.handle(200, E::Tick);
-    let A::TriggerCheckpoint {
-        tasks,
-        checkpoint_id,
-        ..
-    } = &out[0]
-    else {
-        panic!()
-    };
-    assert_eq!(
-        tasks,
-        &vec![
-            TaskAttempt {
-                task: TaskId::new(1, 0),
-                attempt: 0
-            },
-            TaskAttempt {
-                task: TaskId::new(1, 1),
-                attempt: 0
-            },
-        ]
-    );
-    let id = *checkpoint_id;
-    let out = ack_all(&mut c, 210, id);
-    let [A::WriteMetadata { checkpoint }] = out.as_slice() else {
-        panic!("{out:?}")
-    };
     let src = &checkpoint.operators[&OperatorId::new("op-0")];
     assert!(src.fully_finished && src.subtasks.is_empty());
     let out = written(&mut c, 220, id);
@@ -916,13 +854,7 @@ fn finished_tasks_are_neither_triggered_nor_awaited() {
 
     // Everything finished: nothing more to checkpoint.
     for t in [TaskId::new(1, 0), TaskId::new(1, 1), TaskId::new(2, 0)] {
-        c.handle(
-            250,
-            E::TaskFinished {
-                task: t,
-                attempt: 0,
-            },
-        );
+        c.handle(250, finished(t));
     }
     assert!(triggered(&c.handle(1_000, E::Tick)).is_empty());
 }
@@ -960,8 +892,7 @@ fn retention_decides_what_the_end_of_the_job_discards() {
     ] {
         let mut cfg = config(100);
         cfg.externalized_retention = retention;
-        let mut c = coordinator(cfg, pipeline());
-        start_all(&mut c, 0, 0);
+        let mut c = started(cfg, pipeline());
         let id = run_checkpoint(&mut c, 100);
         c.handle(200, E::Tick);
         let out = c.handle(250, E::JobTerminated { status });
@@ -978,8 +909,7 @@ fn retention_decides_what_the_end_of_the_job_discards() {
 
 #[test]
 fn restoring_from_a_savepoint_continues_its_ids_and_never_deletes_it() {
-    let mut donor = coordinator(config(100), pipeline());
-    start_all(&mut donor, 0, 0);
+    let mut donor = started(config(100), pipeline());
     for now in [100, 200, 300] {
         run_checkpoint(&mut donor, now);
     }
@@ -991,7 +921,7 @@ fn restoring_from_a_savepoint_continues_its_ids_and_never_deletes_it() {
     assert_eq!(c.latest_completed().unwrap().checkpoint_id, 3);
     assert_eq!(c.statistics().latest.restored.as_ref().unwrap().id, 3);
     start_all(&mut c, 0, 0);
-    let id = *triggered(&c.handle(100, E::Tick)).first().unwrap();
+    let id = tick_trigger(&mut c, 100);
     assert_eq!(id, 4);
     ack_all(&mut c, 110, id);
     let out = written(&mut c, 120, id);
@@ -1123,11 +1053,9 @@ fn metadata_errors_name_the_path() {
 
 #[test]
 fn statistics_use_flinks_field_names() {
-    let mut cfg = config(100);
-    cfg.tolerable_failed = Some(10);
+    let mut cfg = tolerating(10);
     cfg.timeout = Duration::from_millis(50);
-    let mut c = coordinator(cfg, pipeline());
-    start_all(&mut c, 0, 0);
+    let mut c = started(cfg, pipeline());
     run_checkpoint(&mut c, 100);
     c.handle(200, E::Tick);
     c.handle(260, E::Tick); // expires 2, triggers nothing new before 300

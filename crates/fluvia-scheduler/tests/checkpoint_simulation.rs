@@ -31,6 +31,10 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
+use common::{env_u64, panic_message};
+
 use fluvia_core::JobId;
 use fluvia_scheduler::checkpoint::{
     CheckpointAction as A, CheckpointConfig, CheckpointCoordinator, CheckpointEvent as E,
@@ -51,7 +55,7 @@ const JOB: JobId = JobId(0xc0ffee);
 /// The faults' dice (seedable, so a failing seed replays).
 type Rng = fluvia_core::random::SplitMix64;
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 struct Faults {
     drop_pm: u32,
     duplicate_pm: u32,
@@ -69,26 +73,19 @@ impl Faults {
     fn pick(rng: &mut Rng, timeout: u64) -> Faults {
         match rng.below(4) {
             0 => Faults {
-                drop_pm: 0,
-                duplicate_pm: 0,
-                decline_pm: 0,
                 max_delay: rng.range(1, 50),
-                task_fail_pm: 0,
-                tm_loss_pm: 0,
-                metadata_fail_pm: 0,
                 finish_pm: rng.range(0, 2) as u32,
                 savepoint_pm: rng.range(0, 5) as u32,
+                ..Faults::default()
             },
             1 => Faults {
                 drop_pm: rng.range(10, 200) as u32,
                 duplicate_pm: rng.range(10, 300) as u32,
                 decline_pm: rng.range(0, 50) as u32,
                 max_delay: rng.range(10, timeout * 2),
-                task_fail_pm: 0,
-                tm_loss_pm: 0,
                 metadata_fail_pm: rng.range(0, 200) as u32,
-                finish_pm: 0,
                 savepoint_pm: rng.range(0, 5) as u32,
+                ..Faults::default()
             },
             2 => Faults {
                 drop_pm: rng.range(0, 50) as u32,
@@ -800,10 +797,6 @@ impl Sim {
     }
 }
 
-fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().and_then(|s| s.parse().ok())
-}
-
 fn run_seed(seed: u64, verbose: bool) -> Result<(), (String, Vec<String>)> {
     let mut sim = None;
     let r = catch_unwind(AssertUnwindSafe(|| {
@@ -814,14 +807,7 @@ fn run_seed(seed: u64, verbose: bool) -> Result<(), (String, Vec<String>)> {
             std::panic::resume_unwind(e);
         }
     }));
-    r.map_err(|e| {
-        let msg = e
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_default();
-        (msg, sim.unwrap_or_default())
-    })
+    r.map_err(|e| (panic_message(&*e), sim.unwrap_or_default()))
 }
 
 #[test]

@@ -39,6 +39,10 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
+use common::{env_u64, panic_message};
+
 use fluvia_core::{Configuration, ExchangeMode, JobId, PartitionerKind, ResultPartitionType};
 use fluvia_graph::{JobGraph, JobGraphGenerator, JobType, StreamGraphBuilder};
 use fluvia_scheduler::{
@@ -73,7 +77,7 @@ type Rng = fluvia_core::random::SplitMix64;
 // ------------------------------------------------------------------ faults
 
 /// How hostile the world of one seed is (while faults are on).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 struct Faults {
     /// State reports, heartbeats and cancels lost on the way.
     drop_pm: u32,
@@ -103,19 +107,10 @@ impl Faults {
         match rng.below(5) {
             // Calm: only a slow network.
             0 => Faults {
-                drop_pm: 0,
-                duplicate_pm: 0,
                 max_delay: rng.range(1, 20),
-                deploy_fail_pm: 0,
-                ack_lost_pm: 0,
-                attempt_fail_pm: 0,
-                kills: 0,
-                restart_pm: 0,
-                restart_within: 0,
-                partitions: 0,
                 new_tms: rng.below(2),
                 add_attempts: rng.below(3),
-                cancel_job_pm: 0,
+                ..Faults::default()
             },
             // A bad network.
             1 => Faults {
@@ -124,14 +119,10 @@ impl Faults {
                 max_delay: rng.range(5, 200),
                 deploy_fail_pm: rng.range(0, 50) as u32,
                 ack_lost_pm: rng.range(0, 50) as u32,
-                attempt_fail_pm: 0,
-                kills: 0,
-                restart_pm: 0,
-                restart_within: 0,
                 partitions: rng.below(2),
                 new_tms: rng.below(2),
                 add_attempts: rng.below(4),
-                cancel_job_pm: 0,
+                ..Faults::default()
             },
             // Churn: TaskManagers die and come back under their ids quickly.
             2 => Faults {
@@ -139,15 +130,13 @@ impl Faults {
                 duplicate_pm: rng.range(0, 30) as u32,
                 max_delay: rng.range(1, 20),
                 deploy_fail_pm: rng.range(0, 20) as u32,
-                ack_lost_pm: 0,
                 attempt_fail_pm: rng.range(0, 30) as u32,
                 kills: rng.range(2, 6),
                 restart_pm: 900,
                 restart_within: rng.range(20, 400),
-                partitions: 0,
                 new_tms: rng.below(2),
                 add_attempts: rng.range(0, 6),
-                cancel_job_pm: 0,
+                ..Faults::default()
             },
             // Everything.
             _ => Faults {
@@ -1543,19 +1532,8 @@ fn run_seed(seed: u64, trace: bool) -> (std::result::Result<Stats, String>, Vec<
     let trace = sim.and_then(|s| s.trace).unwrap_or_default();
     match r {
         Ok(r) => (r, trace),
-        Err(p) => {
-            let msg = p
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            (Err(format!("panicked: {msg}")), trace)
-        }
+        Err(p) => (Err(format!("panicked: {}", panic_message(&*p))), trace),
     }
-}
-
-fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
 
 impl Stats {

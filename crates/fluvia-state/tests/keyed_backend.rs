@@ -19,6 +19,12 @@ fn set(b: &mut KeyedStateBackend<String>, key: &str) {
     b.set_current_key(key.to_string(), key.key_hash()).unwrap();
 }
 
+/// Registers the `u64` value state "v".
+fn value_v(b: &mut KeyedStateBackend<String>) -> ValueState<u64> {
+    b.value_state(&ValueStateDescriptor::<u64>::new("v"))
+        .unwrap()
+}
+
 struct Avg;
 impl AggregateFunction<i64, (i64, i64), f64> for Avg {
     fn create_accumulator(&self) -> (i64, i64) {
@@ -38,9 +44,7 @@ impl AggregateFunction<i64, (i64, i64), f64> for Avg {
 #[test]
 fn every_state_kind_is_scoped_to_the_current_key() {
     let mut b = backend();
-    let value = b
-        .value_state(&ValueStateDescriptor::<u64>::new("v"))
-        .unwrap();
+    let value = value_v(&mut b);
     let list = b
         .list_state(&ListStateDescriptor::<String>::new("l"))
         .unwrap();
@@ -111,9 +115,7 @@ fn every_state_kind_is_scoped_to_the_current_key() {
 #[test]
 fn access_without_a_current_key_is_an_error() {
     let mut b = backend();
-    let value = b
-        .value_state(&ValueStateDescriptor::<u64>::new("v"))
-        .unwrap();
+    let value = value_v(&mut b);
     let e = value.value(&mut b).unwrap_err();
     assert!(
         matches!(e, StateError::NoCurrentKey { ref state } if state == "v"),
@@ -124,14 +126,10 @@ fn access_without_a_current_key_is_an_error() {
 #[test]
 fn registering_a_name_again_returns_the_same_state() {
     let mut b = backend();
-    let a = b
-        .value_state(&ValueStateDescriptor::<u64>::new("v"))
-        .unwrap();
+    let a = value_v(&mut b);
     set(&mut b, "k");
     a.update(&mut b, 5).unwrap();
-    let again = b
-        .value_state(&ValueStateDescriptor::<u64>::new("v"))
-        .unwrap();
+    let again = value_v(&mut b);
     assert_eq!(again.value(&mut b).unwrap(), Some(5));
     assert_eq!(b.state_names(), vec!["v"]);
 }
@@ -139,8 +137,7 @@ fn registering_a_name_again_returns_the_same_state() {
 #[test]
 fn a_name_with_another_kind_type_or_ttl_is_an_error() {
     let mut b = backend();
-    b.value_state(&ValueStateDescriptor::<u64>::new("v"))
-        .unwrap();
+    value_v(&mut b);
     let e = b
         .value_state(&ValueStateDescriptor::<String>::new("v"))
         .err()
@@ -201,9 +198,10 @@ fn a_key_outside_the_range_is_an_error_naming_group_and_range() {
     assert!(KeyedStateBackend::<i32>::new((0, MAX_P), MAX_P).is_err());
 }
 
-/// Fills value, list and map state for keys 0..n of a full-range backend.
-fn filled(n: i64) -> (KeyedStateBackend<i64>, BTreeMap<i64, i64>) {
-    let mut b = KeyedStateBackend::new((0, MAX_P - 1), MAX_P).unwrap();
+type ValueListMap = (ValueState<i64>, ListState<i64>, MapState<String, i64>);
+
+/// Registers the value "v", list "l" and map "m" states `filled` fills.
+fn value_list_map(b: &mut KeyedStateBackend<i64>) -> ValueListMap {
     let value = b
         .value_state(&ValueStateDescriptor::<i64>::new("v"))
         .unwrap();
@@ -211,6 +209,26 @@ fn filled(n: i64) -> (KeyedStateBackend<i64>, BTreeMap<i64, i64>) {
     let map = b
         .map_state(&MapStateDescriptor::<String, i64>::new("m"))
         .unwrap();
+    (value, list, map)
+}
+
+/// A backend over every key group.
+fn full_range<K: StateKey>() -> KeyedStateBackend<K> {
+    KeyedStateBackend::new((0, MAX_P - 1), MAX_P).unwrap()
+}
+
+/// A full-range backend restored from every key group of `groups`.
+fn restored(groups: &BTreeMap<usize, Vec<u8>>) -> KeyedStateBackend<i64> {
+    let mut r = full_range::<i64>();
+    r.restore(groups.iter().map(|(g, b)| (*g, b.as_slice())))
+        .unwrap();
+    r
+}
+
+/// Fills value, list and map state for keys 0..n of a full-range backend.
+fn filled(n: i64) -> (KeyedStateBackend<i64>, BTreeMap<i64, i64>) {
+    let mut b = full_range();
+    let (value, list, map) = value_list_map(&mut b);
     let mut expected = BTreeMap::new();
     for k in 0..n {
         b.set_current_key(k, k.key_hash()).unwrap();
@@ -242,13 +260,7 @@ fn snapshot_restores_into_another_range_with_exactly_its_keys() {
             )
             .unwrap();
             assert_eq!(r.state_names(), vec!["l", "m", "v"]);
-            let value = r
-                .value_state(&ValueStateDescriptor::<i64>::new("v"))
-                .unwrap();
-            let list = r.list_state(&ListStateDescriptor::<i64>::new("l")).unwrap();
-            let map = r
-                .map_state(&MapStateDescriptor::<String, i64>::new("m"))
-                .unwrap();
+            let (value, list, map) = value_list_map(&mut r);
             for (&k, &v) in &expected {
                 let g = key_group_for_hash(k.key_hash(), MAX_P);
                 if g < range.0 || g > range.1 {
@@ -279,7 +291,7 @@ fn snapshot_restores_into_another_range_with_exactly_its_keys() {
 fn restore_after_registration_and_unregistered_states_survive_a_snapshot() {
     let (mut b, _) = filled(50);
     let groups = b.snapshot().encode().unwrap();
-    let mut r: KeyedStateBackend<i64> = KeyedStateBackend::new((0, MAX_P - 1), MAX_P).unwrap();
+    let mut r = full_range::<i64>();
     let value = r
         .value_state(&ValueStateDescriptor::<i64>::new("v"))
         .unwrap();
@@ -289,9 +301,7 @@ fn restore_after_registration_and_unregistered_states_survive_a_snapshot() {
     assert_eq!(value.value(&mut r).unwrap(), Some(21));
     // "l" and "m" were never registered: the next snapshot still has them.
     let next = r.snapshot().encode().unwrap();
-    let mut r2: KeyedStateBackend<i64> = KeyedStateBackend::new((0, MAX_P - 1), MAX_P).unwrap();
-    r2.restore(next.iter().map(|(g, b)| (*g, b.as_slice())))
-        .unwrap();
+    let mut r2 = restored(&next);
     let list = r2
         .list_state(&ListStateDescriptor::<i64>::new("l"))
         .unwrap();
@@ -343,13 +353,7 @@ fn writes_after_a_snapshot_do_not_change_it() {
     let snapshot = b.snapshot();
 
     // Mutate every kind of state, clear some keys, add new ones.
-    let value = b
-        .value_state(&ValueStateDescriptor::<i64>::new("v"))
-        .unwrap();
-    let list = b.list_state(&ListStateDescriptor::<i64>::new("l")).unwrap();
-    let map = b
-        .map_state(&MapStateDescriptor::<String, i64>::new("m"))
-        .unwrap();
+    let (value, list, map) = value_list_map(&mut b);
     for k in 0..400i64 {
         b.set_current_key(k, k.key_hash()).unwrap();
         if k % 3 == 0 {
@@ -419,19 +423,14 @@ fn ttl_on_read_and_write_refreshes_on_read() {
 #[test]
 fn ttl_visibility_return_expired_if_not_cleaned_up() {
     let mut b = backend();
+    let return_expired = StateTtlConfig::new_builder(Duration::from_millis(10))
+        .set_state_visibility(StateVisibility::ReturnExpiredIfNotCleanedUp)
+        .build();
     let mut d = MapStateDescriptor::<String, u64>::new("m");
-    d.enable_time_to_live(
-        StateTtlConfig::new_builder(Duration::from_millis(10))
-            .set_state_visibility(StateVisibility::ReturnExpiredIfNotCleanedUp)
-            .build(),
-    );
+    d.enable_time_to_live(return_expired.clone());
     let m = b.map_state(&d).unwrap();
     let mut rd = ReducingStateDescriptor::new("r", |a: u64, c: u64| a + c);
-    rd.enable_time_to_live(
-        StateTtlConfig::new_builder(Duration::from_millis(10))
-            .set_state_visibility(StateVisibility::ReturnExpiredIfNotCleanedUp)
-            .build(),
-    );
+    rd.enable_time_to_live(return_expired);
     let r = b.reducing_state(&rd).unwrap();
     let mut never = ReducingStateDescriptor::new("never", |a: u64, c: u64| a + c);
     never.enable_time_to_live(StateTtlConfig::new_builder(Duration::from_millis(10)).build());
@@ -453,7 +452,7 @@ fn ttl_visibility_return_expired_if_not_cleaned_up() {
 
 #[test]
 fn expired_entries_are_left_out_of_snapshots() {
-    let mut b: KeyedStateBackend<i64> = KeyedStateBackend::new((0, MAX_P - 1), MAX_P).unwrap();
+    let mut b = full_range::<i64>();
     let ttl = StateTtlConfig::new_builder(Duration::from_millis(100)).build();
     let mut vd = ValueStateDescriptor::<i64>::new("v");
     vd.enable_time_to_live(ttl.clone());
@@ -474,9 +473,7 @@ fn expired_entries_are_left_out_of_snapshots() {
     b.set_current_time(100);
     let groups = b.snapshot().encode().unwrap();
 
-    let mut r: KeyedStateBackend<i64> = KeyedStateBackend::new((0, MAX_P - 1), MAX_P).unwrap();
-    r.restore(groups.iter().map(|(g, b)| (*g, b.as_slice())))
-        .unwrap();
+    let mut r = restored(&groups);
     let v = r.value_state(&vd).unwrap();
     let l = r.list_state(&ld).unwrap();
     // Restored entries keep their timestamps; read at a time none expire.
@@ -492,7 +489,7 @@ fn expired_entries_are_left_out_of_snapshots() {
 
 #[test]
 fn many_keys_stay_isolated_across_key_groups() {
-    let mut b: KeyedStateBackend<u64> = KeyedStateBackend::new((0, MAX_P - 1), MAX_P).unwrap();
+    let mut b = full_range::<u64>();
     let sum = b
         .reducing_state(&ReducingStateDescriptor::new("sum", |a: u64, c: u64| a + c))
         .unwrap();

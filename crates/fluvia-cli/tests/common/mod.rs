@@ -159,6 +159,22 @@ impl Cluster {
 
     /// Starts `fluvia shuffle-service` on `dir` and waits until the
     /// JobManager knows it; returns its process id.
+    /// `fluvia sql -p <parallelism>` running `script` on this cluster.
+    pub fn sql(&self, parallelism: &str, script: &str) -> Output {
+        fluvia()
+            .args([
+                "sql",
+                "-p",
+                parallelism,
+                "--jobmanager",
+                &self.rpc,
+                "-e",
+                script,
+            ])
+            .output()
+            .unwrap()
+    }
+
     pub fn add_shuffle_service(&mut self, dir: &Path) -> u32 {
         let mut cmd = fluvia();
         cmd.args(["shuffle-service", "--jobmanager", &self.rpc, "--dir"])
@@ -244,6 +260,11 @@ fn spawn_announcing<const N: usize>(
 }
 
 /// A tiny HTTP client: enough for the REST API's JSON.
+/// [`http`] without extra headers.
+pub fn request(addr: &str, method: &str, path: &str) -> (u16, String) {
+    http(addr, method, path, &[])
+}
+
 pub fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
     let mut s = TcpStream::connect(addr).unwrap();
     let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
@@ -299,6 +320,12 @@ pub fn corpus(
     }
     std::fs::write(path, text).unwrap();
     counts
+}
+
+/// The command succeeded; its error output otherwise.
+#[track_caller]
+pub fn assert_success(o: &Output) {
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
 /// The job id `fluvia run` printed ("Job <id> submitted ...").

@@ -82,14 +82,10 @@ pub struct StreamInputProcessor {
     records_in: u64,
 }
 
-impl std::fmt::Debug for StreamInputProcessor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StreamInputProcessor")
-            .field("gate", &self.gate)
-            .field("records_in", &self.records_in)
-            .finish()
-    }
-}
+debug_fields!(StreamInputProcessor, |s| {
+    gate: s.gate,
+    records_in: s.records_in,
+});
 
 impl StreamInputProcessor {
     pub fn new(gate: InputGate) -> Self {
@@ -168,10 +164,15 @@ impl StreamInputProcessor {
     }
 
     fn idle_status(&self) -> InputStatus {
+        self.unless_finished(InputStatus::NothingAvailable)
+    }
+
+    /// `EndOfInput` once every channel finished, else `status`.
+    fn unless_finished(&self, status: InputStatus) -> InputStatus {
         if self.gate.is_finished() {
             InputStatus::EndOfInput
         } else {
-            InputStatus::NothingAvailable
+            status
         }
     }
 
@@ -219,11 +220,7 @@ impl StreamInputProcessor {
             }
             GateEvent::Event { channel, event } => self.handle_event(channel, event, out)?,
         }
-        Ok(if self.gate.is_finished() {
-            InputStatus::EndOfInput
-        } else {
-            InputStatus::MoreAvailable
-        })
+        Ok(self.unless_finished(InputStatus::MoreAvailable))
     }
 
     fn handle_event<O: DataOutput + ?Sized>(

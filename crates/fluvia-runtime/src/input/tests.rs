@@ -77,6 +77,16 @@ fn drain(p: &mut StreamInputProcessor, out: &mut Recorder) {
     while p.process(out).unwrap() == InputStatus::MoreAvailable {}
 }
 
+/// Two channels, channel 0 blocked on the aligned barrier of `id`.
+fn aligning(id: u64) -> (StreamInputProcessor, Vec<PartitionWriter>, Recorder) {
+    let (mut p, mut w) = setup(2);
+    let mut out = Recorder::default();
+    w[0].broadcast_event(&aligned(id)).unwrap();
+    drain(&mut p, &mut out);
+    assert!(p.gate().is_blocked(0));
+    (p, w, out)
+}
+
 fn aligned(id: u64) -> Event {
     Event::CheckpointBarrier(CheckpointBarrier {
         id,
@@ -161,11 +171,7 @@ fn watermarks_pass_as_the_minimum_over_active_channels() {
 
 #[test]
 fn end_of_data_ends_an_input_once_and_a_cancel_marker_aborts_the_alignment() {
-    let (mut p, mut w) = setup(2);
-    let mut out = Recorder::default();
-    w[0].broadcast_event(&aligned(2)).unwrap();
-    drain(&mut p, &mut out);
-    assert!(p.gate().is_blocked(0));
+    let (mut p, mut w, mut out) = aligning(2);
     w[1].broadcast_event(&Event::CancelCheckpointMarker { checkpoint_id: 2 })
         .unwrap();
     w[0].broadcast_event(&Event::EndOfData(StopMode::Drain))
@@ -185,11 +191,7 @@ fn end_of_data_ends_an_input_once_and_a_cancel_marker_aborts_the_alignment() {
 
 #[test]
 fn a_newer_barrier_aborts_the_alignment_and_blocks_its_own_channel() {
-    let (mut p, mut w) = setup(2);
-    let mut out = Recorder::default();
-    w[0].broadcast_event(&aligned(1)).unwrap();
-    drain(&mut p, &mut out);
-    assert!(p.gate().is_blocked(0));
+    let (mut p, mut w, mut out) = aligning(1);
     // Channel 1 skipped checkpoint 1 (cancelled upstream) and brings 2.
     w[1].broadcast_event(&aligned(2)).unwrap();
     record(&mut w[1], 5);

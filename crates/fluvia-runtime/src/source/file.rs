@@ -22,16 +22,7 @@ pub struct FileSplit {
     pub end: u64,
 }
 
-impl FileSplit {
-    pub fn encode(&self) -> Vec<u8> {
-        bincode::serialize(self).unwrap_or_default()
-    }
-
-    pub fn decode(bytes: &[u8]) -> Result<FileSplit> {
-        bincode::deserialize(bytes)
-            .map_err(|e| FluviaError::Serialization(format!("malformed file split: {e}")))
-    }
-}
+wire_codec!(FileSplit, "file split");
 
 /// What the file source's coordinator is built from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

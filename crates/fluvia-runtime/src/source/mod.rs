@@ -16,6 +16,25 @@
 //! The protocol's events travel as bytes ([`SourceEvent::encode`]). Split
 //! types are the enumerator's business: here a split is its bytes.
 
+/// `encode` and `decode` of a message between a source's coordinator and
+/// its readers (bincode; a malformed one is a serialization error naming
+/// `$what`).
+macro_rules! wire_codec {
+    ($ty:ident, $what:literal) => {
+        impl $ty {
+            pub fn encode(&self) -> Vec<u8> {
+                bincode::serialize(self).unwrap_or_default()
+            }
+
+            pub fn decode(bytes: &[u8]) -> Result<$ty> {
+                bincode::deserialize(bytes).map_err(|e| {
+                    FluviaError::Serialization(format!(concat!("malformed ", $what, ": {}"), e))
+                })
+            }
+        }
+    };
+}
+
 pub mod file;
 
 use crate::coordinator::{CoordinatorRegistry, OperatorCoordinator, Outbox};
@@ -46,16 +65,7 @@ pub enum SourceEvent {
     NoMoreSplits,
 }
 
-impl SourceEvent {
-    pub fn encode(&self) -> Vec<u8> {
-        bincode::serialize(self).unwrap_or_default()
-    }
-
-    pub fn decode(bytes: &[u8]) -> Result<SourceEvent> {
-        bincode::deserialize(bytes)
-            .map_err(|e| FluviaError::Serialization(format!("malformed source event: {e}")))
-    }
-}
+wire_codec!(SourceEvent, "source event");
 
 /// What an enumerator decides for a request: a split, or that none is left.
 pub trait SplitEnumerator: Send {

@@ -554,45 +554,27 @@ impl CheckpointCoordinator {
         self.status.insert(task, TaskStatus::Running { attempt });
         // A checkpoint waiting on an older attempt can never complete: that
         // attempt is gone.
-        let stale: Vec<u64> = self
-            .pending
-            .values()
-            .filter(|p| p.plan.to_wait.get(&task).is_some_and(|&a| a != attempt))
-            .map(|p| p.checkpoint_id)
-            .collect();
-        for id in stale {
-            let msg = format!("Checkpoint {id}: task {task} restarted as attempt {attempt}");
-            self.abort(
-                now_ms,
-                id,
-                CheckpointFailureReason::TaskFailure,
-                &msg,
-                false,
-                out,
-            );
-        }
+        self.abort_where(
+            now_ms,
+            |p| p.plan.to_wait.get(&task).is_some_and(|&a| a != attempt),
+            CheckpointFailureReason::TaskFailure,
+            |id| format!("Checkpoint {id}: task {task} restarted as attempt {attempt}"),
+            false,
+            out,
+        );
         self.update_activation(now_ms);
     }
 
     fn on_tick(&mut self, now_ms: u64, out: &mut Vec<CheckpointAction>) {
         let timeout = self.config.timeout.as_millis() as u64;
-        let expired: Vec<u64> = self
-            .pending
-            .values()
-            .filter(|p| !p.is_finalizing() && now_ms >= p.trigger_timestamp.saturating_add(timeout))
-            .map(|p| p.checkpoint_id)
-            .collect();
-        for id in expired {
-            let msg = format!("Checkpoint {id} expired before completing.");
-            self.abort(
-                now_ms,
-                id,
-                CheckpointFailureReason::CheckpointExpired,
-                &msg,
-                true,
-                out,
-            );
-        }
+        self.abort_where(
+            now_ms,
+            |p| !p.is_finalizing() && now_ms >= p.trigger_timestamp.saturating_add(timeout),
+            CheckpointFailureReason::CheckpointExpired,
+            |id| format!("Checkpoint {id} expired before completing."),
+            true,
+            out,
+        );
         // The job is about to fail: no new checkpoint for it.
         if !out
             .iter()
@@ -873,23 +855,14 @@ impl CheckpointCoordinator {
             }
             // Older checkpoints still in flight are subsumed (savepoints
             // are not).
-            let older: Vec<u64> = self
-                .pending
-                .range(..id)
-                .filter(|(_, p)| !p.checkpoint_type.is_savepoint())
-                .map(|(&i, _)| i)
-                .collect();
-            for old in older {
-                let msg = format!("Checkpoint {old} was subsumed by checkpoint {id}.");
-                self.abort(
-                    now_ms,
-                    old,
-                    CheckpointFailureReason::CheckpointSubsumed,
-                    &msg,
-                    true,
-                    out,
-                );
-            }
+            self.abort_where(
+                now_ms,
+                |p| p.checkpoint_id < id && !p.checkpoint_type.is_savepoint(),
+                CheckpointFailureReason::CheckpointSubsumed,
+                |old| format!("Checkpoint {old} was subsumed by checkpoint {id}."),
+                true,
+                out,
+            );
         }
         out.push(CheckpointAction::NotifyCheckpointComplete {
             checkpoint_id: id,
@@ -962,9 +935,35 @@ impl CheckpointCoordinator {
         message: &str,
         out: &mut Vec<CheckpointAction>,
     ) {
-        let ids: Vec<u64> = self.pending.keys().copied().collect();
+        self.abort_where(
+            now_ms,
+            |_| true,
+            reason,
+            |_| message.to_string(),
+            false,
+            out,
+        );
+    }
+
+    /// Aborts every pending checkpoint `which` selects, in id order, with
+    /// the message `message(id)`; `notify` as in [`Self::abort`].
+    fn abort_where(
+        &mut self,
+        now_ms: u64,
+        which: impl Fn(&PendingCheckpoint) -> bool,
+        reason: CheckpointFailureReason,
+        message: impl Fn(u64) -> String,
+        notify: bool,
+        out: &mut Vec<CheckpointAction>,
+    ) {
+        let ids: Vec<u64> = self
+            .pending
+            .values()
+            .filter(|p| which(p))
+            .map(|p| p.checkpoint_id)
+            .collect();
         for id in ids {
-            self.abort(now_ms, id, reason, message, false, out);
+            self.abort(now_ms, id, reason, &message(id), notify, out);
         }
     }
 

@@ -330,23 +330,23 @@ impl CheckpointStatsTracker {
     ) {
         let Some(c) = self.entry(id) else { return };
         let e2e = ack_timestamp.saturating_sub(c.trigger_timestamp);
-        c.latest_ack_timestamp = c.latest_ack_timestamp.max(ack_timestamp);
-        c.end_to_end_duration = c.end_to_end_duration.max(e2e);
-        c.state_size += state_size;
-        c.checkpointed_size += m.checkpointed_size;
-        c.alignment_buffered += m.alignment_buffered;
-        c.processed_data += m.processed_data;
-        c.persisted_data += m.persisted_data;
-        c.num_acknowledged_subtasks += 1;
+        // The checkpoint's and its vertex's totals take the ack alike.
+        macro_rules! add_ack {
+            ($s:expr) => {{
+                let s = $s;
+                s.latest_ack_timestamp = s.latest_ack_timestamp.max(ack_timestamp);
+                s.end_to_end_duration = s.end_to_end_duration.max(e2e);
+                s.state_size += state_size;
+                s.checkpointed_size += m.checkpointed_size;
+                s.alignment_buffered += m.alignment_buffered;
+                s.processed_data += m.processed_data;
+                s.persisted_data += m.persisted_data;
+                s.num_acknowledged_subtasks += 1;
+            }};
+        }
+        add_ack!(&mut *c);
         if let Some(t) = c.tasks.get_mut(&task.vertex.to_string()) {
-            t.latest_ack_timestamp = t.latest_ack_timestamp.max(ack_timestamp);
-            t.end_to_end_duration = t.end_to_end_duration.max(e2e);
-            t.state_size += state_size;
-            t.checkpointed_size += m.checkpointed_size;
-            t.alignment_buffered += m.alignment_buffered;
-            t.processed_data += m.processed_data;
-            t.persisted_data += m.persisted_data;
-            t.num_acknowledged_subtasks += 1;
+            add_ack!(t);
         }
     }
 

@@ -210,3 +210,17 @@ pub fn conf(pairs: &[(&str, &str)]) -> Configuration {
     }
     c
 }
+
+/// A test's setting from the environment (seeds to run, a seed to replay).
+pub fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+/// The message of a panic's payload (`panic!` with a `String` or a `&str`).
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
+}

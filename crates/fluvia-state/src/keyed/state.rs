@@ -235,96 +235,96 @@ impl<IN, ACC, OUT> Clone for AggregatingState<IN, ACC, OUT> {
     }
 }
 
-impl<K: StateKey> KeyedStateBackend<K> {
+/// The TTL a read of entries stamped `stamps` must apply at `now` (write
+/// access): `None` when it changes nothing (no TTL, or none expired and
+/// reads do not refresh).
+fn ttl_to_apply(
+    ttl: Option<&StateTtlConfig>,
+    now: u64,
+    mut stamps: impl Iterator<Item = u64>,
+) -> Option<StateTtlConfig> {
+    let ttl = ttl?;
+    (ttl.refreshes_on_read() || stamps.any(|ts| ttl.is_expired(ts, now))).then(|| ttl.clone())
+}
+
+/// A read of one entry of a collection under `ttl` at `now`: whether it
+/// stays and whether the reader sees it (refreshed if the TTL says so).
+fn read_entry<T>(ttl: &StateTtlConfig, now: u64, e: &mut Ttl<T>) -> (bool, bool) {
+    if ttl.is_expired(e.ts, now) {
+        (false, ttl.returns_expired())
+    } else {
+        if ttl.refreshes_on_read() {
+            e.ts = now;
+        }
+        (true, true)
+    }
+}
+
+/// The registration of each state kind: the descriptor's name, kind,
+/// type and TTL go to `register` with the stored form `$stored`, and the
+/// handle takes the index and the fields given.
+macro_rules! state_registration {
+    ($(
+        $(#[$attr:meta])*
+        fn $name:ident<$($g:ident: $bound:tt),+>($desc:ty) -> $state:ident<$($sg:ident),+>;
+        stored $stored:ty, $kind:ident, $type_name:expr;
+        |$d:ident| { $($field:ident: $value:expr),* $(,)? }
+    )*) => {
+        impl<K: StateKey> KeyedStateBackend<K> {
+            $(
+                $(#[$attr])*
+                pub fn $name<$($g: $bound),+>(
+                    &mut self,
+                    descriptor: &$desc,
+                ) -> Result<$state<$($sg),+>> {
+                    let index = self.register::<$stored>(
+                        &descriptor.name,
+                        StateKind::$kind,
+                        $type_name,
+                        descriptor.ttl.as_ref(),
+                    )?;
+                    let $d = descriptor;
+                    Ok($state { index, $($field: $value),* })
+                }
+            )*
+        }
+    };
+}
+
+state_registration! {
     /// Registers the value state of `descriptor`, or returns the state
     /// already registered under its name (an error if that one has another
     /// kind, type or TTL).
-    pub fn value_state<V: StateData>(
-        &mut self,
-        descriptor: &ValueStateDescriptor<V>,
-    ) -> Result<ValueState<V>> {
-        let index = self.register::<Ttl<V>>(
-            &descriptor.name,
-            StateKind::Value,
-            std::any::type_name::<V>().to_string(),
-            descriptor.ttl.as_ref(),
-        )?;
-        Ok(ValueState {
-            index,
-            _types: PhantomData,
-        })
-    }
+    fn value_state<V: StateData>(ValueStateDescriptor<V>) -> ValueState<V>;
+    stored Ttl<V>, Value, std::any::type_name::<V>().to_string();
+    |_d| { _types: PhantomData }
 
-    pub fn list_state<V: StateData>(
-        &mut self,
-        descriptor: &ListStateDescriptor<V>,
-    ) -> Result<ListState<V>> {
-        let index = self.register::<Vec<Ttl<V>>>(
-            &descriptor.name,
-            StateKind::List,
-            std::any::type_name::<V>().to_string(),
-            descriptor.ttl.as_ref(),
-        )?;
-        Ok(ListState {
-            index,
-            _types: PhantomData,
-        })
-    }
+    fn list_state<V: StateData>(ListStateDescriptor<V>) -> ListState<V>;
+    stored Vec<Ttl<V>>, List, std::any::type_name::<V>().to_string();
+    |_d| { _types: PhantomData }
 
-    pub fn map_state<UK: StateKey, UV: StateData>(
-        &mut self,
-        descriptor: &MapStateDescriptor<UK, UV>,
-    ) -> Result<MapState<UK, UV>> {
-        let index = self.register::<FxHashMap<UK, Ttl<UV>>>(
-            &descriptor.name,
-            StateKind::Map,
-            format!(
-                "{} -> {}",
-                std::any::type_name::<UK>(),
-                std::any::type_name::<UV>()
-            ),
-            descriptor.ttl.as_ref(),
-        )?;
-        Ok(MapState {
-            index,
-            _types: PhantomData,
-        })
-    }
+    fn map_state<UK: StateKey, UV: StateData>(MapStateDescriptor<UK, UV>) -> MapState<UK, UV>;
+    stored FxHashMap<UK, Ttl<UV>>, Map, format!(
+        "{} -> {}",
+        std::any::type_name::<UK>(),
+        std::any::type_name::<UV>()
+    );
+    |_d| { _types: PhantomData }
 
     /// Registers a reducing state. Registering the name again returns the
     /// same stored state with the new descriptor's function.
-    pub fn reducing_state<V: StateData>(
-        &mut self,
-        descriptor: &ReducingStateDescriptor<V>,
-    ) -> Result<ReducingState<V>> {
-        let index = self.register::<Ttl<V>>(
-            &descriptor.name,
-            StateKind::Reducing,
-            std::any::type_name::<V>().to_string(),
-            descriptor.ttl.as_ref(),
-        )?;
-        Ok(ReducingState {
-            index,
-            reduce: Arc::clone(&descriptor.reduce),
-        })
-    }
+    fn reducing_state<V: StateData>(ReducingStateDescriptor<V>) -> ReducingState<V>;
+    stored Ttl<V>, Reducing, std::any::type_name::<V>().to_string();
+    |d| { reduce: Arc::clone(&d.reduce) }
 
-    pub fn aggregating_state<IN: 'static, ACC: StateData, OUT: 'static>(
-        &mut self,
-        descriptor: &AggregatingStateDescriptor<IN, ACC, OUT>,
-    ) -> Result<AggregatingState<IN, ACC, OUT>> {
-        let index = self.register::<Ttl<ACC>>(
-            &descriptor.name,
-            StateKind::Aggregating,
-            std::any::type_name::<ACC>().to_string(),
-            descriptor.ttl.as_ref(),
-        )?;
-        Ok(AggregatingState {
-            index,
-            function: Arc::clone(&descriptor.function),
-        })
-    }
+    fn aggregating_state<IN: 'static, ACC: StateData, OUT: 'static>(
+        AggregatingStateDescriptor<IN, ACC, OUT>
+    ) -> AggregatingState<IN, ACC, OUT>;
+    stored Ttl<ACC>, Aggregating, std::any::type_name::<ACC>().to_string();
+    |d| { function: Arc::clone(&d.function) }
+}
 
+impl<K: StateKey> KeyedStateBackend<K> {
     // ----- single values (value, reducing, aggregating) -----
 
     /// The current key's value, honouring TTL.
@@ -413,13 +413,8 @@ impl<K: StateKey> KeyedStateBackend<K> {
             return Ok(Vec::new());
         };
         let now = r.now;
-        let ttl = match r.ttl {
-            Some(ttl)
-                if ttl.refreshes_on_read() || list.iter().any(|e| ttl.is_expired(e.ts, now)) =>
-            {
-                ttl.clone()
-            }
-            _ => return Ok(list.iter().map(|e| e.value.clone()).collect()),
+        let Some(ttl) = ttl_to_apply(r.ttl, now, list.iter().map(|e| e.ts)) else {
+            return Ok(list.iter().map(|e| e.value.clone()).collect());
         };
         let w = self.write::<Vec<Ttl<V>>>(index)?;
         let Some(list) = w.map.get_mut(w.key) else {
@@ -427,18 +422,11 @@ impl<K: StateKey> KeyedStateBackend<K> {
         };
         let mut out = Vec::with_capacity(list.len());
         list.retain_mut(|e| {
-            if ttl.is_expired(e.ts, now) {
-                if ttl.returns_expired() {
-                    out.push(e.value.clone());
-                }
-                false
-            } else {
-                if ttl.refreshes_on_read() {
-                    e.ts = now;
-                }
+            let (keep, seen) = read_entry(&ttl, now, e);
+            if seen {
                 out.push(e.value.clone());
-                true
             }
+            keep
         });
         if list.is_empty() {
             w.map.remove(w.key);
@@ -452,18 +440,11 @@ impl<K: StateKey> KeyedStateBackend<K> {
             return Ok(Vec::new());
         };
         let now = r.now;
-        let ttl = match r.ttl {
-            Some(ttl)
-                if ttl.refreshes_on_read() || map.values().any(|e| ttl.is_expired(e.ts, now)) =>
-            {
-                ttl.clone()
-            }
-            _ => {
-                return Ok(map
-                    .iter()
-                    .map(|(k, e)| (k.clone(), e.value.clone()))
-                    .collect());
-            }
+        let Some(ttl) = ttl_to_apply(r.ttl, now, map.values().map(|e| e.ts)) else {
+            return Ok(map
+                .iter()
+                .map(|(k, e)| (k.clone(), e.value.clone()))
+                .collect());
         };
         let w = self.write::<FxHashMap<UK, Ttl<UV>>>(index)?;
         let Some(map) = w.map.get_mut(w.key) else {
@@ -471,18 +452,11 @@ impl<K: StateKey> KeyedStateBackend<K> {
         };
         let mut out = Vec::with_capacity(map.len());
         map.retain(|k, e| {
-            if ttl.is_expired(e.ts, now) {
-                if ttl.returns_expired() {
-                    out.push((k.clone(), e.value.clone()));
-                }
-                false
-            } else {
-                if ttl.refreshes_on_read() {
-                    e.ts = now;
-                }
+            let (keep, seen) = read_entry(&ttl, now, e);
+            if seen {
                 out.push((k.clone(), e.value.clone()));
-                true
             }
+            keep
         });
         if map.is_empty() {
             w.map.remove(w.key);

@@ -24,6 +24,23 @@ pub(crate) trait Stored:
     fn unexpired(&self, ttl: &StateTtlConfig, now: u64) -> Option<Cow<'_, Self>>;
 }
 
+/// A collection with `live` of its `len` entries alive: nothing, all of it
+/// borrowed, or the live entries `kept` copies out.
+fn keep_live<C: Clone>(
+    all: &C,
+    live: usize,
+    len: usize,
+    kept: impl FnOnce() -> C,
+) -> Option<Cow<'_, C>> {
+    if live == 0 {
+        None
+    } else if live == len {
+        Some(Cow::Borrowed(all))
+    } else {
+        Some(Cow::Owned(kept()))
+    }
+}
+
 impl<T: StateData> Stored for Ttl<T> {
     fn unexpired(&self, ttl: &StateTtlConfig, now: u64) -> Option<Cow<'_, Self>> {
         (!ttl.is_expired(self.ts, now)).then_some(Cow::Borrowed(self))
@@ -33,36 +50,24 @@ impl<T: StateData> Stored for Ttl<T> {
 impl<T: StateData> Stored for Vec<Ttl<T>> {
     fn unexpired(&self, ttl: &StateTtlConfig, now: u64) -> Option<Cow<'_, Self>> {
         let live = self.iter().filter(|e| !ttl.is_expired(e.ts, now)).count();
-        if live == 0 {
-            None
-        } else if live == self.len() {
-            Some(Cow::Borrowed(self))
-        } else {
-            Some(Cow::Owned(
-                self.iter()
-                    .filter(|e| !ttl.is_expired(e.ts, now))
-                    .cloned()
-                    .collect(),
-            ))
-        }
+        keep_live(self, live, self.len(), || {
+            self.iter()
+                .filter(|e| !ttl.is_expired(e.ts, now))
+                .cloned()
+                .collect()
+        })
     }
 }
 
 impl<UK: StateKey, UV: StateData> Stored for FxHashMap<UK, Ttl<UV>> {
     fn unexpired(&self, ttl: &StateTtlConfig, now: u64) -> Option<Cow<'_, Self>> {
         let live = self.values().filter(|e| !ttl.is_expired(e.ts, now)).count();
-        if live == 0 {
-            None
-        } else if live == self.len() {
-            Some(Cow::Borrowed(self))
-        } else {
-            Some(Cow::Owned(
-                self.iter()
-                    .filter(|(_, e)| !ttl.is_expired(e.ts, now))
-                    .map(|(k, e)| (k.clone(), e.clone()))
-                    .collect(),
-            ))
-        }
+        keep_live(self, live, self.len(), || {
+            self.iter()
+                .filter(|(_, e)| !ttl.is_expired(e.ts, now))
+                .map(|(k, e)| (k.clone(), e.clone()))
+                .collect()
+        })
     }
 }
 
